@@ -1,0 +1,321 @@
+package engine
+
+import (
+	"math"
+	"time"
+)
+
+// State is what one policy remembers about one subject between checks.
+// The zero State is a subject never seen: a full token bucket, an empty
+// leaky bucket, empty windows.
+//
+// Times are Unix microseconds because that is what Redis TIME gives, and
+// the Redis store must reach bit-identical decisions from the same state.
+type State struct {
+	// A is the token count (token bucket), the level (leaky bucket), or the
+	// current window's count (fixed window, sliding window counter).
+	A float64
+	// B is the previous window's count (sliding window counter only).
+	B float64
+	// T is the time of the last update (buckets) or the start of the
+	// current window (window algorithms); zero means no state.
+	T int64
+	// Log holds one timestamp per admitted unit, oldest first (sliding
+	// window log only).
+	Log []int64
+}
+
+// Result is one policy's verdict on one check.
+type Result struct {
+	Allowed bool
+	// Limit is the policy's capacity as enforced here: the burst of a
+	// bucket or the count of a window, after any regional scaling.
+	Limit int64
+	// Remaining is what could still be spent right now, after this check.
+	Remaining int64
+	// ResetAfter is the time until the full limit is available again
+	// (bucket refilled or drained, window over).
+	ResetAfter time.Duration
+	// RetryAfter is the time until the same cost would be allowed; zero
+	// when allowed.
+	RetryAfter time.Duration
+}
+
+// Decide applies one policy to one check at time now. It is pure: the
+// caller stores the returned State only if it commits the check (a check
+// rejected by any of several policies commits none of them). A cost of
+// zero reads the state and consumes nothing.
+//
+// now must be after the Unix epoch; the limit must be valid (Validate).
+// A cost above the limit's capacity, possible when a region's share shrinks
+// a global limit, is rejected with a finite RetryAfter rather than never.
+func Decide(now time.Time, st State, l Limit, cost int64) (State, Result) {
+	us := now.UnixMicro()
+	if l.Algorithm == SlidingWindowLog {
+		r, drop := decideLog(us, st.Log, l, float64(cost))
+		if r.Allowed {
+			st.Log = commitLog(append([]int64(nil), st.Log...), drop, us, cost)
+		}
+		return st, r
+	}
+	next, r := decide(us, st, l, float64(cost))
+	if !r.Allowed {
+		return st, r
+	}
+	return next, r
+}
+
+// decide handles every algorithm but the log. It returns the state as it
+// would be after the check; when the check is rejected the caller keeps the
+// old state. Every floating-point operation here is mirrored, in the same
+// order, by the Redis store's Lua script (see redis.lua): change both.
+func decide(now int64, st State, l Limit, cost float64) (State, Result) {
+	switch l.Algorithm {
+	case TokenBucket:
+		return tokenBucket(now, st, l, cost)
+	case LeakyBucket:
+		return leakyBucket(now, st, l, cost)
+	case FixedWindow:
+		return fixedWindow(now, st, l, cost)
+	case SlidingWindowCounter:
+		return slidingCounter(now, st, l, cost)
+	}
+	return st, Result{}
+}
+
+const usPerSec = 1e6
+
+func usToDuration(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// ceilUs converts a non-negative float of microseconds to a whole number,
+// rounding up, and bounds it so a degenerate limit cannot overflow.
+func ceilUs(v float64) int64 {
+	if !(v > 0) {
+		return 0
+	}
+	if v > 1e15 {
+		return 1e15
+	}
+	return int64(math.Ceil(v))
+}
+
+func floorUnits(v float64) int64 {
+	if !(v > 0) {
+		return 0
+	}
+	return int64(math.Floor(v))
+}
+
+func tokenBucket(now int64, st State, l Limit, cost float64) (State, Result) {
+	rate, burst := l.Rate, l.Burst
+	tokens := burst
+	t := now
+	if st.T != 0 {
+		tokens = st.A
+		t = st.T
+		if now > t {
+			tokens = tokens + (float64(now-t)*rate)/usPerSec
+			t = now
+		}
+		tokens = math.Min(burst, tokens)
+	}
+	r := Result{Limit: floorUnits(burst)}
+	if cost <= tokens {
+		r.Allowed = true
+		tokens = tokens - cost
+	} else {
+		retry := ceilUs((cost - tokens) * usPerSec / rate)
+		// Rounding must never make a client retry too early.
+		for i := 0; i < 3 && tokens+(float64(retry)*rate)/usPerSec < cost; i++ {
+			retry++
+		}
+		r.RetryAfter = usToDuration(retry)
+	}
+	r.Remaining = floorUnits(tokens)
+	r.ResetAfter = usToDuration(ceilUs((burst - tokens) * usPerSec / rate))
+	return State{A: tokens, T: t}, r
+}
+
+// leakyBucket is the leaky bucket as a meter: each admitted unit raises a
+// level that drains at Rate; a check that would overflow Burst is rejected.
+func leakyBucket(now int64, st State, l Limit, cost float64) (State, Result) {
+	rate, burst := l.Rate, l.Burst
+	level := 0.0
+	t := now
+	if st.T != 0 {
+		level = st.A
+		t = st.T
+		if now > t {
+			level = math.Max(0, level-(float64(now-t)*rate)/usPerSec)
+			t = now
+		}
+	}
+	r := Result{Limit: floorUnits(burst)}
+	if level+cost <= burst {
+		r.Allowed = true
+		level = level + cost
+	} else {
+		retry := ceilUs((level + cost - burst) * usPerSec / rate)
+		for i := 0; i < 3 && (level-(float64(retry)*rate)/usPerSec)+cost > burst; i++ {
+			retry++
+		}
+		r.RetryAfter = usToDuration(retry)
+	}
+	r.Remaining = floorUnits(burst - level)
+	r.ResetAfter = usToDuration(ceilUs(level * usPerSec / rate))
+	return State{A: level, T: t}, r
+}
+
+func windowUs(l Limit) int64 { return int64(l.Window / time.Microsecond) }
+
+func fixedWindow(now int64, st State, l Limit, cost float64) (State, Result) {
+	w := windowUs(l)
+	start := now - now%w
+	count := st.A
+	t := st.T
+	if st.T == 0 || start > st.T {
+		count, t = 0, start
+	}
+	end := t + w
+	r := Result{Limit: floorUnits(l.Count), ResetAfter: usToDuration(end - now)}
+	if count+cost <= l.Count {
+		r.Allowed = true
+		count = count + cost
+	} else if cost <= l.Count {
+		r.RetryAfter = usToDuration(end - now)
+	} else {
+		r.RetryAfter = usToDuration(end - now + w)
+	}
+	r.Remaining = floorUnits(l.Count - count)
+	return State{A: count, T: t}, r
+}
+
+// slidingCounter estimates the count over the last window as the current
+// window's count plus the previous one's weighted by how much of it still
+// overlaps: n_curr + n_prev × (w − e)/w.
+func slidingCounter(now int64, st State, l Limit, cost float64) (State, Result) {
+	w := windowUs(l)
+	start := now - now%w
+	cur, prev, t := st.A, st.B, st.T
+	switch {
+	case st.T == 0:
+		cur, prev, t = 0, 0, start
+	case start == st.T+w:
+		cur, prev, t = 0, st.A, start
+	case start > st.T:
+		cur, prev, t = 0, 0, start
+	}
+	e := max(now-t, 0)
+	est := estimate(cur, prev, w, e)
+	r := Result{Limit: floorUnits(l.Count)}
+	if est+cost <= l.Count {
+		r.Allowed = true
+		cur = cur + cost
+		est = est + cost
+	} else {
+		r.RetryAfter = usToDuration(slidingRetry(cur, prev, w, e, l.Count, cost))
+	}
+	r.Remaining = floorUnits(l.Count - est)
+	switch {
+	case cur > 0:
+		r.ResetAfter = usToDuration(t + 2*w - now)
+	case prev > 0:
+		r.ResetAfter = usToDuration(t + w - now)
+	}
+	return State{A: cur, B: prev, T: t}, r
+}
+
+func estimate(cur, prev float64, w, e int64) float64 {
+	return cur + prev*float64(w-e)/float64(w)
+}
+
+// slidingRetry finds how long after e (µs into the current window) the
+// estimate leaves room for cost, assuming no other traffic.
+func slidingRetry(cur, prev float64, w, e int64, limit, cost float64) int64 {
+	if cost > limit {
+		return 2*w - e
+	}
+	if cur+cost <= limit {
+		// Wait for the previous window's weight to fall far enough.
+		target := ceilUs(float64(w) - (limit-cost-cur)*float64(w)/prev)
+		for i := 0; i < 3 && target < w && estimate(cur, prev, w, target)+cost > limit; i++ {
+			target++
+		}
+		return max(target-e, 1)
+	}
+	// The current window alone is too full: wait into the next window,
+	// where today's count becomes the previous one.
+	target := ceilUs(float64(w) - (limit-cost)*float64(w)/cur)
+	for i := 0; i < 3 && target < w && estimate(0, cur, w, target)+cost > limit; i++ {
+		target++
+	}
+	return w - e + target
+}
+
+// decideLog decides for the sliding window log without changing it; drop
+// is how many expired timestamps a commit removes from the front.
+func decideLog(now int64, log []int64, l Limit, cost float64) (Result, int) {
+	w := windowUs(l)
+	drop := 0
+	for drop < len(log) && log[drop] <= now-w {
+		drop++
+	}
+	live := log[drop:]
+	n := float64(len(live))
+	capacity := math.Floor(l.Count)
+	r := Result{Limit: int64(capacity)}
+	switch {
+	case n+cost <= capacity:
+		r.Allowed = true
+		n += cost
+	case cost > capacity:
+		r.RetryAfter = usToDuration(w)
+	default:
+		k := int(n + cost - capacity) // timestamps that must expire first
+		r.RetryAfter = usToDuration(live[k-1] + w - now)
+	}
+	r.Remaining = floorUnits(capacity - n)
+	switch {
+	case r.Allowed && cost > 0:
+		r.ResetAfter = usToDuration(w)
+	case len(live) > 0:
+		r.ResetAfter = usToDuration(live[len(live)-1] + w - now)
+	}
+	return r, drop
+}
+
+// commitLog drops expired timestamps and records cost new ones, reusing
+// the slice's memory.
+func commitLog(log []int64, drop int, now, cost int64) []int64 {
+	if drop > 0 {
+		n := copy(log, log[drop:])
+		log = log[:n]
+	}
+	for range cost {
+		log = append(log, now)
+	}
+	return log
+}
+
+// ttl is how long state must be kept after a check at now: until the
+// bucket is full (or empty) again or the window can no longer matter, plus
+// a second of slack. Past it, a missing state decides exactly as the
+// stored one would.
+func ttl(now int64, st State, l Limit) int64 {
+	const slack = usPerSec
+	switch l.Algorithm {
+	case TokenBucket:
+		return ceilUs((l.Burst-st.A)*usPerSec/l.Rate) + slack
+	case LeakyBucket:
+		return ceilUs(st.A*usPerSec/l.Rate) + slack
+	case FixedWindow:
+		return st.T + windowUs(l) - now + slack
+	case SlidingWindowCounter:
+		return st.T + 2*windowUs(l) - now + slack
+	case SlidingWindowLog:
+		if n := len(st.Log); n > 0 {
+			return st.Log[n-1] + windowUs(l) - now + slack
+		}
+	}
+	return slack
+}

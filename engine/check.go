@@ -1,0 +1,139 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// MaxChecks is the most policies one check may name. A Decision holds its
+// results in a fixed array so that a check allocates nothing.
+const MaxChecks = 8
+
+// Clock tells the time. A nil Clock means the real one; the simulator passes
+// virtual time.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func clockOrReal(c Clock) Clock {
+	if c == nil {
+		return realClock{}
+	}
+	return c
+}
+
+// Check is one policy to apply to the request's subject.
+type Check struct {
+	// Policy names the state: a subject has one state per policy, so it
+	// must stay the same across policy versions that should share counts.
+	Policy string
+	Limit  Limit
+	// Cost is the units this request spends under this policy; zero reads
+	// the state and spends nothing.
+	Cost int64
+	// Scale is the fraction of Limit this region enforces (a share of a
+	// global limit). Zero or one means the whole limit. A changed Scale
+	// takes effect on the next check without resetting state.
+	Scale float64
+}
+
+// Request asks whether Subject may spend under every one of Checks.
+type Request struct {
+	Subject string
+	Checks  []Check
+}
+
+// Decision is the verdict on a Request: allowed only if every policy
+// allows, in which case every policy's state was spent; otherwise none was.
+type Decision struct {
+	Allowed bool
+	// Decider indexes the result that decided: the rejecting policy with
+	// the longest RetryAfter or, when allowed, the one with least
+	// Remaining. It is -1 for a request without checks.
+	Decider int
+	// N is how many entries of Results are in use, one per Check, in order.
+	N       int
+	Results [MaxChecks]Result
+}
+
+// Policies returns the per-policy results, in the order of the checks.
+func (d *Decision) Policies() []Result { return d.Results[:d.N] }
+
+// RetryAfter is the deciding policy's retry-after: zero when allowed.
+func (d *Decision) RetryAfter() time.Duration {
+	if d.Allowed || d.Decider < 0 {
+		return 0
+	}
+	return d.Results[d.Decider].RetryAfter
+}
+
+// ErrBadRequest marks a request the engine refuses to decide.
+var ErrBadRequest = errors.New("bad check request")
+
+// validate rejects what no store can decide. Limits are cheap to check, so
+// each check re-validates rather than trusting its caller.
+func (r *Request) validate() error {
+	if r.Subject == "" {
+		return fmt.Errorf("%w: empty subject", ErrBadRequest)
+	}
+	if len(r.Checks) > MaxChecks {
+		return fmt.Errorf("%w: %d policies, at most %d", ErrBadRequest, len(r.Checks), MaxChecks)
+	}
+	for i := range r.Checks {
+		c := &r.Checks[i]
+		if c.Policy == "" {
+			return fmt.Errorf("%w: check %d has no policy", ErrBadRequest, i)
+		}
+		if err := c.Limit.Validate(); err != nil {
+			return fmt.Errorf("%w: policy %q: %w", ErrBadRequest, c.Policy, err)
+		}
+		if c.Cost < 0 {
+			return fmt.Errorf("%w: policy %q: negative cost %d", ErrBadRequest, c.Policy, c.Cost)
+		}
+		for j := 0; j < i; j++ {
+			if r.Checks[j].Policy == c.Policy {
+				return fmt.Errorf("%w: policy %q named twice", ErrBadRequest, c.Policy)
+			}
+		}
+		if !(c.Scale >= 0 && c.Scale <= 1) {
+			return fmt.Errorf("%w: policy %q: scale %v outside [0, 1]", ErrBadRequest, c.Policy, c.Scale)
+		}
+	}
+	return nil
+}
+
+// effective is the limit a check enforces after regional scaling.
+func (c *Check) effective() Limit { return c.Limit.Scale(c.Scale) }
+
+// finish sets Allowed and Decider from the per-policy results.
+func (d *Decision) finish() {
+	d.Allowed = true
+	d.Decider = -1
+	for i := 0; i < d.N; i++ {
+		if !d.Results[i].Allowed {
+			d.Allowed = false
+		}
+	}
+	for i := 0; i < d.N; i++ {
+		r := &d.Results[i]
+		if d.Decider < 0 {
+			if d.Allowed || !r.Allowed {
+				d.Decider = i
+			}
+			continue
+		}
+		best := &d.Results[d.Decider]
+		if d.Allowed {
+			if r.Remaining < best.Remaining {
+				d.Decider = i
+			}
+		} else if !r.Allowed && r.RetryAfter > best.RetryAfter {
+			d.Decider = i
+		}
+	}
+}

@@ -1,0 +1,320 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// manualClock is virtual time for tests: it moves only when told.
+type manualClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newManualClock() *manualClock {
+	return &manualClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *manualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *manualClock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+// checker is what the store-independent tests drive.
+type checker interface {
+	Check(ctx context.Context, req Request) (Decision, error)
+}
+
+// storeCase builds a fresh, empty store whose time comes from clock.
+type storeCase struct {
+	name string
+	new  func(t *testing.T, clock Clock) checker
+}
+
+// storeCases lists every store the shared tests run against; the Redis
+// store adds itself in redis_test.go.
+var storeCases = []storeCase{
+	{"memory", func(t *testing.T, clock Clock) checker {
+		return NewMemoryStore(MemoryConfig{Clock: clock})
+	}},
+}
+
+var algorithmLimits = []Limit{
+	{Algorithm: TokenBucket, Rate: 100, Burst: 10},
+	{Algorithm: LeakyBucket, Rate: 100, Burst: 10},
+	{Algorithm: FixedWindow, Count: 100, Window: time.Second},
+	{Algorithm: SlidingWindowLog, Count: 100, Window: time.Second},
+	{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Second},
+}
+
+// allowance is what a limit admits over d of steady overload starting on a
+// window boundary.
+func allowance(l Limit, d time.Duration) float64 {
+	if l.Algorithm.Windowed() {
+		return l.Count * float64(d) / float64(l.Window)
+	}
+	return l.Burst + l.Rate*d.Seconds()
+}
+
+func mustCheck(t *testing.T, s checker, req Request) Decision {
+	t.Helper()
+	d, err := s.Check(context.Background(), req)
+	if err != nil {
+		t.Fatalf("Check(%+v): %v", req, err)
+	}
+	return d
+}
+
+func one(subject, policy string, l Limit, cost int64) Request {
+	return Request{Subject: subject, Checks: []Check{{Policy: policy, Limit: l, Cost: cost}}}
+}
+
+func TestAccuracyUnderSteadyOverload(t *testing.T) {
+	for _, sc := range storeCases {
+		for _, l := range algorithmLimits {
+			t.Run(sc.name+"/"+l.Algorithm.String(), func(t *testing.T) {
+				clock := newManualClock()
+				s := sc.new(t, clock)
+				const dur = 60 * time.Second
+				want := allowance(l, dur)
+				offered := 2 * want / dur.Seconds() // units per second
+				step := time.Duration(float64(time.Second) / offered)
+				admitted := 0
+				for el := time.Duration(0); el < dur; el += step {
+					if mustCheck(t, s, one("alice", "p", l, 1)).Allowed {
+						admitted++
+					}
+					clock.Advance(step)
+				}
+				if err := math.Abs(float64(admitted)-want) / want; err > 0.01 {
+					t.Errorf("admitted %d over %v at 2x, want %.0f ±1%% (off by %.2f%%)", admitted, dur, want, err*100)
+				}
+			})
+		}
+	}
+}
+
+// TestFixedWindowEdgeBurst documents the fixed window's known weakness: a
+// client that spends the whole limit at the end of one window and again at
+// the start of the next gets twice the limit within one window's length.
+func TestFixedWindowEdgeBurst(t *testing.T) {
+	for _, sc := range storeCases {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := newManualClock()
+			s := sc.new(t, clock)
+			l := Limit{Algorithm: FixedWindow, Count: 100, Window: time.Minute}
+			clock.Advance(59*time.Second + 900*time.Millisecond) // 100 ms before the boundary
+			admitted := 0
+			for range 100 {
+				if mustCheck(t, s, one("edge", "p", l, 1)).Allowed {
+					admitted++
+				}
+			}
+			clock.Advance(200 * time.Millisecond) // 100 ms after it
+			for range 100 {
+				if mustCheck(t, s, one("edge", "p", l, 1)).Allowed {
+					admitted++
+				}
+			}
+			if admitted != 200 {
+				t.Errorf("admitted %d within 200 ms across a window edge, want 200 (2x the limit of 100)", admitted)
+			}
+			// The sliding window counter on the same traffic does not.
+			lc := Limit{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Minute}
+			clock.Advance(time.Hour)
+			clock.Set(clock.Now().Truncate(time.Minute).Add(59*time.Second + 900*time.Millisecond))
+			admitted = 0
+			for range 100 {
+				if mustCheck(t, s, one("edge", "pc", lc, 1)).Allowed {
+					admitted++
+				}
+			}
+			clock.Advance(200 * time.Millisecond)
+			for range 100 {
+				if mustCheck(t, s, one("edge", "pc", lc, 1)).Allowed {
+					admitted++
+				}
+			}
+			if admitted > 101 {
+				t.Errorf("sliding window counter admitted %d across the edge, want about 100", admitted)
+			}
+		})
+	}
+}
+
+func TestAtomicUnderConcurrency(t *testing.T) {
+	for _, sc := range storeCases {
+		for _, l := range algorithmLimits {
+			t.Run(sc.name+"/"+l.Algorithm.String(), func(t *testing.T) {
+				clock := newManualClock() // frozen: nothing refills
+				s := sc.new(t, clock)
+				limit := int64(l.Capacity())
+				var admitted atomic.Int64
+				var wg sync.WaitGroup
+				for g := 0; g < 64; g++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range 10 {
+							d, err := s.Check(context.Background(), one("hot", "p", l, 1))
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if d.Allowed {
+								admitted.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if got := admitted.Load(); got != limit {
+					t.Errorf("64 goroutines x 10 checks admitted %d, want exactly %d", got, limit)
+				}
+			})
+		}
+	}
+}
+
+func TestRejectedMultiPolicyCheckConsumesNothing(t *testing.T) {
+	for _, sc := range storeCases {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := newManualClock()
+			s := sc.new(t, clock)
+			burst := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 5}
+			daily := Limit{Algorithm: FixedWindow, Count: 1000, Window: 24 * time.Hour}
+			req := Request{Subject: "bob", Checks: []Check{
+				{Policy: "daily", Limit: daily, Cost: 1},
+				{Policy: "burst", Limit: burst, Cost: 1},
+			}}
+			for i := range 5 {
+				if d := mustCheck(t, s, req); !d.Allowed {
+					t.Fatalf("check %d rejected, want allowed", i)
+				}
+			}
+			for range 50 {
+				d := mustCheck(t, s, req)
+				if d.Allowed {
+					t.Fatal("check past the burst allowed")
+				}
+				if d.Decider != 1 {
+					t.Fatalf("Decider = %d, want 1 (burst)", d.Decider)
+				}
+			}
+			// Read the daily quota without spending.
+			peek := mustCheck(t, s, Request{Subject: "bob", Checks: []Check{{Policy: "daily", Limit: daily, Cost: 0}}})
+			if got := peek.Results[0].Remaining; got != 995 {
+				t.Errorf("daily remaining after 5 allowed and 50 rejected = %d, want 995", got)
+			}
+		})
+	}
+}
+
+func TestRetryAfterIsHonest(t *testing.T) {
+	for _, sc := range storeCases {
+		for _, l := range algorithmLimits {
+			t.Run(sc.name+"/"+l.Algorithm.String(), func(t *testing.T) {
+				clock := newManualClock()
+				clock.Advance(333 * time.Millisecond)
+				s := sc.new(t, clock)
+				for i := range 200 {
+					cost := int64(1 + i%3)
+					d := mustCheck(t, s, one("r", "p", l, cost))
+					if d.Allowed {
+						clock.Advance(time.Millisecond)
+						continue
+					}
+					retry := d.RetryAfter()
+					if retry <= 0 {
+						t.Fatalf("rejected with RetryAfter %v", retry)
+					}
+					if retry > time.Millisecond {
+						clock.Advance(retry - time.Millisecond)
+						if mustCheck(t, s, one("r", "p", l, 0)).Results[0].Remaining >= cost && l.Algorithm != SlidingWindowCounter {
+							t.Fatalf("RetryAfter %v too long: cost %d fits 1ms earlier", retry, cost)
+						}
+						clock.Advance(time.Millisecond)
+					} else {
+						clock.Advance(retry)
+					}
+					if d2 := mustCheck(t, s, one("r", "p", l, cost)); !d2.Allowed {
+						t.Fatalf("check %d: rejected again after waiting RetryAfter %v (new retry %v)", i, retry, d2.RetryAfter())
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestScaleChangesWithoutReset(t *testing.T) {
+	for _, sc := range storeCases {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := newManualClock()
+			s := sc.new(t, clock)
+			l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 100}
+			req := func(scale float64) Request {
+				return Request{Subject: "g", Checks: []Check{{Policy: "global", Limit: l, Cost: 1, Scale: scale}}}
+			}
+			for range 30 {
+				mustCheck(t, s, req(0.5)) // capacity 50: 30 spent, 20 left
+			}
+			d := mustCheck(t, s, req(0.25)) // capacity 25: still 20 left, so 19 after
+			if got := d.Results[0].Remaining; got != 19 {
+				t.Errorf("remaining after shrinking the share = %d, want 19 (state kept, not reset)", got)
+			}
+			if got := d.Results[0].Limit; got != 25 {
+				t.Errorf("limit at scale 0.25 = %d, want 25", got)
+			}
+		})
+	}
+}
+
+func TestCheckRejectsBadRequests(t *testing.T) {
+	good := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}
+	tests := []struct {
+		name string
+		req  Request
+	}{
+		{"empty subject", Request{Checks: []Check{{Policy: "p", Limit: good, Cost: 1}}}},
+		{"no policy name", Request{Subject: "s", Checks: []Check{{Limit: good, Cost: 1}}}},
+		{"negative cost", Request{Subject: "s", Checks: []Check{{Policy: "p", Limit: good, Cost: -1}}}},
+		{"invalid limit", Request{Subject: "s", Checks: []Check{{Policy: "p", Limit: Limit{Algorithm: TokenBucket}, Cost: 1}}}},
+		{"duplicate policy", Request{Subject: "s", Checks: []Check{{Policy: "p", Limit: good, Cost: 1}, {Policy: "p", Limit: good, Cost: 1}}}},
+		{"scale above one", Request{Subject: "s", Checks: []Check{{Policy: "p", Limit: good, Cost: 1, Scale: 2}}}},
+		{"too many policies", Request{Subject: "s", Checks: func() []Check {
+			var cs []Check
+			for i := range MaxChecks + 1 {
+				cs = append(cs, Check{Policy: fmt.Sprint(i), Limit: good, Cost: 1})
+			}
+			return cs
+		}()}},
+	}
+	for _, sc := range storeCases {
+		for _, tt := range tests {
+			t.Run(sc.name+"/"+tt.name, func(t *testing.T) {
+				s := sc.new(t, newManualClock())
+				if _, err := s.Check(context.Background(), tt.req); err == nil {
+					t.Errorf("Check(%s) = nil error, want one", tt.name)
+				}
+			})
+		}
+	}
+}
