@@ -1,0 +1,368 @@
+package share
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Allocator holds one region's view of the allocation: the known regions,
+// when each was last heard from, the shares of every coordinated key and
+// this region's smoothed demand. It is not safe for concurrent use; the
+// owner calls Report, Rebalance and SetMembers from one goroutine and
+// publishes Table results to readers.
+type Allocator struct {
+	cfg       Config
+	self      string
+	regions   []string // sorted, self included
+	index     map[string]int
+	lastHeard map[string]uint64
+	keys      map[Key]*keyState
+	demand    map[Key]float64 // own smoothed demand, units/s
+	ownReport Report
+	haveOwn   bool
+	isolated  bool
+	down      int // regions currently treated as Down
+
+	prev, next *Table // before and after the last rebalance
+	cut        *Table // min(prev, next), enforced until raiseAt
+	raiseAt    time.Time
+}
+
+type keyState struct {
+	limit  float64
+	shares []float64 // indexed like regions
+}
+
+// NewAllocator returns the allocator of region self. members lists the
+// regions of the cluster (self is added if absent); epoch is the current
+// epoch, from which every member is given K epochs' grace.
+func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*Allocator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if self == "" {
+		return nil, fmt.Errorf("share: region name must not be empty")
+	}
+	a := &Allocator{
+		cfg:       cfg,
+		self:      self,
+		lastHeard: map[string]uint64{},
+		keys:      map[Key]*keyState{},
+		demand:    map[Key]float64{},
+	}
+	a.SetMembers(epoch, members)
+	a.next = NewTable(a.defaultShare(), nil)
+	a.prev = a.next
+	return a, nil
+}
+
+// Regions returns the known regions, sorted.
+func (a *Allocator) Regions() []string { return slices.Clone(a.regions) }
+
+// Isolated reports whether this region has fallen back to the safe share
+// because it cannot reach a majority of the known regions.
+func (a *Allocator) Isolated() bool { return a.isolated }
+
+// SetMembers sets the known regions: every region of the cluster, failed or
+// partitioned ones included, but not those that left gracefully. A region
+// removed here is forgotten at once and its shares redistributed at the
+// next Rebalance; a new region is given K epochs' grace from epoch and holds
+// a zero share of coordinated keys until its first report.
+// Failures must not be reported by removal: they are detected by missing
+// reports, which is what keeps the two sides of a partition from both
+// claiming the whole limit.
+func (a *Allocator) SetMembers(epoch uint64, members []string) {
+	regions := slices.Clone(members)
+	if !slices.Contains(regions, a.self) {
+		regions = append(regions, a.self)
+	}
+	slices.Sort(regions)
+	regions = slices.Compact(regions)
+	if slices.Equal(regions, a.regions) {
+		return
+	}
+	index := make(map[string]int, len(regions))
+	for i, r := range regions {
+		index[r] = i
+		if _, ok := a.lastHeard[r]; !ok {
+			a.lastHeard[r] = epoch
+		}
+	}
+	for r := range a.lastHeard {
+		if _, ok := index[r]; !ok {
+			delete(a.lastHeard, r)
+		}
+	}
+	for _, ks := range a.keys {
+		shares := make([]float64, len(regions))
+		for i, r := range regions {
+			if j, ok := a.index[r]; ok {
+				shares[i] = ks.shares[j]
+			}
+		}
+		ks.shares = shares
+	}
+	a.regions, a.index = regions, index
+}
+
+// Report turns this region's measurements for epoch into its Report:
+// updates the smoothed demand, and lists every key under pressure (offered
+// more than Config.Pressure times its current share) or already
+// coordinated. usage may contain any keys, in any order.
+func (a *Allocator) Report(epoch uint64, usage []Usage) Report {
+	seen := make(map[Key]bool, len(usage))
+	r := Report{Version: ReportVersion, Region: a.self, Epoch: epoch}
+	for _, u := range usage {
+		if u.Limit <= 0 || seen[u.Key] {
+			continue
+		}
+		seen[u.Key] = true
+		d, ok := a.demand[u.Key]
+		switch {
+		case !ok || u.Recent > u.Offered:
+			d = max(u.Offered, u.Recent)
+		default:
+			d = a.cfg.Smoothing*u.Offered + (1-a.cfg.Smoothing)*d
+		}
+		a.demand[u.Key] = d
+		own := a.next.Share(u.Policy, u.Subject)
+		_, coordinated := a.keys[u.Key]
+		if !coordinated && max(u.Offered, u.Recent) <= a.cfg.Pressure*own*u.Limit {
+			continue
+		}
+		r.Keys = append(r.Keys, KeyReport{Key: u.Key, Limit: u.Limit, Offered: u.Offered,
+			Recent: u.Recent, Demand: d, Admitted: u.Admitted, Share: own})
+	}
+	for k, ks := range a.keys {
+		if !seen[k] {
+			delete(a.demand, k)
+			r.Keys = append(r.Keys, KeyReport{Key: k, Limit: ks.limit, Share: a.next.Share(k.Policy, k.Subject)})
+		}
+	}
+	for k := range a.demand {
+		if !seen[k] {
+			delete(a.demand, k)
+		}
+	}
+	slices.SortFunc(r.Keys, func(x, y KeyReport) int { return compareKeys(x.Key, y.Key) })
+	a.ownReport, a.haveOwn = r, true
+	return r
+}
+
+func compareKeys(x, y Key) int {
+	if x.Policy != y.Policy {
+		if x.Policy < y.Policy {
+			return -1
+		}
+		return 1
+	}
+	switch {
+	case x.Subject < y.Subject:
+		return -1
+	case x.Subject > y.Subject:
+		return 1
+	}
+	return 0
+}
+
+// Rebalance computes the shares of epoch from the reports received for it
+// (reports of other epochs and of unknown regions are ignored; this
+// region's own report from Report is used whether or not it is in reports).
+// Cuts take effect at once, raises at now + Config.RaiseDelay; see Table.
+func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
+	n := len(a.regions)
+	got := make([]*Report, n)
+	if a.haveOwn && a.ownReport.Epoch == epoch {
+		got[a.index[a.self]] = &a.ownReport
+	}
+	for i := range reports {
+		r := &reports[i]
+		j, ok := a.index[r.Region]
+		if !ok || r.Epoch != epoch || r.Region == a.self {
+			continue
+		}
+		got[j] = r
+		a.lastHeard[r.Region] = max(a.lastHeard[r.Region], epoch)
+	}
+	a.lastHeard[a.self] = max(a.lastHeard[a.self], epoch)
+
+	// Reachability and quorum.
+	k := uint64(a.cfg.PartitionIntervals)
+	missed := make([]uint64, n)
+	reachable := 0
+	for i, r := range a.regions {
+		if h := a.lastHeard[r]; epoch > h {
+			missed[i] = epoch - h
+		}
+		if missed[i] < k {
+			reachable++
+		}
+	}
+	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k)
+	a.isolated = !quorum
+	a.down = 0
+	if quorum {
+		for i := range a.regions {
+			if missed[i] > k {
+				a.down++
+			}
+		}
+	}
+	def := a.defaultShare()
+
+	// Every key anyone reported, plus every coordinated key.
+	byKey := map[Key][]*KeyReport{}
+	for j, r := range got {
+		if r == nil {
+			continue
+		}
+		for i := range r.Keys {
+			kr := &r.Keys[i]
+			if kr.Limit <= 0 {
+				continue
+			}
+			v := byKey[kr.Key]
+			if v == nil {
+				v = make([]*KeyReport, n)
+				byKey[kr.Key] = v
+			}
+			v[j] = kr
+		}
+	}
+	for key := range a.keys {
+		if _, ok := byKey[key]; !ok {
+			byKey[key] = make([]*KeyReport, n)
+		}
+	}
+
+	slots := make([]Slot, n)
+	self := a.index[a.self]
+	shares := make(map[Key]float64, len(byKey))
+	for key, krs := range byKey {
+		ks := a.keys[key]
+		limit := 0.0
+		for _, kr := range krs {
+			if kr != nil {
+				limit = kr.Limit
+				break
+			}
+		}
+		if ks == nil {
+			ks = &keyState{limit: limit, shares: make([]float64, n)}
+			for i := range ks.shares {
+				ks.shares[i] = a.defaultFor(i, missed, quorum)
+			}
+			a.keys[key] = ks
+		}
+		if limit > 0 {
+			ks.limit = limit
+		}
+		allReported, pressured := true, false
+		for i := range slots {
+			kr := krs[i]
+			switch {
+			case kr != nil:
+				slots[i] = Slot{State: Reported, Demand: kr.Demand / ks.limit, Recent: kr.Recent / ks.limit}
+				if max(kr.Offered, kr.Recent) > a.cfg.Pressure*def*ks.limit {
+					pressured = true
+				}
+			case got[i] != nil:
+				// The region reported but left this key out: its demand is
+				// below the pressure threshold of its share.
+				x := a.cfg.Pressure * ks.shares[i]
+				slots[i] = Slot{State: Reported, Demand: x, Recent: x}
+			case missed[i] > k && quorum:
+				slots[i] = Slot{State: Down}
+				allReported = false
+			default:
+				slots[i] = Slot{State: Held, Last: ks.shares[i]}
+				allReported = false
+			}
+		}
+		if allReported && !pressured {
+			delete(a.keys, key)
+			continue
+		}
+		Allocate(a.cfg, slots, ks.shares)
+		s := ks.shares[self]
+		if a.isolated {
+			s = min(s, a.cfg.safe(n))
+		}
+		shares[key] = s
+	}
+	a.prev = a.next
+	a.next = &Table{shares: shares, def: def}
+	a.cut = cutTable(a.prev, a.next)
+	a.raiseAt = now.Add(a.cfg.RaiseDelay)
+}
+
+// defaultShare is this region's fraction for keys nobody reported.
+func (a *Allocator) defaultShare() float64 {
+	n := len(a.regions)
+	if n == 0 {
+		return 1
+	}
+	safe := a.cfg.safe(n)
+	if a.isolated {
+		return min(1/float64(n), safe)
+	}
+	if a.down > 0 && a.down < n {
+		return (1 - float64(a.down)*safe) / float64(n-a.down)
+	}
+	return 1 / float64(n)
+}
+
+// defaultFor is region i's share of a key that was not coordinated before,
+// as this region sees it.
+func (a *Allocator) defaultFor(i int, missed []uint64, quorum bool) float64 {
+	n := len(a.regions)
+	k := uint64(a.cfg.PartitionIntervals)
+	if quorum && a.down > 0 {
+		if missed[i] > k {
+			return a.cfg.safe(n)
+		}
+		return (1 - float64(a.down)*a.cfg.safe(n)) / float64(n-a.down)
+	}
+	return 1 / float64(n)
+}
+
+// Table returns the shares this region enforces at now: right after a
+// Rebalance, the lower of the old and new share of each key (cuts at once);
+// from Config.RaiseDelay later, the new shares. The result is immutable.
+func (a *Allocator) Table(now time.Time) *Table {
+	if now.Before(a.raiseAt) {
+		return a.cut
+	}
+	return a.next
+}
+
+// cutTable is min(old, new) per key; new keys compare against old's default.
+func cutTable(old, next *Table) *Table {
+	m := make(map[Key]float64, len(next.shares))
+	for k, v := range next.shares {
+		m[k] = min(v, old.Share(k.Policy, k.Subject))
+	}
+	// Keys that were coordinated and are no longer fall back to the new
+	// default, which may be a raise.
+	for k, v := range old.shares {
+		if _, ok := next.shares[k]; !ok {
+			m[k] = min(v, next.def)
+		}
+	}
+	return &Table{shares: m, def: min(old.def, next.def)}
+}
+
+// Shares returns every known region's share of key (fractions of L_global,
+// in Regions order) as this region computed them, or nil if the key is not
+// coordinated.
+func (a *Allocator) Shares(key Key) []float64 {
+	ks, ok := a.keys[key]
+	if !ok {
+		return nil
+	}
+	return slices.Clone(ks.shares)
+}
+
+// Keys returns the number of coordinated keys.
+func (a *Allocator) Keys() int { return len(a.keys) }

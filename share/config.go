@@ -1,0 +1,125 @@
+package share
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config tunes the allocation. All regions of a cluster must use the same
+// Config, or their allocations diverge.
+type Config struct {
+	// Interval is the report period T (default 10 s).
+	Interval time.Duration
+	// Recent is the window of the "recent" rate x (default 2 s).
+	Recent time.Duration
+	// Smoothing is the weight of the new interval rate in the demand EWMA
+	// (default 0.7).
+	Smoothing float64
+	// Floor is the fraction of L_global reserved for all regions together;
+	// each of n regions gets at least Floor/n (default 0.03).
+	Floor float64
+	// CapFactor caps a region's share at CapFactor times its recent rate
+	// (default 1.2) during the water-fill.
+	CapFactor float64
+	// Pressure: a key is reported when a region offers more than Pressure
+	// times its current share (default 0.5). Keys nobody reports run at
+	// L_global/n.
+	Pressure float64
+	// RaiseDelay is how long after an epoch's rebalance a raise takes effect
+	// (cuts take effect at once). Must exceed clock skew plus delivery delay
+	// spread (default 1 s).
+	RaiseDelay time.Duration
+	// Settle is how long after an epoch boundary the caller should wait for
+	// reports before calling Rebalance (default 2.5 s); reports arriving
+	// later count as missing. It is advice for the caller; Allocator does
+	// not read a clock.
+	Settle time.Duration
+	// PartitionIntervals is K: after K epochs without hearing from a
+	// majority, a region falls back to Safe; after K+1 epochs the majority
+	// reclaims an unreachable region's share (default 3).
+	PartitionIntervals int
+	// Safe is the fraction of L_global an isolated region keeps per key
+	// (and the majority reserves for it). Zero means Floor/n, which makes
+	// partitions overshoot-free (default 0).
+	Safe float64
+}
+
+// DefaultConfig returns the recommended settings (share-algorithms.md §3).
+func DefaultConfig() Config {
+	return Config{
+		Interval:           10 * time.Second,
+		Recent:             2 * time.Second,
+		Smoothing:          0.7,
+		Floor:              0.03,
+		CapFactor:          1.2,
+		Pressure:           0.5,
+		RaiseDelay:         time.Second,
+		Settle:             2500 * time.Millisecond,
+		PartitionIntervals: 3,
+	}
+}
+
+// Validate reports the first setting that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval <= 0:
+		return errors.New("share: interval must be positive")
+	case c.Recent <= 0 || c.Recent > c.Interval:
+		return fmt.Errorf("share: recent window must be in (0, interval], got %v", c.Recent)
+	case !(c.Smoothing > 0 && c.Smoothing <= 1):
+		return fmt.Errorf("share: smoothing must be in (0, 1], got %v", c.Smoothing)
+	case !(c.Floor >= 0 && c.Floor < 1):
+		return fmt.Errorf("share: floor must be in [0, 1), got %v", c.Floor)
+	case !(c.CapFactor >= 1):
+		return fmt.Errorf("share: cap factor must be at least 1, got %v", c.CapFactor)
+	case !(c.Pressure >= 0 && c.Pressure <= 1):
+		return fmt.Errorf("share: pressure must be in [0, 1], got %v", c.Pressure)
+	case c.RaiseDelay < 0 || c.RaiseDelay >= c.Interval:
+		return fmt.Errorf("share: raise delay must be in [0, interval), got %v", c.RaiseDelay)
+	case c.Settle < 0 || c.Settle+c.RaiseDelay >= c.Interval:
+		return fmt.Errorf("share: settle + raise delay must be below the interval, got %v", c.Settle)
+	case c.PartitionIntervals < 1:
+		return fmt.Errorf("share: partition intervals must be at least 1, got %d", c.PartitionIntervals)
+	case !(c.Safe >= 0 && c.Safe <= 1):
+		return fmt.Errorf("share: safe share must be in [0, 1], got %v", c.Safe)
+	}
+	return nil
+}
+
+// floor returns the per-region floor fraction for n regions.
+func (c Config) floor(n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return c.Floor / float64(n)
+}
+
+// safe returns the fraction an isolated region keeps for n known regions.
+func (c Config) safe(n int) float64 {
+	if c.Safe > 0 {
+		return c.Safe
+	}
+	return c.floor(n)
+}
+
+// PartitionBound is the documented upper bound of Σ shares / L_global while
+// u of n regions are unreachable and delays stay within RaiseDelay.
+func (c Config) PartitionBound(n, u int) float64 {
+	extra := c.safe(n) - c.floor(n)
+	if extra < 0 {
+		extra = 0
+	}
+	return 1 + float64(u)*extra
+}
+
+// Epoch returns the epoch number of time t: floor(t / Interval) since the
+// Unix epoch, so every region numbers epochs alike without coordination.
+func (c Config) Epoch(t time.Time) uint64 {
+	return uint64(t.UnixNano() / int64(c.Interval))
+}
+
+// EpochStart returns the time epoch e begins.
+func (c Config) EpochStart(e uint64) time.Time {
+	return time.Unix(0, int64(e)*int64(c.Interval))
+}

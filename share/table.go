@@ -1,0 +1,50 @@
+package share
+
+// Table is an immutable snapshot of one region's shares: a fraction of
+// L_global per coordinated key and a default fraction for every other key.
+// It is never modified after it is built, so any number of goroutines may
+// read it without locks; swap whole tables (e.g. through an
+// atomic.Pointer[Table]) to publish new shares.
+type Table struct {
+	shares map[Key]float64
+	def    float64
+}
+
+// NewTable returns a table giving def to every key not in shares. It copies
+// shares.
+func NewTable(def float64, shares map[Key]float64) *Table {
+	m := make(map[Key]float64, len(shares))
+	for k, v := range shares {
+		m[k] = v
+	}
+	return &Table{shares: m, def: def}
+}
+
+// Share returns this region's fraction of L_global for the key: the engine's
+// Scale. A nil table means a single region: 1.
+func (t *Table) Share(policy, subject string) float64 {
+	if t == nil {
+		return 1
+	}
+	if s, ok := t.shares[Key{Policy: policy, Subject: subject}]; ok {
+		return s
+	}
+	return t.def
+}
+
+// Default returns the fraction used for keys nobody reported: L_global/n of
+// the live regions (less when this region is isolated).
+func (t *Table) Default() float64 {
+	if t == nil {
+		return 1
+	}
+	return t.def
+}
+
+// Len returns the number of coordinated keys.
+func (t *Table) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.shares)
+}
