@@ -110,13 +110,22 @@ func (r *Request) validate() error {
 // effective is the limit a check enforces after regional scaling.
 func (c *Check) effective() Limit { return c.Limit.Scale(c.Scale) }
 
-// finish sets Allowed and Decider from the per-policy results.
-func (d *Decision) finish() {
+// finish sets Allowed and Decider from the per-policy results. When the
+// request is rejected nothing was spent, so a policy that would have
+// allowed reports what it still has, not what it would have had.
+func (d *Decision) finish(checks []Check) {
 	d.Allowed = true
 	d.Decider = -1
 	for i := 0; i < d.N; i++ {
 		if !d.Results[i].Allowed {
 			d.Allowed = false
+		}
+	}
+	if !d.Allowed {
+		for i := 0; i < d.N; i++ {
+			if r := &d.Results[i]; r.Allowed {
+				r.Remaining = min(r.Remaining+checks[i].Cost, r.Limit)
+			}
 		}
 	}
 	for i := 0; i < d.N; i++ {

@@ -41,7 +41,7 @@ type MemoryStore struct {
 	clock     Clock
 	seed      maphash.Seed
 	shards    []memShard
-	shift     uint
+	mask      uint64 // len(shards) - 1
 	base      int64 // µs; expiry times are stored as seconds after it
 	evictions atomic.Uint64
 }
@@ -61,10 +61,7 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		clock:  clockOrReal(cfg.Clock),
 		seed:   maphash.MakeSeed(),
 		shards: make([]memShard, n),
-		shift:  uint(64 - bits.Len(uint(n-1))),
-	}
-	if n == 1 {
-		s.shift = 63 // any shift works with one shard; avoid shifting by 64
+		mask:   uint64(n - 1),
 	}
 	s.base = s.clock.Now().UnixMicro()
 	per := max((maxKeys+n-1)/n, MaxChecks)
@@ -109,7 +106,7 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (Decision, error) {
 			next[i], d.Results[i] = decide(now, st, l, float64(c.Cost))
 		}
 	}
-	d.finish()
+	d.finish(req.Checks)
 	if d.Allowed {
 		// Existing states first move to the head of the LRU list, so that
 		// inserting the new ones cannot evict them.
@@ -188,7 +185,8 @@ func (s *MemoryStore) Run(ctx context.Context, interval time.Duration) error {
 
 func (s *MemoryStore) shardFor(subject string) (*memShard, uint64) {
 	h := maphash.String(s.seed, subject)
-	return &s.shards[h>>s.shift], h
+	// High bits pick the shard; the tables inside use the low bits.
+	return &s.shards[(h>>40)&s.mask], h
 }
 
 // key mixes the subject's hash with the policy's into the state's key.

@@ -1,0 +1,46 @@
+# The README's test command is `make test`; .ci/run calls it too.
+GO      ?= go
+PKGS    := ./...
+BIN     := bin/sluice
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: all build test test-short race bench lint fuzz sim-report clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sluice
+
+# All tests, with real redis-server, Redis Cluster and nginx processes that
+# the tests start themselves on loopback ports.
+test: lint
+	$(GO) test -count=1 -timeout 45m $(PKGS)
+	$(GO) test -count=1 -race -timeout 20m ./engine/...
+
+# Unit tests only: everything that needs a real server skips.
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+# Benchmarks end with one `BENCH <name> <value> <unit>` line per figure.
+bench:
+	@mkdir -p out
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 30m ./engine/ ./simulator/... 2>&1 | tee out/bench.txt
+	@bash bench/extra.sh 2>&1 | tee -a out/bench.txt
+	@echo "---- summary ----"
+	@awk -f bench/summary.awk out/bench.txt
+
+# Each fuzz target for a short while; FUZZTIME=10m for a longer hunt.
+FUZZTIME ?= 15s
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+clean:
+	rm -rf bin out

@@ -1,0 +1,21 @@
+# Turns `go test -bench` output into `BENCH <name> <value> <unit>` lines.
+# A benchmark reports a figure for the summary with
+# b.ReportMetric(v, "<unit>") and a name mapped below; lines already in
+# BENCH form (from bench/*.sh) pass through.
+/^BENCH / { print; next }
+/^Benchmark/ {
+  name = $1; sub(/-[0-9]+$/, "", name)
+  for (i = 3; i < NF; i += 2) {
+    v = $i; u = $(i + 1)
+    key = name " " u
+    if (key in map) printf "BENCH %s %s %s\n", map[key], v, unitOf[key]
+  }
+}
+BEGIN {
+  add("BenchmarkMemoryCheck", "ns/op", "engine_memory_ns_per_check", "ns")
+  add("BenchmarkMemoryCheck", "allocs/op", "engine_memory_allocs_per_check", "allocs")
+  add("BenchmarkXTimeRateAllow", "ns/op", "xtime_rate_ns_per_allow", "ns")
+  add("BenchmarkMemoryBytesPerSubject", "bytes/subject", "engine_memory_bytes_per_subject", "bytes")
+  add("BenchmarkSimulator", "checks/s", "sim_checks_per_s", "checks/s")
+}
+function add(b, u, name, unit) { map[b " " u] = name; unitOf[b " " u] = unit }

@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+func TestMemoryStoreEvictsLeastRecentlyUsed(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 8, Shards: 1})
+	l := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Hour}
+	for i := range 8 {
+		mustCheck(t, s, one(fmt.Sprint("s", i), "p", l, 5))
+	}
+	// Use s0 again so s1 becomes the least recently used.
+	mustCheck(t, s, one("s0", "p", l, 1))
+	mustCheck(t, s, one("s8", "p", l, 5))
+	if got := s.Evictions(); got != 1 {
+		t.Fatalf("Evictions() = %d, want 1", got)
+	}
+	if got := s.Len(); got != 8 {
+		t.Fatalf("Len() = %d, want 8", got)
+	}
+	peek := func(sub string) int64 {
+		return mustCheck(t, s, one(sub, "p", l, 0)).Results[0].Remaining
+	}
+	if got := peek("s0"); got != 4 {
+		t.Errorf("s0 remaining = %d, want 4 (kept: recently used)", got)
+	}
+	if got := peek("s1"); got != 10 {
+		t.Errorf("s1 remaining = %d, want 10 (evicted, so fresh)", got)
+	}
+	if got := peek("s2"); got != 5 {
+		t.Errorf("s2 remaining = %d, want 5 (kept)", got)
+	}
+}
+
+func TestMemoryStoreExpiresIdleState(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 4})
+	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 20}
+	for i := range 100 {
+		mustCheck(t, s, one(fmt.Sprint("k", i), "p", tb, 20))
+	}
+	if got := s.Len(); got != 100 {
+		t.Fatalf("Len() = %d, want 100", got)
+	}
+	// Refill takes 2 s; the TTL is refill + 1 s.
+	clock.Advance(2 * time.Second)
+	s.Sweep()
+	if got := s.Len(); got != 100 {
+		t.Fatalf("Len() after 2 s = %d, want 100 (not yet expired)", got)
+	}
+	clock.Advance(2 * time.Second)
+	s.Sweep()
+	if got := s.Len(); got != 0 {
+		t.Fatalf("Len() after 4 s = %d, want 0 (all expired)", got)
+	}
+	// A fresh state is a full bucket, exactly what the expired one had become.
+	if d := mustCheck(t, s, one("k1", "p", tb, 20)); !d.Allowed {
+		t.Error("full spend after expiry rejected")
+	}
+}
+
+// TestMemoryStoreTableSurvivesChurn inserts and removes many keys so that
+// the open-addressing deletion is exercised, and checks every live key is
+// still found with its own state.
+func TestMemoryStoreTableSurvivesChurn(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 512, Shards: 2})
+	l := Limit{Algorithm: FixedWindow, Count: 1000, Window: 24 * time.Hour}
+	spent := map[string]int64{}
+	for i := range 5000 {
+		sub := fmt.Sprint("c", i)
+		cost := int64(1 + i%7)
+		mustCheck(t, s, one(sub, "p", l, cost))
+		spent[sub] = cost
+	}
+	if got := s.Len(); got != 512 {
+		t.Fatalf("Len() = %d, want 512", got)
+	}
+	// The newest 512 subjects (roughly; shards split them) must still hold
+	// their exact state.
+	kept := 0
+	for i := 4999; i >= 4000; i-- {
+		sub := fmt.Sprint("c", i)
+		d := mustCheck(t, s, one(sub, "p", l, 0))
+		switch rem := d.Results[0].Remaining; rem {
+		case 1000 - spent[sub]:
+			kept++
+		case 1000:
+		default:
+			t.Fatalf("%s remaining = %d, want %d or 1000 (evicted)", sub, rem, 1000-spent[sub])
+		}
+	}
+	if kept < 400 {
+		t.Errorf("only %d of the newest 1000 subjects kept their state, want at least 400", kept)
+	}
+}
+
+func TestMemoryStoreSlidingLogMemoryIsReused(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 1})
+	l := Limit{Algorithm: SlidingWindowLog, Count: 10, Window: time.Second}
+	for range 1000 {
+		mustCheck(t, s, one("log", "p", l, 1))
+		clock.Advance(50 * time.Millisecond)
+	}
+	sh := &s.shards[0]
+	for _, lg := range sh.logs {
+		if len(lg) > 10 || cap(lg) > 32 {
+			t.Errorf("log len %d cap %d, want at most 10 live timestamps in bounded memory", len(lg), cap(lg))
+		}
+	}
+}
+
+func TestMemoryStoreCheckAllocatesNothing(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	req := Request{Subject: "alloc", Checks: []Check{
+		{Policy: "a", Limit: Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}, Cost: 1},
+		{Policy: "b", Limit: Limit{Algorithm: SlidingWindowCounter, Count: 1e9, Window: time.Hour}, Cost: 1},
+	}}
+	ctx := context.Background()
+	s.Check(ctx, req) // first check inserts
+	if n := testing.AllocsPerRun(1000, func() { s.Check(ctx, req) }); n != 0 {
+		t.Errorf("Check allocates %v times per call, want 0", n)
+	}
+}
