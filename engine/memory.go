@@ -42,7 +42,7 @@ type MemoryStore struct {
 	seed      maphash.Seed
 	shards    []memShard
 	mask      uint64 // len(shards) - 1
-	base      int64 // µs; expiry times are stored as seconds after it
+	base      int64  // µs; expiry times are stored as seconds after it
 	evictions atomic.Uint64
 }
 
