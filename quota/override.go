@@ -104,6 +104,14 @@ func (o Override) validateFor(p Policy, now time.Time) error {
 	return ve.err()
 }
 
+// fits reports whether every parameter the override sets is used by a.
+func (o Override) fits(a engine.Algorithm) bool {
+	if a.Windowed() {
+		return o.RatePerSec == 0 && o.Burst == 0
+	}
+	return o.Count == 0 && o.Window == 0
+}
+
 // apply returns l with the override's non-zero parameters.
 func (o Override) apply(l engine.Limit) engine.Limit {
 	if o.RatePerSec != 0 {

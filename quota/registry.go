@@ -247,7 +247,11 @@ func buildView(s *state) (*view, []string) {
 			continue
 		}
 		l := o.apply(h.current.limit)
-		if err := l.Validate(); err != nil {
+		err := l.Validate()
+		if err == nil && !o.fits(l.Algorithm) {
+			err = fmt.Errorf("it sets parameters %s does not use", l.Algorithm)
+		}
+		if err != nil {
 			warnings = append(warnings, fmt.Sprintf("override %s no longer fits policy %s version %d (%v); ignored", o.ID, o.Policy, h.current.p.Version, err))
 			continue
 		}
