@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisScript decides every policy of one subject in one atomic call. It
+// mirrors algorithm.go operation for operation; see its header.
+//
+//go:embed redis.lua
+var redisScript string
+
+// Scripter is the part of a go-redis client the Redis store uses. Both
+// *redis.Client and *redis.ClusterClient satisfy it; a cluster client
+// routes each call by the slot of its first key, which every key of the
+// call shares.
+type Scripter interface {
+	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
+	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+}
+
+// RedisConfig configures a RedisStore.
+type RedisConfig struct {
+	// Timeout bounds each call to Redis, from sending the script to reading
+	// its reply. Zero means DefaultRedisTimeout. The client must have
+	// ContextTimeoutEnabled (NewRedisClient sets it), or a stalled server
+	// holds the caller for the client's ReadTimeout instead.
+	Timeout time.Duration
+	// Prefix starts every key. Zero means "rl:". It must not contain a
+	// brace, which would move the hash tag off the subject.
+	Prefix string
+}
+
+// DefaultRedisTimeout is the per-call timeout of a RedisStore: a rate
+// limiter in front of a request must answer in a few milliseconds or not
+// at all.
+const DefaultRedisTimeout = 5 * time.Millisecond
+
+// Validate reports a configuration the store cannot use.
+func (c RedisConfig) Validate() error {
+	if c.Timeout < 0 {
+		return fmt.Errorf("redis timeout must not be negative, got %v", c.Timeout)
+	}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("redis key prefix %q must not contain a brace: the hash tag must name the subject", c.Prefix)
+	}
+	return nil
+}
+
+// RedisStore keeps limiter state in Redis or Redis Cluster, so that every
+// gateway shares it. It decides exactly as the MemoryStore does: one Lua
+// script call per check reads, decides and writes every policy of the
+// subject atomically, on Redis' clock (TIME), so gateway clock skew cannot
+// mint tokens.
+//
+// A policy's state lives at Prefix + "{" + subject + "}:" + policy. The
+// braces make the subject the hash tag, so all of a subject's policies
+// share one cluster slot and one script call may touch them all. A subject
+// that contains a brace or starts with "=" is written as "=" followed by
+// its unpadded base64url encoding, so the tag is always the whole subject.
+// Each state is a string of at most 25 bytes (a sliding window log: 1 + 8
+// per timestamp) with a TTL of the time the state still matters plus a
+// second.
+type RedisStore struct {
+	c       Scripter
+	timeout time.Duration
+	prefix  string
+	cfgErr  error
+	sha     string
+	// clock, set only by tests, replaces Redis' TIME with virtual time so
+	// that the Redis store runs on the same clock as the memory store.
+	clock Clock
+	// ttlPad, set only by tests together with clock, lengthens every TTL:
+	// Redis expires keys on real time, which virtual time does not follow.
+	// Keeping a state past its TTL changes no decision.
+	ttlPad int64
+}
+
+// NewRedisStore returns a store that keeps its state through c. A config
+// that fails Validate makes every Check fail with that error.
+func NewRedisStore(c Scripter, cfg RedisConfig) *RedisStore {
+	s := &RedisStore{c: c, timeout: cfg.Timeout, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
+	if s.timeout <= 0 {
+		s.timeout = DefaultRedisTimeout
+	}
+	if s.prefix == "" {
+		s.prefix = "rl:"
+	}
+	sum := sha1.Sum([]byte(redisScript))
+	s.sha = hex.EncodeToString(sum[:])
+	return s
+}
+
+// ScriptSHA is the SHA-1 of the store's script, as EVALSHA names it.
+func (s *RedisStore) ScriptSHA() string { return s.sha }
+
+// Key returns the Redis key that holds subject's state for policy.
+func (s *RedisStore) Key(subject, policy string) string {
+	return s.prefix + "{" + redisSubject(subject) + "}:" + policy
+}
+
+// redisSubject makes a subject safe to use as a hash tag: unchanged unless
+// it contains a brace or starts with "=", the mark of an encoded subject.
+func redisSubject(subject string) string {
+	if !strings.ContainsAny(subject, "{}") && !strings.HasPrefix(subject, "=") {
+		return subject
+	}
+	return "=" + base64.RawURLEncoding.EncodeToString([]byte(subject))
+}
+
+// Check decides a request: all of its policies or none, in one call to
+// Redis bounded by the configured timeout. An error means the store could
+// not decide (Redis down, slow or refusing), never that the request was
+// denied; the Decision is then empty.
+func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
+	if err := req.validate(); err != nil {
+		return Decision{Decider: -1}, err
+	}
+	if s.cfgErr != nil {
+		return Decision{Decider: -1}, s.cfgErr
+	}
+	var d Decision
+	d.N = len(req.Checks)
+	if d.N == 0 {
+		d.finish(req.Checks)
+		return d, nil
+	}
+	tag := s.prefix + "{" + redisSubject(req.Subject) + "}:"
+	keys := make([]string, d.N)
+	args := make([]any, 2, 2+5*d.N)
+	args[0], args[1] = "", "0"
+	if s.clock != nil {
+		args[0] = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
+		args[1] = strconv.FormatInt(s.ttlPad, 10)
+	}
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		l := c.effective()
+		keys[i] = tag + c.Policy
+		p1, p2 := l.Rate, l.Burst
+		if l.Algorithm.Windowed() {
+			p1, p2 = l.Count, 0
+		}
+		args = append(args,
+			strconv.Itoa(int(l.Algorithm)),
+			strconv.FormatFloat(p1, 'g', -1, 64),
+			strconv.FormatFloat(p2, 'g', -1, 64),
+			strconv.FormatInt(windowUs(l), 10),
+			strconv.FormatInt(c.Cost, 10))
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := s.eval(ctx, keys, args)
+	if err != nil {
+		return Decision{Decider: -1}, fmt.Errorf("redis check for %q: %w", req.Subject, err)
+	}
+	if len(v) != 5*d.N {
+		return Decision{Decider: -1}, fmt.Errorf("redis check for %q: script returned %d values, want %d", req.Subject, len(v), 5*d.N)
+	}
+	for i := range d.N {
+		r := &d.Results[i]
+		r.Allowed = v[5*i] == 1
+		r.Limit = v[5*i+1]
+		r.Remaining = v[5*i+2]
+		r.ResetAfter = usToDuration(v[5*i+3])
+		r.RetryAfter = usToDuration(v[5*i+4])
+	}
+	d.finish(req.Checks)
+	return d, nil
+}
+
+// eval runs the script by its SHA. When Redis has lost it (restart,
+// failover, SCRIPT FLUSH) it answers NOSCRIPT, having run nothing, and the
+// script is sent whole with EVAL, which caches it again for the next
+// EVALSHA.
+func (s *RedisStore) eval(ctx context.Context, keys []string, args []any) ([]int64, error) {
+	cmd := s.c.EvalSha(ctx, s.sha, keys, args...)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = s.c.Eval(ctx, redisScript, keys, args...)
+	}
+	return cmd.Int64Slice()
+}
+
+// NewRedisClient connects to the Redis named by url:
+//
+//	redis://[user:password@]host:port[/db]   one server (*redis.Client)
+//	rediss://...                             the same over TLS
+//	redis-cluster://[user:password@]h1:p1,h2:p2,...   a cluster (*redis.ClusterClient)
+//
+// The client is set up for a rate limiter on the request path:
+//   - ContextTimeoutEnabled, so the per-check deadline (RedisConfig.Timeout)
+//     also cuts a blocked socket read; without it go-redis waits for its
+//     ReadTimeout (5 s) whatever the context says.
+//   - MaxRetries 1: one retry covers a pooled connection that a restarted
+//     server closed. More would only spend the caller's few milliseconds;
+//     and a retried script whose first run did execute spends twice, so
+//     retries must stay rare.
+//   - PoolSize at least 128 per node: 64 or more concurrent checks each
+//     hold a connection for a round trip, and the default (10 per CPU) would
+//     queue them for the pool on a small machine.
+//   - Short dial timeout: a node that does not accept within 250 ms is down
+//     for our purposes.
+func NewRedisClient(url string) (redis.UniversalClient, error) {
+	const (
+		maxRetries  = 1
+		dialTimeout = 250 * time.Millisecond
+		ioTimeout   = time.Second // backstop; the context deadline is shorter
+	)
+	poolSize := max(128, 16*runtime.GOMAXPROCS(0))
+	if rest, ok := strings.CutPrefix(url, "redis-cluster://"); ok {
+		var user, pass string
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			user, pass, _ = strings.Cut(rest[:at], ":")
+			rest = rest[at+1:]
+		}
+		rest = strings.TrimSuffix(rest, "/")
+		var addrs []string
+		for a := range strings.SplitSeq(rest, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
+			}
+		}
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("redis url %q names no node", url)
+		}
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 addrs,
+			Username:              user,
+			Password:              pass,
+			ContextTimeoutEnabled: true,
+			MaxRetries:            maxRetries,
+			PoolSize:              poolSize,
+			DialTimeout:           dialTimeout,
+			ReadTimeout:           ioTimeout,
+			WriteTimeout:          ioTimeout,
+		}), nil
+	}
+	if !strings.HasPrefix(url, "redis://") && !strings.HasPrefix(url, "rediss://") {
+		return nil, errors.New("redis url must start with redis://, rediss:// or redis-cluster://, got " + strconv.Quote(url))
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	opt.MaxRetries = maxRetries
+	opt.PoolSize = poolSize
+	opt.DialTimeout = dialTimeout
+	opt.ReadTimeout, opt.WriteTimeout = ioTimeout, ioTimeout
+	return redis.NewClient(opt), nil
+}

@@ -1,0 +1,278 @@
+-- Sluice: decide every policy of one subject atomically.
+--
+-- This is algorithm.go in Lua. Every floating-point operation below is the
+-- one algorithm.go performs, in the same order, on the same doubles (Lua
+-- numbers are IEEE doubles; times are whole microseconds, exact below 2^53),
+-- so the Redis store decides bit for bit as the memory store does. Change
+-- both together; conformance_test.go checks that they agree.
+--
+-- KEYS[i]   state of policy i; all keys share the subject's hash tag.
+-- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
+--           Only tests set it.
+-- ARGV[2]   extra milliseconds added to every TTL (0 in production; tests
+--           on virtual time set it, since Redis expires on real time).
+-- ARGV[3+5(i-1) ..] per policy: algorithm (1 token bucket, 2 leaky bucket,
+--           3 fixed window, 4 sliding window log, 5 sliding window counter),
+--           rate or count, burst, window in microseconds, cost.
+--
+-- State is one string per key: a byte naming the algorithm, then
+-- little-endian doubles: A and T (buckets, fixed window), A, B and T
+-- (sliding window counter), or the log's timestamps. A key holding another
+-- algorithm's state reads as a subject never seen.
+--
+-- The state is written, with its TTL, only if every policy allows and only
+-- for policies with a non-zero cost. Returns five integers per policy:
+-- allowed (0/1), limit, remaining, reset-after µs, retry-after µs.
+
+local US = 1000000
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * US + tonumber(t[2])
+end
+local pad = tonumber(ARGV[2])
+
+local function ceil_us(v)
+  if not (v > 0) then return 0 end
+  if v > 1e15 then return 1e15 end
+  return math.ceil(v)
+end
+
+local function floor_units(v)
+  if not (v > 0) then return 0 end
+  return math.floor(v)
+end
+
+local function token_bucket(st, rate, burst, cost)
+  local tokens, t = burst, now
+  if st and st[2] ~= 0 then
+    tokens, t = st[1], st[2]
+    if now > t then
+      tokens = tokens + ((now - t) * rate) / US
+      t = now
+    end
+    if tokens > burst then tokens = burst end
+  end
+  local ok, retry = 0, 0
+  if cost <= tokens then
+    ok = 1
+    tokens = tokens - cost
+  else
+    retry = ceil_us((cost - tokens) * US / rate)
+    for _ = 1, 3 do
+      if not (tokens + (retry * rate) / US < cost) then break end
+      retry = retry + 1
+    end
+  end
+  return ok, floor_units(burst), floor_units(tokens),
+    ceil_us((burst - tokens) * US / rate), retry, {tokens, t}
+end
+
+local function leaky_bucket(st, rate, burst, cost)
+  local level, t = 0, now
+  if st and st[2] ~= 0 then
+    level, t = st[1], st[2]
+    if now > t then
+      local l = level - ((now - t) * rate) / US
+      if l > 0 then level = l else level = 0 end
+      t = now
+    end
+  end
+  local ok, retry = 0, 0
+  if level + cost <= burst then
+    ok = 1
+    level = level + cost
+  else
+    retry = ceil_us((level + cost - burst) * US / rate)
+    for _ = 1, 3 do
+      if not ((level - (retry * rate) / US) + cost > burst) then break end
+      retry = retry + 1
+    end
+  end
+  return ok, floor_units(burst), floor_units(burst - level),
+    ceil_us(level * US / rate), retry, {level, t}
+end
+
+local function fixed_window(st, count, w, cost)
+  local start = now - math.fmod(now, w)
+  local n, t = 0, 0
+  if st then n, t = st[1], st[2] end
+  if t == 0 or start > t then n, t = 0, start end
+  local fin = t + w
+  local ok, retry = 0, 0
+  if n + cost <= count then
+    ok = 1
+    n = n + cost
+  elseif cost <= count then
+    retry = fin - now
+  else
+    retry = fin - now + w
+  end
+  return ok, floor_units(count), floor_units(count - n), fin - now, retry, {n, t}
+end
+
+local function estimate(cur, prev, w, e)
+  return cur + prev * (w - e) / w
+end
+
+local function sliding_retry(cur, prev, w, e, limit, cost)
+  if cost > limit then return 2 * w - e end
+  if cur + cost <= limit then
+    local target = ceil_us(w - (limit - cost - cur) * w / prev)
+    for _ = 1, 3 do
+      if not (target < w and estimate(cur, prev, w, target) + cost > limit) then break end
+      target = target + 1
+    end
+    local r = target - e
+    if r < 1 then r = 1 end
+    return r
+  end
+  local target = ceil_us(w - (limit - cost) * w / cur)
+  for _ = 1, 3 do
+    if not (target < w and estimate(0, cur, w, target) + cost > limit) then break end
+    target = target + 1
+  end
+  return w - e + target
+end
+
+local function sliding_counter(st, count, w, cost)
+  local start = now - math.fmod(now, w)
+  local cur, prev, t = 0, 0, 0
+  if st then cur, prev, t = st[1], st[2], st[3] end
+  if t == 0 then
+    cur, prev, t = 0, 0, start
+  elseif start == t + w then
+    cur, prev, t = 0, cur, start
+  elseif start > t then
+    cur, prev, t = 0, 0, start
+  end
+  local e = now - t
+  if e < 0 then e = 0 end
+  local est = estimate(cur, prev, w, e)
+  local ok, retry, reset = 0, 0, 0
+  if est + cost <= count then
+    ok = 1
+    cur = cur + cost
+    est = est + cost
+  else
+    retry = sliding_retry(cur, prev, w, e, count, cost)
+  end
+  if cur > 0 then
+    reset = t + 2 * w - now
+  elseif prev > 0 then
+    reset = t + w - now
+  end
+  return ok, floor_units(count), floor_units(count - est), reset, retry, {cur, prev, t}
+end
+
+-- The log's state is its timestamps in order; the returned state is the
+-- log as a commit would leave it.
+local function sliding_log(log, count, w, cost)
+  local drop = 0
+  while drop < #log and log[drop + 1] <= now - w do drop = drop + 1 end
+  local live = #log - drop
+  local n = live
+  local capacity = math.floor(count)
+  local ok, retry, reset = 0, 0, 0
+  if n + cost <= capacity then
+    ok = 1
+    n = n + cost
+  elseif cost > capacity then
+    retry = w
+  else
+    local k = n + cost - capacity
+    retry = log[drop + k] + w - now
+  end
+  if ok == 1 and cost > 0 then
+    reset = w
+  elseif live > 0 then
+    reset = log[#log] + w - now
+  end
+  local next = {}
+  if ok == 1 then
+    for i = drop + 1, #log do next[#next + 1] = log[i] end
+    for _ = 1, cost do next[#next + 1] = now end
+  end
+  return ok, capacity, floor_units(capacity - n), reset, retry, next
+end
+
+local function load(key, alg)
+  local s = redis.call('GET', key)
+  if not s or string.byte(s, 1) ~= alg then
+    if alg == 4 then return {} end
+    return nil
+  end
+  if alg == 4 then
+    local log, pos = {}, 2
+    for i = 1, (#s - 1) / 8 do
+      log[i], pos = struct.unpack('<d', s, pos)
+    end
+    return log
+  end
+  if alg == 5 then
+    local _, a, b, t = struct.unpack('<Bddd', s)
+    return {a, b, t}
+  end
+  local _, a, t = struct.unpack('<Bdd', s)
+  return {a, t}
+end
+
+local function encode(alg, st)
+  if alg == 4 then
+    local parts = {string.char(4)}
+    for i = 1, #st do parts[i + 1] = struct.pack('<d', st[i]) end
+    return table.concat(parts)
+  end
+  if alg == 5 then return struct.pack('<Bddd', 5, st[1], st[2], st[3]) end
+  return struct.pack('<Bdd', alg, st[1], st[2])
+end
+
+-- ttl mirrors ttl() in algorithm.go: how long the new state matters.
+local function ttl(alg, st, p1, p2, w)
+  if alg == 1 then return ceil_us((p2 - st[1]) * US / p1) + US end
+  if alg == 2 then return ceil_us(st[1] * US / p1) + US end
+  if alg == 3 then return st[2] + w - now + US end
+  if alg == 5 then return st[3] + 2 * w - now + US end
+  if #st > 0 then return st[#st] + w - now + US end
+  return US
+end
+
+local out, states, algs, costs = {}, {}, {}, {}
+local all = true
+for i = 1, #KEYS do
+  local j = 3 + 5 * (i - 1)
+  local alg = tonumber(ARGV[j])
+  local p1, p2 = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+  local w, cost = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
+  local st = load(KEYS[i], alg)
+  local ok, limit, remaining, reset, retry, next
+  if alg == 1 then
+    ok, limit, remaining, reset, retry, next = token_bucket(st, p1, p2, cost)
+  elseif alg == 2 then
+    ok, limit, remaining, reset, retry, next = leaky_bucket(st, p1, p2, cost)
+  elseif alg == 3 then
+    ok, limit, remaining, reset, retry, next = fixed_window(st, p1, w, cost)
+  elseif alg == 4 then
+    ok, limit, remaining, reset, retry, next = sliding_log(st, p1, w, cost)
+  else
+    ok, limit, remaining, reset, retry, next = sliding_counter(st, p1, w, cost)
+  end
+  if ok == 0 then all = false end
+  states[i], algs[i], costs[i] = next, alg, cost
+  local k = 5 * (i - 1)
+  out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = ok, limit, remaining, reset, retry
+end
+
+if all then
+  for i = 1, #KEYS do
+    if costs[i] > 0 then
+      local j = 3 + 5 * (i - 1)
+      local us = ttl(algs[i], states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]))
+      redis.call('SET', KEYS[i], encode(algs[i], states[i]), 'PX', math.ceil(us / 1000) + pad)
+    end
+  end
+end
+return out
