@@ -40,6 +40,16 @@ type Check struct {
 	// global limit). Zero or one means the whole limit. A changed Scale
 	// takes effect on the next check without resetting state.
 	Scale float64
+	// Version is the policy version the limit comes from. Stores ignore
+	// it; the Limiter's deny cache keys on it so that a raised limit takes
+	// effect on the very next check.
+	Version uint64
+	// OnFailure is what the Limiter does with this policy when the store
+	// cannot decide. Stores ignore it.
+	OnFailure Failure
+	// Track asks the Limiter to count this policy's demand and admissions
+	// for global shares (DrainUsage).
+	Track bool
 }
 
 // Request asks whether Subject may spend under every one of Checks.

@@ -1,0 +1,563 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/sony/gobreaker/v2"
+	"golang.org/x/time/rate"
+)
+
+// Failure says what a policy does when its store cannot decide.
+type Failure uint8
+
+const (
+	// FailOpen allows, through a coarse in-process limit of the policy's
+	// rate times LimiterConfig.OpenFactor per daemon: availability first.
+	FailOpen Failure = iota
+	// FailLocal protects capacity: an in-process limit of the policy's rate
+	// divided by the number of live daemons.
+	FailLocal
+	// FailClosed rejects: for security policies (login, OTP), where brute
+	// force during an outage is worse than blocked logins.
+	FailClosed
+)
+
+func (f Failure) String() string {
+	switch f {
+	case FailOpen:
+		return "open"
+	case FailLocal:
+		return "local"
+	case FailClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("failure(%d)", uint8(f))
+}
+
+// Source says who made a decision.
+type Source uint8
+
+const (
+	FromStore     Source = iota // the configured store decided
+	FromDenyCache               // a rejection remembered in process, no store call
+	FromFallback                // the store failed; decided in process (degraded)
+)
+
+func (s Source) String() string {
+	return [...]string{"store", "deny_cache", "fallback"}[s]
+}
+
+// Store decides checks; *MemoryStore and *RedisStore are Stores.
+type Store interface {
+	Check(ctx context.Context, req Request) (Decision, error)
+}
+
+// shardNamer is implemented by stores that spread subjects over several
+// servers (Redis Cluster), so each server gets its own circuit breaker.
+type shardNamer interface {
+	Shard(ctx context.Context, subject string) string
+}
+
+// BreakerConfig configures the per-store (per-shard) circuit breaker.
+type BreakerConfig struct {
+	// FailureRatio opens the breaker when at least this share of calls in
+	// Window failed. Default 0.5.
+	FailureRatio float64
+	// MinCalls is how many calls Window must hold before the ratio counts,
+	// so two failures at startup do not open it. Default 20.
+	MinCalls uint32
+	// Window is the rolling period over which calls are counted. Default 10 s.
+	Window time.Duration
+	// OpenFor is how long the breaker stays open before it lets a probe
+	// through (half-open). Default 5 s.
+	OpenFor time.Duration
+}
+
+func (b BreakerConfig) withDefaults() BreakerConfig {
+	if b.FailureRatio <= 0 {
+		b.FailureRatio = 0.5
+	}
+	if b.MinCalls == 0 {
+		b.MinCalls = 20
+	}
+	if b.Window <= 0 {
+		b.Window = 10 * time.Second
+	}
+	if b.OpenFor <= 0 {
+		b.OpenFor = 5 * time.Second
+	}
+	return b
+}
+
+// LimiterConfig configures a Limiter.
+type LimiterConfig struct {
+	// Store decides normally. Nil means an in-process MemoryStore, which
+	// cannot fail, so nothing below applies.
+	Store Store
+	// Clock supplies time; nil means real time.
+	Clock Clock
+	// Timeout bounds every store call. Default 5 ms: a slow store costs at
+	// most this, never a client library's default seconds.
+	Timeout time.Duration
+	// Breaker opens per store (per shard) on sustained errors.
+	Breaker BreakerConfig
+	// OpenFactor multiplies a FailOpen policy's limit for the in-process
+	// fallback. Default 2.
+	OpenFactor float64
+	// Daemons returns how many daemons share a FailLocal policy's limit
+	// (live members, or configured). Nil or < 1 means 1.
+	Daemons func() int
+	// DenyCacheSize bounds the remembered rejections. Default 100 000;
+	// negative disables the cache.
+	DenyCacheSize int
+	// FallbackMaxKeys bounds the fallback store. Default 1 000 000.
+	FallbackMaxKeys int
+	// Logger receives degraded-mode warnings, at most one per second per
+	// reason. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Limiter is what a daemon asks: it adds to a Store the things that keep a
+// check fast and safe — a deadline on every store call, a circuit breaker,
+// a per-policy answer when the store fails, a cache of rejections that
+// saves store calls for subjects hammering past their limit, and the usage
+// counts that global shares are computed from.
+type Limiter struct {
+	cfg      LimiterConfig
+	clock    Clock
+	store    Store
+	fallback *MemoryStore
+	deny     *denyCache
+	usage    *usageTracker
+	seed     maphash.Seed
+
+	mu       sync.Mutex
+	breakers map[string]*gobreaker.CircuitBreaker[Decision]
+	logs     map[string]*rate.Sometimes
+
+	storeCalls   atomic.Uint64
+	storeErrors  atomic.Uint64
+	denyHits     atomic.Uint64
+	degraded     atomic.Uint64
+	breakerOpens atomic.Uint64
+}
+
+// NewLimiter returns a Limiter over cfg.Store.
+func NewLimiter(cfg LimiterConfig) *Limiter {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Millisecond
+	}
+	if cfg.OpenFactor <= 0 {
+		cfg.OpenFactor = 2
+	}
+	if cfg.DenyCacheSize == 0 {
+		cfg.DenyCacheSize = 100_000
+	}
+	if cfg.FallbackMaxKeys <= 0 {
+		cfg.FallbackMaxKeys = 1_000_000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Breaker = cfg.Breaker.withDefaults()
+	l := &Limiter{
+		cfg:      cfg,
+		clock:    clockOrReal(cfg.Clock),
+		store:    cfg.Store,
+		seed:     maphash.MakeSeed(),
+		breakers: make(map[string]*gobreaker.CircuitBreaker[Decision]),
+		logs:     make(map[string]*rate.Sometimes),
+		usage:    newUsageTracker(),
+	}
+	if l.store == nil {
+		l.store = NewMemoryStore(MemoryConfig{Clock: cfg.Clock})
+	}
+	if _, inProcess := l.store.(*MemoryStore); !inProcess {
+		l.fallback = NewMemoryStore(MemoryConfig{Clock: cfg.Clock, MaxKeys: cfg.FallbackMaxKeys})
+		if cfg.DenyCacheSize > 0 {
+			l.deny = newDenyCache(cfg.DenyCacheSize)
+		}
+	}
+	return l
+}
+
+// Outcome is a Decision with how it was reached.
+type Outcome struct {
+	Decision
+	Source Source
+	// Degraded is true when the store could not decide and a policy's
+	// failure mode did.
+	Degraded bool
+	// Unavailable is true when a FailClosed policy rejected because the
+	// store could not decide: the caller answers 503, not 429.
+	Unavailable bool
+	// Err is the store's error behind a degraded decision, for logs.
+	Err error
+}
+
+// Check decides req. It returns an error only for a request no store could
+// decide (ErrBadRequest); a failing store yields a degraded Outcome.
+func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
+	if err := req.validate(); err != nil {
+		return Outcome{Decision: Decision{Decider: -1}}, err
+	}
+	now := l.clock.Now()
+	var fp uint64
+	if l.deny != nil {
+		fp = l.fingerprint(req)
+		if d, ok := l.deny.get(req.Subject, fp, now); ok {
+			l.denyHits.Add(1)
+			l.track(req, d.Decision)
+			return Outcome{Decision: d.Decision, Source: FromDenyCache}, nil
+		}
+	}
+	d, err := l.callStore(ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Outcome{Decision: Decision{Decider: -1}}, ctx.Err()
+		}
+		out := l.degrade(ctx, req, err)
+		l.track(req, out.Decision)
+		return out, nil
+	}
+	if !d.Allowed && l.deny != nil {
+		if retry := d.RetryAfter(); retry > 0 {
+			l.deny.put(req.Subject, fp, now.Add(retry), d, now)
+		}
+	}
+	l.track(req, d)
+	return Outcome{Decision: d, Source: FromStore}, nil
+}
+
+// callStore runs one store call under the deadline and the breaker.
+func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) {
+	if _, inProcess := l.store.(*MemoryStore); inProcess {
+		return l.store.Check(ctx, req)
+	}
+	cb := l.breaker(ctx, req.Subject)
+	l.storeCalls.Add(1)
+	d, err := cb.Execute(func() (Decision, error) {
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		defer cancel()
+		return l.store.Check(cctx, req)
+	})
+	if err != nil {
+		l.storeErrors.Add(1)
+	}
+	return d, err
+}
+
+func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.CircuitBreaker[Decision] {
+	name := "store"
+	if s, ok := l.store.(shardNamer); ok {
+		name = s.Shard(ctx, subject)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if cb, ok := l.breakers[name]; ok {
+		return cb
+	}
+	bc := l.cfg.Breaker
+	cb := gobreaker.NewCircuitBreaker[Decision](gobreaker.Settings{
+		Name:         name,
+		MaxRequests:  1,
+		Interval:     bc.Window,
+		BucketPeriod: bc.Window / 10,
+		Timeout:      bc.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.Requests >= bc.MinCalls && float64(c.TotalFailures) >= bc.FailureRatio*float64(c.Requests)
+		},
+		// A caller that gave up is not the store's fault.
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, ErrBadRequest)
+		},
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				l.breakerOpens.Add(1)
+			}
+			l.cfg.Logger.Warn("store circuit breaker", "shard", name, "from", from.String(), "to", to.String())
+		},
+	})
+	l.breakers[name] = cb
+	return cb
+}
+
+// degrade decides without the store: each policy by its failure mode.
+func (l *Limiter) degrade(ctx context.Context, req Request, cause error) Outcome {
+	l.degraded.Add(1)
+	reason := "store_error"
+	if errors.Is(cause, gobreaker.ErrOpenState) || errors.Is(cause, gobreaker.ErrTooManyRequests) {
+		reason = "breaker_open"
+	} else if errors.Is(cause, context.DeadlineExceeded) {
+		reason = "store_timeout"
+	}
+	l.logSometimes(reason, cause)
+
+	out := Outcome{Source: FromFallback, Degraded: true, Err: cause}
+	var local [MaxChecks]Check
+	var where [MaxChecks]int
+	n := 0
+	closed := -1
+	daemons := 1
+	if l.cfg.Daemons != nil {
+		daemons = max(l.cfg.Daemons(), 1)
+	}
+	for i, c := range req.Checks {
+		switch c.OnFailure {
+		case FailClosed:
+			if closed < 0 {
+				closed = i
+			}
+			continue
+		case FailLocal:
+			c.Limit = multiply(c.effective(), 1/float64(daemons))
+		default:
+			c.Limit = multiply(c.effective(), l.cfg.OpenFactor)
+		}
+		c.Scale = 0
+		local[n], where[n] = c, i
+		n++
+	}
+	d := Decision{N: len(req.Checks), Decider: -1}
+	if n > 0 {
+		fd, err := l.fallback.Check(ctx, Request{Subject: req.Subject, Checks: local[:n]})
+		if err != nil { // cannot happen for a validated request; stay safe
+			fd = Decision{Decider: -1}
+		}
+		for j := 0; j < n; j++ {
+			d.Results[where[j]] = fd.Results[j]
+		}
+	}
+	if closed >= 0 {
+		for i, c := range req.Checks {
+			if c.OnFailure == FailClosed {
+				d.Results[i] = Result{Limit: floorUnits(c.effective().Capacity()), RetryAfter: l.cfg.Breaker.OpenFor}
+			}
+		}
+		out.Unavailable = true
+	}
+	d.finish(req.Checks)
+	out.Decision = d
+	return out
+}
+
+// multiply scales a limit by f, which may exceed one (unlike Scale).
+func multiply(l Limit, f float64) Limit {
+	l.Rate *= f
+	l.Burst = math.Max(1, l.Burst*f)
+	l.Count = math.Max(1, l.Count*f)
+	if l.Algorithm == SlidingWindowLog {
+		l.Count = math.Min(l.Count, float64(l.maxLog()))
+	}
+	return l
+}
+
+func (l *Limiter) logSometimes(reason string, err error) {
+	l.mu.Lock()
+	s, ok := l.logs[reason]
+	if !ok {
+		s = &rate.Sometimes{Interval: time.Second}
+		l.logs[reason] = s
+	}
+	l.mu.Unlock()
+	s.Do(func() {
+		l.cfg.Logger.Warn("deciding without the store", "reason", reason, "err", err)
+	})
+}
+
+// fingerprint identifies what a rejection was computed from: the policies,
+// their versions, scales and costs. A raised limit is a new version, so a
+// remembered rejection never outlives the limit it was made under.
+func (l *Limiter) fingerprint(req Request) uint64 {
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	var b [8]byte
+	put := func(v uint64) {
+		for i := range b {
+			b[i] = byte(v >> (8 * i))
+		}
+		h.Write(b[:])
+	}
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		h.WriteString(c.Policy)
+		h.WriteByte(0)
+		put(c.Version)
+		put(math.Float64bits(c.Scale))
+		put(uint64(c.Cost))
+		put(math.Float64bits(c.Limit.Rate) ^ math.Float64bits(c.Limit.Burst)<<1 ^ math.Float64bits(c.Limit.Count)<<2 ^ uint64(c.Limit.Window))
+	}
+	return h.Sum64()
+}
+
+func (l *Limiter) track(req Request, d Decision) {
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		if c.Track {
+			l.usage.add(req.Subject, c.Policy, c.Cost, d.Allowed)
+		}
+	}
+}
+
+// DrainUsage returns the units demanded and admitted per (subject, policy)
+// for tracked checks since the last drain, and starts counting afresh.
+func (l *Limiter) DrainUsage() map[UsageKey]Usage { return l.usage.drain() }
+
+// Stats are the limiter's counters since it started.
+type Stats struct {
+	StoreCalls, StoreErrors, DenyCacheHits, Degraded, BreakerOpens uint64
+	// Breakers maps each store shard to its breaker state: "closed",
+	// "open" or "half-open".
+	Breakers map[string]string
+}
+
+// Stats reads the counters; it is cheap enough for every scrape.
+func (l *Limiter) Stats() Stats {
+	s := Stats{
+		StoreCalls:    l.storeCalls.Load(),
+		StoreErrors:   l.storeErrors.Load(),
+		DenyCacheHits: l.denyHits.Load(),
+		Degraded:      l.degraded.Load(),
+		BreakerOpens:  l.breakerOpens.Load(),
+		Breakers:      map[string]string{},
+	}
+	l.mu.Lock()
+	for name, cb := range l.breakers {
+		s.Breakers[name] = cb.State().String()
+	}
+	l.mu.Unlock()
+	return s
+}
+
+// Peek reads a subject's state under the given checks without spending:
+// every cost is set to zero. It goes to the store like any check.
+func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
+	checks := make([]Check, len(req.Checks))
+	copy(checks, req.Checks)
+	for i := range checks {
+		checks[i].Cost = 0
+		checks[i].Track = false
+	}
+	req.Checks = checks
+	if err := req.validate(); err != nil {
+		return Outcome{}, err
+	}
+	d, err := l.callStore(ctx, req)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("reading state: %w", err)
+	}
+	return Outcome{Decision: d, Source: FromStore}, nil
+}
+
+// denyCache remembers rejections until their retry time. It is sharded by
+// subject so that concurrent checks rarely share a lock.
+type denyCache struct {
+	seed   maphash.Seed
+	shards [16]*lru.Cache[denyKey, denied]
+}
+
+type denyKey struct {
+	subject string
+	fp      uint64
+}
+
+type denied struct {
+	until time.Time
+	at    time.Time
+	Decision
+}
+
+func newDenyCache(size int) *denyCache {
+	c := &denyCache{seed: maphash.MakeSeed()}
+	per := max(size/len(c.shards), 1)
+	for i := range c.shards {
+		c.shards[i], _ = lru.New[denyKey, denied](per) // only errs for size <= 0
+	}
+	return c
+}
+
+func (c *denyCache) shard(subject string) *lru.Cache[denyKey, denied] {
+	return c.shards[maphash.String(c.seed, subject)%uint64(len(c.shards))]
+}
+
+func (c *denyCache) get(subject string, fp uint64, now time.Time) (denied, bool) {
+	sh := c.shard(subject)
+	k := denyKey{subject, fp}
+	e, ok := sh.Get(k)
+	if !ok {
+		return denied{}, false
+	}
+	if !now.Before(e.until) {
+		sh.Remove(k)
+		return denied{}, false
+	}
+	// Time has passed since the store decided: count it down.
+	el := now.Sub(e.at)
+	for i := 0; i < e.N; i++ {
+		r := &e.Results[i]
+		if r.RetryAfter > 0 {
+			r.RetryAfter = max(r.RetryAfter-el, time.Microsecond)
+		}
+		r.ResetAfter = max(r.ResetAfter-el, 0)
+	}
+	return e, true
+}
+
+func (c *denyCache) put(subject string, fp uint64, until time.Time, d Decision, now time.Time) {
+	c.shard(subject).Add(denyKey{subject, fp}, denied{until: until, at: now, Decision: d})
+}
+
+// UsageKey names a (subject, policy) pair whose usage is tracked.
+type UsageKey struct {
+	Subject, Policy string
+}
+
+// Usage is what a tracked pair demanded (allowed and rejected alike: a
+// starved region must still show its demand) and what was admitted, in
+// cost units.
+type Usage struct {
+	Demand, Admitted int64
+}
+
+type usageTracker struct {
+	mu sync.Mutex
+	m  map[UsageKey]*Usage
+}
+
+func newUsageTracker() *usageTracker { return &usageTracker{m: make(map[UsageKey]*Usage)} }
+
+func (u *usageTracker) add(subject, policy string, cost int64, allowed bool) {
+	k := UsageKey{subject, policy}
+	u.mu.Lock()
+	e := u.m[k]
+	if e == nil {
+		e = &Usage{}
+		u.m[k] = e
+	}
+	e.Demand += cost
+	if allowed {
+		e.Admitted += cost
+	}
+	u.mu.Unlock()
+}
+
+func (u *usageTracker) drain() map[UsageKey]Usage {
+	u.mu.Lock()
+	old := u.m
+	u.m = make(map[UsageKey]*Usage, len(old))
+	u.mu.Unlock()
+	out := make(map[UsageKey]Usage, len(old))
+	for k, v := range old {
+		out[k] = *v
+	}
+	return out
+}

@@ -1,0 +1,192 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// faultyStore wraps a MemoryStore, counts calls and fails on demand. The
+// limiter logic under test does not depend on which store fails; the tests
+// against a real Redis that is killed and paused are in redis_failure_test.go.
+type faultyStore struct {
+	inner *MemoryStore
+	calls atomic.Int64
+	fail  atomic.Bool
+}
+
+var errStoreDown = errors.New("store down")
+
+func (s *faultyStore) Check(ctx context.Context, req Request) (Decision, error) {
+	s.calls.Add(1)
+	if s.fail.Load() {
+		return Decision{}, errStoreDown
+	}
+	return s.inner.Check(ctx, req)
+}
+
+func newFaulty(clock Clock) *faultyStore {
+	return &faultyStore{inner: NewMemoryStore(MemoryConfig{Clock: clock})}
+}
+
+func TestDenyCacheSavesStoreCallsAndHonoursRaisedLimit(t *testing.T) {
+	clock := newManualClock()
+	st := newFaulty(clock)
+	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock})
+	check := func(count float64, version uint64) Outcome {
+		t.Helper()
+		o, err := lim.Check(context.Background(), Request{Subject: "hammer", Checks: []Check{{
+			Policy: "p", Version: version, Cost: 1,
+			Limit: Limit{Algorithm: FixedWindow, Count: count, Window: time.Minute},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	for range 10 {
+		check(10, 1)
+	}
+	before := st.calls.Load()
+	const hammer = 1000
+	for range hammer {
+		clock.Advance(time.Millisecond) // 1 s in all: still within the window
+		if o := check(10, 1); o.Allowed {
+			t.Fatal("hammering key allowed")
+		}
+	}
+	calls := st.calls.Load() - before
+	if calls > hammer/10 {
+		t.Errorf("store calls while hammering = %d of %d checks, want a drop of at least 90%%", calls, hammer)
+	}
+	// The operator raises the limit: the next check must see it.
+	if o := check(100, 2); !o.Allowed || o.Source != FromStore || o.Results[0].Limit != 100 {
+		t.Errorf("first check after raising the limit: allowed=%v source=%v, want allowed from the store", o.Allowed, o.Source)
+	}
+}
+
+func TestDenyCacheExpiresAtRetryTime(t *testing.T) {
+	clock := newManualClock()
+	st := newFaulty(clock)
+	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock})
+	req := Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 2, Burst: 1}}}}
+	ctx := context.Background()
+	lim.Check(ctx, req)
+	o, _ := lim.Check(ctx, req)
+	if o.Allowed || o.RetryAfter() != 500*time.Millisecond {
+		t.Fatalf("second check: allowed=%v retry=%v, want rejected, 500ms", o.Allowed, o.RetryAfter())
+	}
+	clock.Advance(200 * time.Millisecond)
+	o, _ = lim.Check(ctx, req)
+	if o.Source != FromDenyCache || o.RetryAfter() != 300*time.Millisecond {
+		t.Errorf("cached: source=%v retry=%v, want deny_cache, 300ms", o.Source, o.RetryAfter())
+	}
+	clock.Advance(300 * time.Millisecond)
+	if o, _ := lim.Check(ctx, req); !o.Allowed || o.Source != FromStore {
+		t.Errorf("at the retry time: allowed=%v source=%v, want allowed by the store", o.Allowed, o.Source)
+	}
+}
+
+func TestStoreFailureFollowsEachPolicysMode(t *testing.T) {
+	tb := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10}
+	tests := []struct {
+		name        string
+		mode        Failure
+		daemons     int
+		wantAllowed int
+		unavailable bool
+	}{
+		{"open allows twice the limit", FailOpen, 1, 20, false},
+		{"local divides by live daemons", FailLocal, 5, 2, false},
+		{"closed rejects as unavailable", FailClosed, 1, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newManualClock()
+			st := newFaulty(clock)
+			st.fail.Store(true)
+			lim := NewLimiter(LimiterConfig{Store: st, Clock: clock, Daemons: func() int { return tt.daemons }})
+			allowed := 0
+			for range 100 {
+				o, err := lim.Check(context.Background(), Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: tb, OnFailure: tt.mode}}})
+				if err != nil {
+					t.Fatalf("Check returned %v, want a degraded decision", err)
+				}
+				if !o.Degraded || o.Source != FromFallback {
+					t.Fatalf("degraded=%v source=%v, want a degraded fallback decision", o.Degraded, o.Source)
+				}
+				if o.Unavailable != tt.unavailable {
+					t.Fatalf("Unavailable = %v, want %v", o.Unavailable, tt.unavailable)
+				}
+				if o.Allowed {
+					allowed++
+				}
+			}
+			if allowed != tt.wantAllowed {
+				t.Errorf("allowed %d of 100 with the store down, want %d", allowed, tt.wantAllowed)
+			}
+		})
+	}
+}
+
+func TestBreakerOpensThenProbes(t *testing.T) {
+	clock := newManualClock()
+	st := newFaulty(clock)
+	st.fail.Store(true)
+	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock, Breaker: BreakerConfig{MinCalls: 10, OpenFor: 50 * time.Millisecond}})
+	req := Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}}}}
+	ctx := context.Background()
+	for range 10 {
+		lim.Check(ctx, req)
+	}
+	if got := lim.Stats().Breakers["store"]; got != "open" {
+		t.Fatalf("breaker after 10 failures = %q, want open", got)
+	}
+	calls := st.calls.Load()
+	for range 100 {
+		lim.Check(ctx, req)
+	}
+	if st.calls.Load() != calls {
+		t.Fatalf("open breaker let %d calls through", st.calls.Load()-calls)
+	}
+	st.fail.Store(false)
+	// gobreaker reads the real clock: wait for the probe, bounded.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		o, _ := lim.Check(ctx, req)
+		if o.Source == FromStore {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("breaker never let a probe through")
+		}
+		time.Sleep(5 * time.Millisecond) // pacing the probe loop, not waiting for a condition
+	}
+	if got := lim.Stats().Breakers["store"]; got != "closed" {
+		t.Errorf("breaker after a good probe = %q, want closed", got)
+	}
+}
+
+func TestUsageCountsDemandAndAdmissions(t *testing.T) {
+	clock := newManualClock()
+	lim := NewLimiter(LimiterConfig{Clock: clock})
+	l := Limit{Algorithm: FixedWindow, Count: 5, Window: time.Minute}
+	for range 8 {
+		lim.Check(context.Background(), Request{Subject: "g", Checks: []Check{
+			{Policy: "global", Cost: 2, Limit: l, Track: true},
+			{Policy: "local", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 100}},
+		}})
+	}
+	u := lim.DrainUsage()
+	if got, want := u[UsageKey{"g", "global"}], (Usage{Demand: 16, Admitted: 4}); got != want {
+		t.Errorf("usage = %+v, want %+v", got, want)
+	}
+	if _, ok := u[UsageKey{"g", "local"}]; ok {
+		t.Error("untracked policy was counted")
+	}
+	if u := lim.DrainUsage(); len(u) != 0 {
+		t.Errorf("second drain = %v, want empty", u)
+	}
+}
