@@ -1,0 +1,258 @@
+// Package simulator runs n regions of Sluice on virtual time: each region
+// decides with the real engine memory store scaled by its share from the
+// real share package, regions exchange share.Reports through a simulated
+// gossip layer (delay, loss, partitions, crashes), and one central engine
+// store fed the same arrivals (the oracle) says what a single limiter would
+// have admitted. Runs are deterministic for a seed.
+package simulator
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("10s", "1m30s").
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a duration string or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("duration must be a string like \"10s\" or a number of seconds")
+	}
+	*d = Duration(f * float64(time.Second))
+	return nil
+}
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Scenario describes one simulation. Rates are multiples of the global
+// limit L (Limit.Rate); splits are per-region fractions, normalised.
+type Scenario struct {
+	Name        string   `json:"name"`
+	Description string   `json:"description,omitempty"`
+	Regions     int      `json:"regions"`
+	Duration    Duration `json:"duration"`
+	// Warmup is excluded from error statistics (default two intervals):
+	// every region starts at L/n and learns demand from the first report.
+	Warmup Duration `json:"warmup,omitempty"`
+	// Tick is the step of virtual time at which arrivals are generated and
+	// events fire (default 10ms).
+	Tick  Duration  `json:"tick,omitempty"`
+	Limit LimitSpec `json:"limit"`
+	// Keys is the number of keys (subjects) of the global policy; Zipf > 1
+	// draws each arrival's key from a Zipf(Zipf) distribution over them.
+	Keys int     `json:"keys,omitempty"`
+	Zipf float64 `json:"zipf,omitempty"`
+
+	Traffic Traffic    `json:"traffic"`
+	Gossip  Gossip     `json:"gossip,omitempty"`
+	Share   ShareSpec  `json:"share,omitempty"`
+	Quota   *QuotaSpec `json:"quota,omitempty"`
+	// LimitSteps change L during the run (e.g. halve it).
+	LimitSteps []LimitStep `json:"limit_steps,omitempty"`
+	// ChangeAt is the moment convergence is measured from (default 0).
+	ChangeAt Duration `json:"change_at,omitempty"`
+	// Targets are the pass/fail goals of share-algorithms.md §5.
+	Targets []Target `json:"targets,omitempty"`
+}
+
+// LimitSpec is the global limit of every key.
+type LimitSpec struct {
+	Algorithm string  `json:"algorithm,omitempty"` // default token_bucket
+	Rate      float64 `json:"rate"`                // units/s (L)
+	Burst     float64 `json:"burst,omitempty"`     // default Rate (1 s)
+}
+
+// LimitStep multiplies the original L by Factor from At on.
+type LimitStep struct {
+	At     Duration `json:"at"`
+	Factor float64  `json:"factor"`
+}
+
+// Traffic is the offered load: Rate·L split across regions by Split, then
+// modified by steps, bursts and a diurnal rotation. Arrivals are Poisson
+// when Poisson is set, evenly spaced otherwise.
+type Traffic struct {
+	Rate    float64   `json:"rate"`
+	Split   []float64 `json:"split,omitempty"` // default even
+	Poisson bool      `json:"poisson,omitempty"`
+	// Steps replace Rate and/or Split from At on (step shift, flash crowd,
+	// idle region waking).
+	Steps []TrafficStep `json:"steps,omitempty"`
+	// Bursts add Rate·L for Length every Every (on-off), split by Split.
+	Bursts *Bursts `json:"bursts,omitempty"`
+	// Diurnal rotates demand between regions with period Period (follow
+	// the sun): region i's weight is 1 + Depth·cos(2π(t/Period − i/n)).
+	Diurnal *Diurnal `json:"diurnal,omitempty"`
+}
+
+// TrafficStep changes the base traffic at At.
+type TrafficStep struct {
+	At    Duration  `json:"at"`
+	Rate  float64   `json:"rate,omitempty"`
+	Split []float64 `json:"split,omitempty"`
+}
+
+// Bursts describe on-off traffic on top of the base.
+type Bursts struct {
+	Every  Duration  `json:"every"`
+	Length Duration  `json:"length"`
+	Rate   float64   `json:"rate"`
+	Split  []float64 `json:"split,omitempty"`
+}
+
+// Diurnal is the follow-the-sun modulation.
+type Diurnal struct {
+	Period Duration `json:"period"`
+	Depth  float64  `json:"depth"`
+}
+
+// Gossip describes how reports travel.
+type Gossip struct {
+	Delay  Duration `json:"delay,omitempty"`  // default 100ms
+	Jitter Duration `json:"jitter,omitempty"` // uniform extra delay
+	Loss   float64  `json:"loss,omitempty"`   // probability a report to one peer is lost
+	// Skew is the largest clock offset of a region (uniform in ±Skew).
+	Skew       Duration    `json:"skew,omitempty"`
+	Partitions []Partition `json:"partitions,omitempty"`
+	Crashes    []Crash     `json:"crashes,omitempty"`
+}
+
+// Partition cuts Regions (indices) off from the rest from Start to End.
+// Their own traffic keeps arriving at them.
+type Partition struct {
+	Start   Duration `json:"start"`
+	End     Duration `json:"end"`
+	Regions []int    `json:"regions"`
+}
+
+// Crash stops Region at At (its traffic fails over to the others evenly);
+// with Restart > At it comes back empty at Restart.
+type Crash struct {
+	Region  int      `json:"region"`
+	At      Duration `json:"at"`
+	Restart Duration `json:"restart,omitempty"`
+}
+
+// ShareSpec overrides share.DefaultConfig.
+type ShareSpec struct {
+	Interval   Duration `json:"interval,omitempty"`
+	Settle     Duration `json:"settle,omitempty"` // default Delay+Jitter+400ms
+	RaiseDelay Duration `json:"raise_delay,omitempty"`
+	Pressure   float64  `json:"pressure,omitempty"`
+}
+
+// QuotaSpec turns the scenario into a global quota (fixed window G-counter)
+// of Limit units per Window; Limit.Rate is then ignored except as the unit
+// of Traffic.Rate.
+type QuotaSpec struct {
+	Limit  uint64   `json:"limit"`
+	Window Duration `json:"window"`
+}
+
+// Target is one goal: Metric (a summary field name) must lie in [Min, Max]
+// (either bound may be omitted).
+type Target struct {
+	Metric string   `json:"metric"`
+	Min    *float64 `json:"min,omitempty"`
+	Max    *float64 `json:"max,omitempty"`
+	Note   string   `json:"note,omitempty"`
+}
+
+// LoadScenario reads a scenario from a JSON file.
+func LoadScenario(path string) (Scenario, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Scenario{}, err
+	}
+	return ParseScenario(b)
+}
+
+// ParseScenario decodes a JSON scenario, rejecting unknown fields.
+func ParseScenario(b []byte) (Scenario, error) {
+	var s Scenario
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return Scenario{}, fmt.Errorf("scenario: %w", err)
+	}
+	return s, s.Validate()
+}
+
+// Validate reports the first field that cannot run.
+func (s Scenario) Validate() error {
+	switch {
+	case s.Name == "":
+		return errors.New("scenario: name is required")
+	case s.Regions < 1 || s.Regions > 64:
+		return fmt.Errorf("scenario %s: regions must be 1..64, got %d", s.Name, s.Regions)
+	case s.Duration.D() <= 0:
+		return fmt.Errorf("scenario %s: duration must be positive", s.Name)
+	case s.Limit.Rate <= 0:
+		return fmt.Errorf("scenario %s: limit.rate must be positive", s.Name)
+	case s.Keys < 0 || s.Keys > 10_000_000:
+		return fmt.Errorf("scenario %s: keys must be 0..1e7", s.Name)
+	case s.Zipf != 0 && s.Zipf <= 1:
+		return fmt.Errorf("scenario %s: zipf exponent must be > 1", s.Name)
+	case s.Gossip.Loss < 0 || s.Gossip.Loss > 1:
+		return fmt.Errorf("scenario %s: loss must be in [0, 1]", s.Name)
+	case s.Limit.Algorithm != "" && s.Limit.Algorithm != "token_bucket":
+		return fmt.Errorf("scenario %s: only token_bucket limits are simulated, got %q", s.Name, s.Limit.Algorithm)
+	}
+	for _, sp := range append([][]float64{s.Traffic.Split}, splits(s)...) {
+		if len(sp) != 0 && len(sp) != s.Regions {
+			return fmt.Errorf("scenario %s: a split has %d entries for %d regions", s.Name, len(sp), s.Regions)
+		}
+	}
+	for _, p := range s.Gossip.Partitions {
+		for _, r := range p.Regions {
+			if r < 0 || r >= s.Regions {
+				return fmt.Errorf("scenario %s: partition names region %d", s.Name, r)
+			}
+		}
+	}
+	for _, c := range s.Gossip.Crashes {
+		if c.Region < 0 || c.Region >= s.Regions {
+			return fmt.Errorf("scenario %s: crash names region %d", s.Name, c.Region)
+		}
+	}
+	if s.Quota != nil && (s.Quota.Limit == 0 || s.Quota.Window.D() <= 0) {
+		return fmt.Errorf("scenario %s: quota needs a limit and a window", s.Name)
+	}
+	for _, t := range s.Targets {
+		if _, ok := metricNames[t.Metric]; !ok {
+			return fmt.Errorf("scenario %s: unknown target metric %q", s.Name, t.Metric)
+		}
+	}
+	return nil
+}
+
+func splits(s Scenario) [][]float64 {
+	var out [][]float64
+	for _, st := range s.Traffic.Steps {
+		out = append(out, st.Split)
+	}
+	if s.Traffic.Bursts != nil {
+		out = append(out, s.Traffic.Bursts.Split)
+	}
+	return out
+}
