@@ -6,7 +6,7 @@ import (
 )
 
 func sec(s float64) Duration { return Duration(time.Duration(s * float64(time.Second))) }
-func ptr(v float64) *float64  { return &v }
+func ptr(v float64) *float64 { return &v }
 func atMost(metric string, v float64, note string) Target {
 	return Target{Metric: metric, Max: ptr(v), Note: note}
 }
@@ -32,7 +32,7 @@ func Builtins() []Scenario {
 			Traffic: Traffic{Rate: 2, Split: []float64{1, 0, 0}, Poisson: true,
 				Steps: []TrafficStep{{At: sec(125), Split: []float64{0, 1, 0}}}},
 			ChangeAt: sec(125),
-			Targets: []Target{atMost("convergence_s", 20, "±5% by the 2nd window (≤20 s)"), atMost("overshoot_max_pct", 1, "overshoot ≤1%")}},
+			Targets:  []Target{atMost("convergence_s", 20, "±5% by the 2nd window (≤20 s)"), atMost("overshoot_max_pct", 1, "overshoot ≤1%")}},
 		{Name: "follow-the-sun", Description: "§5.5: 2L rotating between three regions over 30 min", Regions: 3, Duration: sec(1800), Limit: l,
 			Traffic: Traffic{Rate: 2, Poisson: true, Diurnal: &Diurnal{Period: sec(1800), Depth: 1}},
 			Targets: []Target{atMost("global_error_p99_pct", 3, "E₁₀ ±3% in 99% of windows")}},
@@ -43,7 +43,7 @@ func Builtins() []Scenario {
 			Traffic: Traffic{Rate: 1.5, Split: []float64{1, 0, 0}, Poisson: true,
 				Steps: []TrafficStep{{At: sec(125), Rate: 2, Split: []float64{1.5, 0, 0.5}}}},
 			ChangeAt: sec(125),
-			Targets: []Target{atMost("region_vs_oracle_after_change_max_pct", 5, "its error vs oracle ≤5% after 1 window")}},
+			Targets:  []Target{atMost("region_vs_oracle_after_change_max_pct", 5, "its error vs oracle ≤5% after 1 window")}},
 		{Name: "bursts", Description: "§5.8: 2 s bursts of 3L every 30 s over 0.6L", Regions: 3, Duration: sec(300), Limit: l,
 			Traffic: Traffic{Rate: 0.6, Poisson: true, Bursts: &Bursts{Every: sec(30), Length: sec(2), Rate: 3}},
 			Targets: []Target{atMost("overshoot_max_pct", 3, "E₁₀ overshoot ≤3%")}},

@@ -40,14 +40,14 @@ type RegionWindow struct {
 }
 
 type regAcc struct {
-	off0, adm0   int64
-	allowed0     float64
-	shareInt     float64
-	offAll       int64
-	admAll       int64
-	offSec0      int64
-	allowedSec0  float64
-	expected0    float64 // Σ over seconds of min(offered, allowed)
+	off0, adm0  int64
+	allowed0    float64
+	shareInt    float64
+	offAll      int64
+	admAll      int64
+	offSec0     int64
+	allowedSec0 float64
+	expected0   float64 // Σ over seconds of min(offered, allowed)
 }
 
 type metrics struct {

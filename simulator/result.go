@@ -34,23 +34,23 @@ func (r Result) ChecksPerSecond() float64 {
 // Summary holds the figures of a run. Percentages are numbers (2.5 = 2.5%)
 // of L_global over the window; error statistics skip the warm-up.
 type Summary struct {
-	GlobalErrorP50Pct  float64 `json:"global_error_p50_pct"`
-	GlobalErrorP99Pct  float64 `json:"global_error_p99_pct"`
-	GlobalErrorMaxPct  float64 `json:"global_error_max_pct"`
-	MeanErrorPct       float64 `json:"mean_error_pct"`
-	GlobalError60P99   float64 `json:"global_error_60s_p99_pct"`
-	RegionalErrorP99   float64 `json:"regional_error_p99_pct"`
-	OvershootMaxPct    float64 `json:"overshoot_max_pct"`
-	ConvergenceS       float64 `json:"convergence_s"`
-	ErrorAfterChange   float64 `json:"error_after_change_max_pct"`
-	RegionAfterChange  float64 `json:"region_vs_oracle_after_change_max_pct"`
-	FalseRejectionPct  float64 `json:"false_rejection_pct"`
-	ReportBytesPerS    float64 `json:"report_bytes_per_s_per_region"`
-	Jain               float64 `json:"jain"`
-	KeyErrorP99Pct     float64 `json:"key_error_p99_pct"`
-	AdmittedVsOracle   float64 `json:"admitted_vs_oracle_pct"`
-	NFR02Pass          bool    `json:"nfr02_pass"`
-	TargetsPass        bool    `json:"targets_pass"`
+	GlobalErrorP50Pct float64 `json:"global_error_p50_pct"`
+	GlobalErrorP99Pct float64 `json:"global_error_p99_pct"`
+	GlobalErrorMaxPct float64 `json:"global_error_max_pct"`
+	MeanErrorPct      float64 `json:"mean_error_pct"`
+	GlobalError60P99  float64 `json:"global_error_60s_p99_pct"`
+	RegionalErrorP99  float64 `json:"regional_error_p99_pct"`
+	OvershootMaxPct   float64 `json:"overshoot_max_pct"`
+	ConvergenceS      float64 `json:"convergence_s"`
+	ErrorAfterChange  float64 `json:"error_after_change_max_pct"`
+	RegionAfterChange float64 `json:"region_vs_oracle_after_change_max_pct"`
+	FalseRejectionPct float64 `json:"false_rejection_pct"`
+	ReportBytesPerS   float64 `json:"report_bytes_per_s_per_region"`
+	Jain              float64 `json:"jain"`
+	KeyErrorP99Pct    float64 `json:"key_error_p99_pct"`
+	AdmittedVsOracle  float64 `json:"admitted_vs_oracle_pct"`
+	NFR02Pass         bool    `json:"nfr02_pass"`
+	TargetsPass       bool    `json:"targets_pass"`
 }
 
 // TargetResult is one target with our figure.
