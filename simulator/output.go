@@ -64,7 +64,7 @@ func WriteMarkdown(w io.Writer, results []Result) error {
 		s := r.Summary
 		first := true
 		for _, t := range r.Targets {
-			lead := "| | | | | | | "
+			lead := "| | | | | | | | "
 			if first {
 				lead = fmt.Sprintf("| %s | %.2f%% | %.2f%% | %.2f%% | %.2f%% | %gs | %s | ", r.Scenario, s.GlobalErrorP99Pct,
 					s.GlobalErrorMaxPct, s.RegionalErrorP99, s.OvershootMaxPct, s.ConvergenceS, passFail(s.NFR02Pass))

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-rl/sluice/simulator"
+)
+
+// newSimulateCmd is `sluice simulate`: run a built-in or file scenario on
+// virtual time and print its metrics.
+func newSimulateCmd() *cobra.Command {
+	var (
+		name, file, out string
+		seed            uint64
+		asJSON, list    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "simulate",
+		Short: "Simulate regions sharing a global limit on virtual time",
+		Long: "Runs n regions with the real share allocator and engine memory store on virtual time,\n" +
+			"against a central oracle limiter, and reports accuracy metrics (docs/simulator.md).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			stdout := cmd.OutOrStdout()
+			if list {
+				for _, sc := range simulator.Builtins() {
+					fmt.Fprintf(stdout, "%s\t%s\n", sc.Name, sc.Description)
+				}
+				return nil
+			}
+			var sc simulator.Scenario
+			switch {
+			case file != "":
+				var err error
+				if sc, err = simulator.LoadScenario(file); err != nil {
+					return err
+				}
+			case name != "":
+				var ok bool
+				if sc, ok = simulator.Builtin(name); !ok {
+					return fmt.Errorf("unknown scenario %q (see sluice simulate --list)", name)
+				}
+			default:
+				return fmt.Errorf("give --scenario NAME, --file FILE or --list")
+			}
+			opt := simulator.Options{Seed: seed}
+			if bar := newProgressBar(cmd.ErrOrStderr()); bar != nil {
+				opt.Progress = bar.update
+				defer bar.done()
+			}
+			res, err := simulator.Run(cmd.Context(), sc, opt)
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				if err := os.MkdirAll(out, 0o755); err != nil {
+					return err
+				}
+				f, err := os.Create(filepath.Join(out, sc.Name+".json"))
+				if err != nil {
+					return err
+				}
+				if err := simulator.WriteJSON(f, res); err != nil {
+					f.Close()
+					return err
+				}
+				if err := f.Close(); err != nil {
+					return err
+				}
+			}
+			if asJSON {
+				return simulator.WriteJSON(stdout, res)
+			}
+			return simulator.WriteTable(stdout, res)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&name, "scenario", "", "built-in scenario name (see --list)")
+	f.StringVar(&file, "file", "", "JSON scenario file (docs/simulator.md)")
+	f.Uint64Var(&seed, "seed", 1, "random seed; the same seed gives the same result")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
+	f.StringVar(&out, "out", "", "directory to write the JSON result into")
+	f.BoolVar(&list, "list", false, "list built-in scenarios, one a line, name first")
+	return cmd
+}
+
+// progressBar draws on a terminal only, and only once a run has taken
+// longer than a second.
+type progressBar struct {
+	w     io.Writer
+	start time.Time
+	drawn bool
+}
+
+func newProgressBar(w io.Writer) *progressBar {
+	f, ok := w.(*os.File)
+	if !ok {
+		return nil
+	}
+	st, err := f.Stat()
+	if err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	return &progressBar{w: w, start: time.Now()}
+}
+
+func (p *progressBar) update(done, total time.Duration) {
+	if time.Since(p.start) < time.Second || total <= 0 {
+		return
+	}
+	frac := float64(done) / float64(total)
+	n := int(frac * 40)
+	fmt.Fprintf(p.w, "\r[%s%s] %3.0f%% of %v simulated", strings.Repeat("=", n), strings.Repeat(" ", 40-n), frac*100, total)
+	p.drawn = true
+}
+
+func (p *progressBar) done() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}
