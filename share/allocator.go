@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// MinShare is the smallest share a Table returns, so that no caller passes
+// a zero engine Scale (which means the whole limit).
+const MinShare = 1e-9
+
 // Allocator holds one region's view of the allocation: the known regions,
 // when each was last heard from, the shares of every coordinated key and
 // this region's smoothed demand. It is not safe for concurrent use; the
@@ -289,7 +293,8 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 		if a.isolated {
 			s = min(s, a.cfg.safe(n))
 		}
-		shares[key] = s
+		// Never zero: the engine reads a Scale of zero as the whole limit.
+		shares[key] = max(s, MinShare)
 	}
 	a.prev = a.next
 	a.next = &Table{shares: shares, def: def}
