@@ -1,0 +1,500 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/sluice-rl/sluice/share"
+	"golang.org/x/sync/errgroup"
+)
+
+// MaxPacketPayload is the largest encoded message sent through memberlist's
+// gossip queue (piggybacked on UDP packets of UDPBufferSize = 1400 bytes,
+// less memberlist's framing and AES-GCM overhead). Anything larger goes over
+// memberlist's reliable (TCP) path to each target node.
+const MaxPacketPayload = 1024
+
+// State is a member's state as this node sees it.
+type State string
+
+// Member states.
+const (
+	StateAlive   State = "alive"
+	StateSuspect State = "suspect"
+	StateDead    State = "dead"
+	StateLeft    State = "left"
+)
+
+// Live reports whether a member in state s still counts: alive or suspect.
+func (s State) Live() bool { return s == StateAlive || s == StateSuspect }
+
+// Member is one node of the cluster.
+type Member struct {
+	Node   string `json:"node"`
+	Region string `json:"region"`
+	Addr   string `json:"addr"` // host:port
+	State  State  `json:"state"`
+}
+
+// Node is one daemon's gossip endpoint: a memberlist node plus the
+// bounded receive queue and decoder. Create it with New, start it with Run.
+// Register handlers (OnReport, OnNodeUsage, OnPolicy, OnMessage) before Run.
+type Node struct {
+	cfg     Config
+	ml      *memberlist.Memberlist
+	queue   chan []byte
+	bq      *memberlist.TransmitLimitedQueue
+	metrics *metrics
+	meta    []byte
+	run     atomic.Bool
+
+	mu      sync.Mutex
+	members map[string]Member
+
+	hmu       sync.RWMutex
+	onMessage []func(Message)
+
+	pmu          sync.Mutex
+	policyVer    uint64
+	policyLatest []byte // encoded envelope of the newest policy seen
+}
+
+// New validates cfg, creates the memberlist node and binds its ports. It
+// does not join: Run does.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	n := &Node{
+		cfg:     cfg,
+		queue:   make(chan []byte, cfg.QueueSize),
+		members: map[string]Member{},
+		metrics: newMetrics(cfg.Registerer),
+	}
+	meta, err := marshal(nodeMeta{V: WireVersion, Region: cfg.Region})
+	if err != nil {
+		return nil, err
+	}
+	if len(meta) > memberlist.MetaMaxSize {
+		return nil, fmt.Errorf("gossip: node metadata is %d bytes > %d", len(meta), memberlist.MetaMaxSize)
+	}
+	n.meta = meta
+	mc := cfg.memberlistConfig()
+	mc.Delegate = (*delegate)(n)
+	mc.Events = (*events)(n)
+	mc.LogOutput = &logWriter{log: cfg.Logger, m: n.metrics}
+	n.bq = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: n.numLive}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("gossip: start memberlist: %w", err)
+	}
+	n.ml = ml
+	return n, nil
+}
+
+// Addr returns the address other nodes reach this one at (host:port), for
+// the Join lists of tests and tools.
+func (n *Node) Addr() string {
+	ln := n.ml.LocalNode()
+	return net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port)))
+}
+
+// Name returns the node id.
+func (n *Node) Name() string { return n.cfg.Node }
+
+// Region returns this node's region.
+func (n *Node) Region() string { return n.cfg.Region }
+
+// Interval returns the configured report interval.
+func (n *Node) Interval() time.Duration { return n.cfg.Interval }
+
+// OnMessage registers h to receive every decoded message, on the decoder
+// goroutine, one at a time: h must not block for long (hand work to another
+// goroutine), or the receive queue fills and messages are dropped.
+func (n *Node) OnMessage(h func(Message)) {
+	n.hmu.Lock()
+	n.onMessage = append(n.onMessage, h)
+	n.hmu.Unlock()
+}
+
+// OnReport registers h for regional reports (same contract as OnMessage).
+func (n *Node) OnReport(h func(share.Report)) {
+	n.OnMessage(func(m Message) {
+		if m.Kind == KindReport {
+			h(m.Report)
+		}
+	})
+}
+
+// OnNodeUsage registers h for node usage reports from nodes of this region.
+func (n *Node) OnNodeUsage(h func(NodeUsage)) {
+	n.OnMessage(func(m Message) {
+		if m.Kind == KindNodeUsage && m.Region == n.cfg.Region {
+			h(m.Usage)
+		}
+	})
+}
+
+// OnPolicy registers h for policy updates newer than any this node has seen
+// or sent: h sees each version at most once, in increasing order.
+func (n *Node) OnPolicy(h func(PolicyUpdate)) {
+	n.OnMessage(func(m Message) {
+		if m.Kind == KindPolicy {
+			h(m.Policy)
+		}
+	})
+}
+
+// Run joins the cluster (retrying until a seed answers, and again whenever
+// this node knows of dead peers or is alone), decodes received messages and
+// dispatches them to the handlers until ctx ends; then it leaves gracefully
+// and shuts memberlist down. Run may be called once.
+func (n *Node) Run(ctx context.Context) error {
+	if !n.run.CompareAndSwap(false, true) {
+		return errors.New("gossip: Run called twice")
+	}
+	defer func() {
+		if err := n.ml.Leave(n.cfg.LeaveTimeout); err != nil {
+			n.cfg.Logger.Warn("gossip: leave", "err", err)
+		}
+		_ = n.ml.Shutdown()
+	}()
+	var wg sync.WaitGroup
+	wg.Go(func() { n.decodeLoop(ctx) })
+	defer wg.Wait()
+	n.joinLoop(ctx)
+	return nil
+}
+
+func (n *Node) joinLoop(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	joined := len(n.cfg.Join) == 0
+	for {
+		if !joined {
+			if k, err := n.ml.Join(n.cfg.Join); err == nil && k > 0 {
+				joined = true
+				n.cfg.Logger.Info("gossip: joined", "node", n.cfg.Node, "region", n.cfg.Region, "contacted", k)
+			} else {
+				n.cfg.Logger.Debug("gossip: join failed, retrying", "err", err, "in", backoff)
+			}
+		} else {
+			n.rejoin()
+		}
+		wait := n.cfg.rejoinInterval()
+		if !joined {
+			wait = backoff
+			backoff = min(2*backoff, n.cfg.rejoinInterval())
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// rejoin tries to reach dead (not left) members again, and the seeds when
+// alone, so that a healed partition merges without an operator.
+func (n *Node) rejoin() {
+	var addrs []string
+	for _, m := range n.Members() {
+		if m.State == StateDead && m.Node != n.cfg.Node {
+			addrs = append(addrs, m.Node+"/"+m.Addr)
+		}
+	}
+	if n.numLive() <= 1 {
+		addrs = append(addrs, n.cfg.Join...)
+	}
+	if len(addrs) > 0 {
+		_, _ = n.ml.Join(addrs)
+	}
+}
+
+func (n *Node) decodeLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case b := <-n.queue:
+			n.metrics.queueLen.Set(float64(len(n.queue)))
+			n.handle(b)
+		}
+	}
+}
+
+func (n *Node) handle(b []byte) {
+	m, err := Decode(b, n.cfg.MaxMessageSize)
+	if err != nil {
+		var de *DecodeError
+		reason := ReasonMalformed
+		if errors.As(err, &de) {
+			reason = de.Reason
+		}
+		n.metrics.dropped.WithLabelValues(reason).Inc()
+		n.cfg.Logger.Debug("gossip: dropped message", "reason", reason, "err", err, "bytes", len(b))
+		return
+	}
+	if m.From == n.cfg.Node {
+		n.metrics.dropped.WithLabelValues(ReasonSelf).Inc()
+		return
+	}
+	if m.Kind == KindPolicy && !n.notePolicy(m.Policy.Version, b) {
+		return // not newer than what we have: already delivered
+	}
+	n.metrics.received.WithLabelValues(m.Kind.String()).Inc()
+	n.metrics.receivedBytes.WithLabelValues(m.Kind.String()).Add(float64(len(b)))
+	n.hmu.RLock()
+	hs := n.onMessage
+	n.hmu.RUnlock()
+	for _, h := range hs {
+		h(m)
+	}
+}
+
+// notePolicy records the newest policy envelope; false if v is not newer.
+func (n *Node) notePolicy(v uint64, env []byte) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if v <= n.policyVer && n.policyLatest != nil {
+		return false
+	}
+	n.policyVer, n.policyLatest = v, env
+	return true
+}
+
+// enqueue is the receive path of NotifyMsg and MergeRemoteState: copy,
+// offer to the bounded queue, return at once.
+func (n *Node) enqueue(b []byte) {
+	if len(b) > n.cfg.MaxMessageSize {
+		n.metrics.dropped.WithLabelValues(ReasonOversized).Inc()
+		return
+	}
+	c := slices.Clone(b)
+	select {
+	case n.queue <- c:
+	default:
+		n.metrics.dropped.WithLabelValues(ReasonQueueFull).Inc()
+	}
+}
+
+// BroadcastReport sends this region's report to every other region's nodes.
+func (n *Node) BroadcastReport(ctx context.Context, r share.Report) error {
+	if r.Region != n.cfg.Region {
+		return fmt.Errorf("gossip: report of region %q from a node of %q", r.Region, n.cfg.Region)
+	}
+	return n.send(ctx, r, KindReport, func(m Member) bool { return m.Region != n.cfg.Region }, true)
+}
+
+// SendNodeUsage sends this node's usage to the other nodes of its region.
+func (n *Node) SendNodeUsage(ctx context.Context, u NodeUsage) error {
+	u.Node, u.Region = n.cfg.Node, n.cfg.Region
+	return n.send(ctx, u, KindNodeUsage, func(m Member) bool { return m.Region == n.cfg.Region }, false)
+}
+
+// BroadcastPolicy sends a policy set to every node. Receivers deliver it to
+// OnPolicy only if its version is newer than any they have seen; a node
+// joining later gets the newest one by push/pull.
+func (n *Node) BroadcastPolicy(ctx context.Context, p PolicyUpdate) error {
+	b, err := Encode(n.cfg.Node, n.cfg.Region, p)
+	if err != nil {
+		return err
+	}
+	if !n.notePolicy(p.Version, b) {
+		return fmt.Errorf("gossip: policy version %d is not newer than %d", p.Version, n.policyVer)
+	}
+	return n.sendEncoded(ctx, b, KindPolicy, func(Member) bool { return true }, true)
+}
+
+func (n *Node) send(ctx context.Context, payload any, kind Kind, to func(Member) bool, queue bool) error {
+	b, err := Encode(n.cfg.Node, n.cfg.Region, payload)
+	if err != nil {
+		return err
+	}
+	return n.sendEncoded(ctx, b, kind, to, queue)
+}
+
+// sendEncoded sends b: through the gossip queue when queue is set and b fits
+// in a packet, else directly to every live member accepted by to (one UDP
+// packet if it fits, memberlist's reliable TCP path if not). Never
+// truncated: a message above MaxMessageSize is an error.
+func (n *Node) sendEncoded(ctx context.Context, b []byte, kind Kind, to func(Member) bool, queue bool) error {
+	if len(b) > n.cfg.MaxMessageSize {
+		n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
+		return fmt.Errorf("gossip: %s message is %d bytes > MaxMessageSize %d", kind, len(b), n.cfg.MaxMessageSize)
+	}
+	if queue && len(b) <= MaxPacketPayload {
+		n.bq.QueueBroadcast(&broadcast{kind: kind, from: n.cfg.Node, msg: b})
+		n.metrics.sent.WithLabelValues(kind.String(), "gossip").Inc()
+		n.metrics.sentBytes.WithLabelValues(kind.String()).Add(float64(len(b)))
+		return nil
+	}
+	var targets []*memberlist.Node
+	for _, mn := range n.ml.Members() {
+		if mn.Name == n.cfg.Node {
+			continue
+		}
+		meta, _ := decodeMeta(mn.Meta)
+		if to(Member{Node: mn.Name, Region: meta.Region}) {
+			targets = append(targets, mn)
+		}
+	}
+	path := "reliable"
+	if len(b) <= MaxPacketPayload {
+		path = "packet"
+	}
+	g, _ := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for _, t := range targets {
+		g.Go(func() error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			var err error
+			if path == "packet" {
+				err = n.ml.SendBestEffort(t, b)
+			} else {
+				err = n.ml.SendReliable(t, b)
+			}
+			if err != nil {
+				n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
+				return fmt.Errorf("gossip: send %s to %s: %w", kind, t.Name, err)
+			}
+			n.metrics.sent.WithLabelValues(kind.String(), path).Inc()
+			n.metrics.sentBytes.WithLabelValues(kind.String()).Add(float64(len(b)))
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// broadcast is one queued message; a newer message of the same kind from
+// the same node replaces an older one still queued.
+type broadcast struct {
+	kind Kind
+	from string
+	msg  []byte
+}
+
+func (b *broadcast) Invalidates(o memberlist.Broadcast) bool {
+	ob, ok := o.(*broadcast)
+	return ok && ob.kind == b.kind && ob.from == b.from
+}
+func (b *broadcast) Message() []byte { return b.msg }
+func (b *broadcast) Finished()       {}
+
+// Members returns every node this node knows of, itself included, dead and
+// left ones too, sorted by name.
+func (n *Node) Members() []Member {
+	n.mu.Lock()
+	out := make([]Member, 0, len(n.members))
+	for _, m := range n.members {
+		out = append(out, m)
+	}
+	n.mu.Unlock()
+	slices.SortFunc(out, func(a, b Member) int {
+		if a.Node < b.Node {
+			return -1
+		} else if a.Node > b.Node {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Regions maps every region with a live (alive or suspect) node to its live
+// nodes, sorted. A region is live while any of its nodes is.
+func (n *Node) Regions() map[string][]string {
+	out := map[string][]string{}
+	for _, m := range n.Members() {
+		if m.State.Live() {
+			out[m.Region] = append(out[m.Region], m.Node)
+		}
+	}
+	return out
+}
+
+// NumLive returns the number of live nodes, this one included.
+func (n *Node) NumLive() int { return max(n.numLive(), 1) }
+
+func (n *Node) numLive() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	live := 0
+	for _, x := range n.members {
+		if x.State.Live() {
+			live++
+		}
+	}
+	return live
+}
+
+func (n *Node) noteMember(mn *memberlist.Node) {
+	meta, _ := decodeMeta(mn.Meta)
+	m := Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port)))}
+	switch mn.State {
+	case memberlist.StateAlive:
+		m.State = StateAlive
+	case memberlist.StateSuspect:
+		m.State = StateSuspect
+	case memberlist.StateDead:
+		m.State = StateDead
+	default:
+		m.State = StateLeft
+	}
+	n.mu.Lock()
+	if old, ok := n.members[m.Node]; ok && m.Region == "" {
+		m.Region = old.Region
+	}
+	n.members[m.Node] = m
+	n.mu.Unlock()
+	n.metrics.members.Set(float64(n.numLive()))
+}
+
+// delegate implements memberlist.Delegate; every method returns at once.
+type delegate Node
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	if len(d.meta) > limit {
+		return nil
+	}
+	return d.meta
+}
+
+func (d *delegate) NotifyMsg(b []byte) { (*Node)(d).enqueue(b) }
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.bq.GetBroadcasts(overhead, limit)
+}
+
+// LocalState hands the newest policy set to push/pull, so a node that
+// (re)joins catches up without waiting for the next change.
+func (d *delegate) LocalState(join bool) []byte {
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	return d.policyLatest
+}
+
+func (d *delegate) MergeRemoteState(b []byte, join bool) {
+	if len(b) > 0 {
+		(*Node)(d).enqueue(b)
+	}
+}
+
+// events implements memberlist.EventDelegate.
+type events Node
+
+func (e *events) NotifyJoin(mn *memberlist.Node)   { (*Node)(e).noteMember(mn) }
+func (e *events) NotifyLeave(mn *memberlist.Node)  { (*Node)(e).noteMember(mn) }
+func (e *events) NotifyUpdate(mn *memberlist.Node) { (*Node)(e).noteMember(mn) }

@@ -1,0 +1,228 @@
+package gossip
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/sluice-rl/sluice/share"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// WireVersion is the envelope version this build writes. MinWireVersion is
+// the oldest it reads. Structs on the wire are msgpack maps with short keys,
+// so fields are only ever added under the same version: an older decoder
+// skips keys it does not know and a newer one leaves missing keys zero. The
+// version is bumped only for a change an older decoder would misread, and
+// messages of a version newer than WireVersion are dropped and counted
+// (reason "version"), never guessed at.
+const (
+	WireVersion    = 1
+	MinWireVersion = 1
+)
+
+// Kind says what an envelope carries.
+type Kind uint8
+
+// Message kinds.
+const (
+	// KindReport carries a share.Report: one region's report for an epoch.
+	KindReport Kind = 1
+	// KindNodeUsage carries a NodeUsage: one node's raw usage for an epoch,
+	// sent to the other nodes of its region, which sum them into the
+	// regional view.
+	KindNodeUsage Kind = 2
+	// KindPolicy carries a PolicyUpdate: the policy set, newest version
+	// wins.
+	KindPolicy Kind = 3
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindReport:
+		return "report"
+	case KindNodeUsage:
+		return "node_usage"
+	case KindPolicy:
+		return "policy"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// envelope is the outer layer of every message.
+type envelope struct {
+	V       uint8              `msgpack:"v"`
+	Kind    Kind               `msgpack:"k"`
+	From    string             `msgpack:"n"`
+	Region  string             `msgpack:"r"`
+	Payload msgpack.RawMessage `msgpack:"p"`
+}
+
+// NodeUsage is what one node measured over one epoch, in units per second,
+// for the keys that may be under pressure in its region. The nodes of a
+// region sum their NodeUsage into one regional share.Report.
+type NodeUsage struct {
+	Node   string     `msgpack:"n"`
+	Region string     `msgpack:"r"`
+	Epoch  uint64     `msgpack:"e"`
+	Keys   []KeyUsage `msgpack:"k"`
+}
+
+// KeyUsage is one key of a NodeUsage (share.Usage with short wire names).
+type KeyUsage struct {
+	share.Key
+	Limit    float64 `msgpack:"l"` // L_global, units per second
+	Offered  float64 `msgpack:"o"` // units per second over the interval, rejected included
+	Recent   float64 `msgpack:"x"` // units per second over the last share.Config.Recent
+	Admitted float64 `msgpack:"a"` // units per second over the interval
+}
+
+// PolicyUpdate carries an opaque policy set and its version; receivers keep
+// the newest version they have seen.
+type PolicyUpdate struct {
+	Version uint64 `msgpack:"v"`
+	Data    []byte `msgpack:"d"`
+}
+
+// Message is one decoded message.
+type Message struct {
+	Version uint8 // envelope version it arrived with
+	Kind    Kind
+	From    string // sending node
+	Region  string // sending node's region
+	Size    int    // encoded size in bytes
+
+	Report share.Report // KindReport
+	Usage  NodeUsage    // KindNodeUsage
+	Policy PolicyUpdate // KindPolicy
+}
+
+// Drop reasons (the "reason" label of sluice_gossip_dropped_total).
+const (
+	ReasonMalformed = "malformed"  // not msgpack, truncated, wrong types
+	ReasonVersion   = "version"    // envelope version unknown (newer or zero)
+	ReasonKind      = "kind"       // unknown message kind
+	ReasonInvalid   = "invalid"    // decodes, but inconsistent (no sender, region mismatch)
+	ReasonOversized = "oversized"  // larger than MaxMessageSize
+	ReasonQueueFull = "queue_full" // receive queue full
+	ReasonAuth      = "auth"       // memberlist could not decrypt it (wrong or no key)
+	ReasonSelf      = "self"       // our own message came back
+)
+
+// DecodeError is returned by Decode; Reason is one of the Reason* values.
+type DecodeError struct {
+	Reason string
+	Err    error
+}
+
+func (e *DecodeError) Error() string { return "gossip: " + e.Reason + ": " + e.Err.Error() }
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+func decodeErr(reason string, err error) error { return &DecodeError{Reason: reason, Err: err} }
+
+// Encode returns the wire form of payload (a share.Report, NodeUsage or
+// PolicyUpdate, by value) sent by node from in region.
+func Encode(from, region string, payload any) ([]byte, error) {
+	var kind Kind
+	switch payload.(type) {
+	case share.Report:
+		kind = KindReport
+	case NodeUsage:
+		kind = KindNodeUsage
+	case PolicyUpdate:
+		kind = KindPolicy
+	default:
+		return nil, fmt.Errorf("gossip: cannot encode %T", payload)
+	}
+	p, err := marshal(payload)
+	if err != nil {
+		return nil, err
+	}
+	return marshal(envelope{V: WireVersion, Kind: kind, From: from, Region: region, Payload: p})
+}
+
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(enc)
+	enc.Reset(&buf)
+	enc.UseCompactInts(true)
+	enc.UseCompactFloats(true)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("gossip: encode: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func unmarshal(b []byte, v any) error {
+	dec := msgpack.GetDecoder()
+	defer msgpack.PutDecoder(dec)
+	r := bytes.NewReader(b)
+	dec.Reset(r)
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if r.Len() != 0 {
+		return errors.New("trailing bytes")
+	}
+	return nil
+}
+
+// Decode parses one message of at most maxSize bytes (0: no limit). Every
+// failure is a *DecodeError naming the drop reason. It never panics, however
+// hostile b is (FuzzDecode).
+func Decode(b []byte, maxSize int) (m Message, err error) {
+	defer func() {
+		if r := recover(); r != nil { // belt and braces: a decoder bug drops one message, not the node
+			m, err = Message{}, decodeErr(ReasonMalformed, fmt.Errorf("panic: %v", r))
+		}
+	}()
+	if maxSize > 0 && len(b) > maxSize {
+		return Message{}, decodeErr(ReasonOversized, fmt.Errorf("%d bytes > %d", len(b), maxSize))
+	}
+	var env envelope
+	if err := unmarshal(b, &env); err != nil {
+		return Message{}, decodeErr(ReasonMalformed, err)
+	}
+	if env.V < MinWireVersion || env.V > WireVersion {
+		return Message{}, decodeErr(ReasonVersion, fmt.Errorf("version %d not in [%d,%d]", env.V, MinWireVersion, WireVersion))
+	}
+	if env.From == "" || env.Region == "" {
+		return Message{}, decodeErr(ReasonInvalid, errors.New("no sender or region"))
+	}
+	m = Message{Version: env.V, Kind: env.Kind, From: env.From, Region: env.Region, Size: len(b)}
+	switch env.Kind {
+	case KindReport:
+		err = unmarshal(env.Payload, &m.Report)
+		if err == nil && m.Report.Region != env.Region {
+			return Message{}, decodeErr(ReasonInvalid, fmt.Errorf("report of region %q sent from region %q", m.Report.Region, env.Region))
+		}
+	case KindNodeUsage:
+		err = unmarshal(env.Payload, &m.Usage)
+		if err == nil && (m.Usage.Node != env.From || m.Usage.Region != env.Region) {
+			return Message{}, decodeErr(ReasonInvalid, errors.New("node usage sender mismatch"))
+		}
+	case KindPolicy:
+		err = unmarshal(env.Payload, &m.Policy)
+	default:
+		return Message{}, decodeErr(ReasonKind, fmt.Errorf("unknown kind %d", env.Kind))
+	}
+	if err != nil {
+		return Message{}, decodeErr(ReasonMalformed, err)
+	}
+	return m, nil
+}
+
+// nodeMeta is the memberlist node metadata: at most 512 bytes.
+type nodeMeta struct {
+	V      uint8  `msgpack:"v"`
+	Region string `msgpack:"r"`
+}
+
+func decodeMeta(b []byte) (nodeMeta, bool) {
+	var m nodeMeta
+	if len(b) == 0 || unmarshal(b, &m) != nil || m.Region == "" {
+		return nodeMeta{}, false
+	}
+	return m, true
+}

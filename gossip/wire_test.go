@@ -1,0 +1,215 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/sluice-rl/sluice/share"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func testReport(region string, epoch uint64, keys int) share.Report {
+	r := share.Report{Version: share.ReportVersion, Region: region, Epoch: epoch}
+	for i := range keys {
+		r.Keys = append(r.Keys, share.KeyReport{
+			Key:   share.Key{Policy: "api-global", Subject: fmt.Sprintf("key_%016x", i*7919)},
+			Limit: 1000, Offered: 412.3 + float64(i), Recent: 530.1, Demand: 470.77, Admitted: 333.3, Share: 0.4137,
+		})
+	}
+	return r
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	q := share.QuotaCounter{Key: share.Key{Policy: "daily", Subject: "u1"}, Window: 20000}
+	q.Add(20000, "eu", 5)
+	rep := testReport("eu", 42, 3)
+	rep.Quotas = []share.QuotaCounter{q}
+	tests := []struct {
+		name    string
+		payload any
+		check   func(Message) any
+	}{
+		{"report", rep, func(m Message) any { return m.Report }},
+		{"node usage", NodeUsage{Node: "n1", Region: "eu", Epoch: 7, Keys: []KeyUsage{{Key: share.Key{Policy: "p", Subject: "s"}, Limit: 10, Offered: 4, Recent: 5, Admitted: 3}}},
+			func(m Message) any { return m.Usage }},
+		{"policy", PolicyUpdate{Version: 9, Data: []byte(`{"policies":[]}`)}, func(m Message) any { return m.Policy }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := Encode("n1", "eu", tt.payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := Decode(b, 0)
+			if err != nil {
+				t.Fatalf("Decode = %v", err)
+			}
+			if m.From != "n1" || m.Region != "eu" || m.Version != WireVersion || m.Size != len(b) {
+				t.Errorf("Decode envelope = %+v", m)
+			}
+			if got := tt.check(m); !reflect.DeepEqual(got, tt.payload) {
+				t.Errorf("Decode payload = %+v, want %+v", got, tt.payload)
+			}
+		})
+	}
+}
+
+// The layouts an older build wrote: fewer fields. A current decoder must
+// read them (missing fields zero) during a rolling upgrade.
+type oldKeyReport struct {
+	Policy  string  `msgpack:"p"`
+	Subject string  `msgpack:"s"`
+	Limit   float64 `msgpack:"l"`
+	Offered float64 `msgpack:"o"`
+	Share   float64 `msgpack:"f"`
+}
+type oldReport struct {
+	Version uint8          `msgpack:"v"`
+	Region  string         `msgpack:"r"`
+	Epoch   uint64         `msgpack:"e"`
+	Keys    []oldKeyReport `msgpack:"k"`
+}
+type oldEnvelope struct {
+	V       uint8              `msgpack:"v"`
+	Kind    Kind               `msgpack:"k"`
+	From    string             `msgpack:"n"`
+	Region  string             `msgpack:"r"`
+	Payload msgpack.RawMessage `msgpack:"p"`
+}
+
+// A newer build may add fields; the current decoder skips them.
+type newerEnvelope struct {
+	oldEnvelope
+	Trace string `msgpack:"t"`
+	Hops  int    `msgpack:"h"`
+}
+
+func TestDecodeOlderAndNewerLayouts(t *testing.T) {
+	old := oldReport{Version: 0, Region: "us", Epoch: 5, Keys: []oldKeyReport{{Policy: "g", Subject: "k1", Limit: 100, Offered: 80, Share: 0.5}}}
+	p, _ := msgpack.Marshal(old)
+	b, _ := msgpack.Marshal(oldEnvelope{V: MinWireVersion, Kind: KindReport, From: "old-node", Region: "us", Payload: p})
+	m, err := Decode(b, 0)
+	if err != nil {
+		t.Fatalf("Decode(older layout) = %v", err)
+	}
+	want := share.KeyReport{Key: share.Key{Policy: "g", Subject: "k1"}, Limit: 100, Offered: 80, Share: 0.5}
+	if len(m.Report.Keys) != 1 || m.Report.Keys[0] != want || m.Report.Epoch != 5 {
+		t.Errorf("Decode(older layout) = %+v, want keys [%+v]", m.Report, want)
+	}
+
+	b, _ = msgpack.Marshal(newerEnvelope{oldEnvelope: oldEnvelope{V: WireVersion, Kind: KindPolicy, From: "new-node", Region: "us",
+		Payload: mustMarshal(t, map[string]any{"v": 3, "d": []byte("x"), "sig": "future"})}, Trace: "abc", Hops: 2})
+	m, err = Decode(b, 0)
+	if err != nil || m.Policy.Version != 3 || string(m.Policy.Data) != "x" {
+		t.Errorf("Decode(newer fields) = %+v, %v", m, err)
+	}
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDecodeDrops(t *testing.T) {
+	good, _ := Encode("n1", "eu", testReport("eu", 1, 2))
+	env := func(e envelope) []byte { return mustMarshal(t, e) }
+	payload := mustMarshal(t, testReport("eu", 1, 1))
+	tests := []struct {
+		name   string
+		in     []byte
+		max    int
+		reason string
+	}{
+		{"empty", nil, 0, ReasonMalformed},
+		{"random", []byte{0xde, 0xad, 0xbe, 0xef}, 0, ReasonMalformed},
+		{"truncated", good[:len(good)-5], 0, ReasonMalformed},
+		{"trailing", append(append([]byte{}, good...), 0xc0), 0, ReasonMalformed},
+		{"oversized", good, len(good) - 1, ReasonOversized},
+		{"newer version", env(envelope{V: WireVersion + 1, Kind: KindReport, From: "n", Region: "eu", Payload: payload}), 0, ReasonVersion},
+		{"version zero", env(envelope{V: 0, Kind: KindReport, From: "n", Region: "eu", Payload: payload}), 0, ReasonVersion},
+		{"unknown kind", env(envelope{V: WireVersion, Kind: 99, From: "n", Region: "eu", Payload: payload}), 0, ReasonKind},
+		{"no sender", env(envelope{V: WireVersion, Kind: KindReport, Region: "eu", Payload: payload}), 0, ReasonInvalid},
+		{"region mismatch", env(envelope{V: WireVersion, Kind: KindReport, From: "n", Region: "us", Payload: payload}), 0, ReasonInvalid},
+		{"payload wrong type", env(envelope{V: WireVersion, Kind: KindReport, From: "n", Region: "eu", Payload: mustMarshal(t, "str")}), 0, ReasonMalformed},
+		{"payload missing", env(envelope{V: WireVersion, Kind: KindPolicy, From: "n", Region: "eu"}), 0, ReasonMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode(tt.in, tt.max)
+			var de *DecodeError
+			if !errors.As(err, &de) || de.Reason != tt.reason {
+				t.Errorf("Decode(%s) = %v, want reason %q", tt.name, err, tt.reason)
+			}
+		})
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, p := range []any{testReport("eu", 3, 2), NodeUsage{Node: "a", Region: "eu", Epoch: 1, Keys: []KeyUsage{{Limit: 1}}}, PolicyUpdate{Version: 1, Data: []byte("{}")}} {
+		b, _ := Encode("a", "eu", p)
+		f.Add(b)
+		f.Add(b[:len(b)/2])
+	}
+	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff}) // array of 4G elements
+	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff}) // map of 4G entries
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b, 1<<20)
+		if err != nil {
+			var de *DecodeError
+			if !errors.As(err, &de) || de.Reason == "" {
+				t.Fatalf("Decode error without reason: %v", err)
+			}
+			return
+		}
+		if m.From == "" || m.Region == "" || m.Version < MinWireVersion || m.Version > WireVersion {
+			t.Fatalf("Decode accepted %+v", m)
+		}
+	})
+}
+
+// TestKeyReportSize measures the wire cost of one KeyReport, the figure the
+// bandwidth arithmetic in the package doc rests on.
+func TestKeyReportSize(t *testing.T) {
+	for _, n := range []int{1, 1000, 5000} {
+		b, err := Encode("node-a", "eu-west", testReport("eu-west", 1, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		empty, _ := Encode("node-a", "eu-west", testReport("eu-west", 1, 0))
+		t.Logf("%d keys: %d bytes, %.1f bytes/key (envelope+header %d bytes)", n, len(b), float64(len(b)-len(empty))/float64(n), len(empty))
+		if per := float64(len(b)-len(empty)) / float64(n); per > 110 {
+			t.Errorf("%.1f bytes per KeyReport, the documented arithmetic assumes ≤ 110", per)
+		}
+	}
+}
+
+func BenchmarkEncodeReport(b *testing.B) {
+	r := testReport("eu-west", 1, 5000)
+	b.ReportAllocs()
+	var n int
+	for b.Loop() {
+		buf, err := Encode("node-a", "eu-west", r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n = len(buf)
+	}
+	b.SetBytes(int64(n))
+}
+
+func BenchmarkDecodeReport(b *testing.B) {
+	buf, _ := Encode("node-a", "eu-west", testReport("eu-west", 1, 5000))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		if _, err := Decode(buf, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
