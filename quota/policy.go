@@ -22,6 +22,13 @@ import (
 // and accepts at most this many (it equals engine.MaxChecks).
 const MaxPoliciesPerRequest = engine.MaxChecks
 
+// Bounds on a policy's lists, so that validation and matching stay cheap.
+const (
+	maxRoutes      = 64
+	maxMethods     = 16
+	maxCostEntries = 64
+)
+
 // MaxPolicyBytes bounds a policy document; MaxPoliciesBytes bounds a seed
 // file of many documents.
 const (
@@ -337,7 +344,19 @@ func (p Policy) Validate() error {
 	if p.Match.Tier != "" && !idPattern.MatchString(p.Match.Tier) {
 		ve.add("match.tier", "must match ^[a-z0-9][a-z0-9._-]{0,63}$ or be absent (every tier), got %q", clip(p.Match.Tier))
 	}
+	if len(p.Match.Routes) > maxRoutes {
+		ve.add("match.routes", "at most %d routes, got %d", maxRoutes, len(p.Match.Routes))
+	}
+	if len(p.Match.Methods) > maxMethods {
+		ve.add("match.methods", "at most %d methods, got %d", maxMethods, len(p.Match.Methods))
+	}
+	if len(p.Cost) > maxCostEntries {
+		ve.add("cost", "at most %d entries, got %d", maxCostEntries, len(p.Cost))
+	}
 	for i, r := range p.Match.Routes {
+		if i >= maxRoutes {
+			break
+		}
 		if _, err := compileGlob(r); err != nil {
 			ve.add(fmt.Sprintf("match.routes[%d]", i), "invalid route glob: %v", err)
 		} else if slices.Index(p.Match.Routes, r) < i {
@@ -345,6 +364,9 @@ func (p Policy) Validate() error {
 		}
 	}
 	for i, m := range p.Match.Methods {
+		if i >= maxMethods {
+			break
+		}
 		if !methodPattern.MatchString(m) {
 			ve.add(fmt.Sprintf("match.methods[%d]", i), "must be an upper-case HTTP method such as GET, got %q", clip(m))
 		} else if slices.Index(p.Match.Methods, m) < i {
@@ -382,6 +404,7 @@ func (p Policy) Validate() error {
 		costs = append(costs, k)
 	}
 	sort.Strings(costs)
+	costs = costs[:min(len(costs), maxCostEntries)]
 	for _, k := range costs {
 		field := fmt.Sprintf("cost[%q]", clip(k))
 		if _, _, err := parseCostKey(k); err != nil {
