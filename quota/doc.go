@@ -17,4 +17,47 @@
 // Changes go through a Registry, which validates them as a whole, saves the
 // new state to its Store, publishes it to readers atomically and appends an
 // AuditEntry. Readers never lock.
+//
+// # Route globs
+//
+// A route glob is a path pattern that starts with '/'. It is split into
+// segments at '/', and matched segment by segment against the request path
+// (without its query string):
+//
+//   - a literal character matches itself (matching is case-sensitive);
+//   - '*' inside a segment matches any run of characters except '/',
+//     including none: "/v1/orders/*/items" matches "/v1/orders/7/items";
+//   - a '*' that ends the pattern also matches any further segments, so
+//     "/v1/*" matches "/v1/orders" and "/v1/orders/7" (and "/v1/", but not
+//     "/v1"), and "/v1/ord*" matches "/v1/orders/7";
+//   - "**" is allowed only as the whole last segment and matches any number
+//     of further segments, including none: "/v1/**" matches "/v1",
+//     "/v1/" and "/v1/orders/7"; "/**" matches every path.
+//
+// Anything else is rejected when the policy is validated: a pattern that
+// does not start with '/', empty segments ("//"), "**" elsewhere, '?', '[',
+// ']', '{', '}', '\\', '#', spaces and control characters.
+//
+// # Tiers
+//
+// A request's tier is known in one of two ways, checked in this order:
+//
+//  1. A trusted gateway says so: IdentityConfig.TierHeader (e.g.
+//     "X-Sluice-Tier") is read only when the direct peer is one of
+//     IdentityConfig.TrustedProxies; in the check API the caller (the
+//     gateway) puts it in the body's "tier". A client cannot pick its tier.
+//  2. The key registry: the admin API registers an API key's tier
+//     (Registry.PutKey); Registry.Resolve looks the request's key up.
+//
+// A request with neither is in TierAnonymous.
+//
+// # Subjects
+//
+// Limits are counted per subject: "key:<KeyID>" for an API key (a hash, so
+// keys never reach stores, logs or the audit log), "user:<id>" for a user
+// named by a trusted gateway, "ip:<IPv4>" per address or
+// "ip6:<prefix>/64" per IPv6 /64, or a subject the check API caller names
+// outright. Identify and SubjectFields.Identity produce the same subject for
+// the same requester; Registry.Resolve counts a key that nobody vouches for
+// by user or address instead, so that invented keys do not multiply quota.
 package quota

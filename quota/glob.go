@@ -5,26 +5,6 @@ import (
 	"strings"
 )
 
-// Route globs
-//
-// A route glob is a path pattern that starts with '/'. It is split into
-// segments at '/', and matched segment by segment against the request path
-// (without its query string):
-//
-//   - a literal character matches itself (matching is case-sensitive);
-//   - '*' inside a segment matches any run of characters except '/',
-//     including none: "/v1/orders/*/items" matches "/v1/orders/7/items";
-//   - a '*' that ends the pattern also matches any further segments, so
-//     "/v1/*" matches "/v1/orders" and "/v1/orders/7" (and "/v1/", but not
-//     "/v1"), and "/v1/ord*" matches "/v1/orders/7";
-//   - "**" is allowed only as the whole last segment and matches any number
-//     of further segments, including none: "/v1/**" matches "/v1",
-//     "/v1/" and "/v1/orders/7"; "/**" matches every path.
-//
-// Anything else is rejected when the policy is validated: a pattern that
-// does not start with '/', empty segments ("//"), "**" elsewhere, '?', '[',
-// ']', '{', '}', '\\', '#', spaces and control characters.
-
 // maxGlobLen bounds a route glob in bytes.
 const maxGlobLen = 512
 

@@ -7,21 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 )
-
-// Tiers
-//
-// A request's tier is known in one of two ways, checked in this order:
-//
-//  1. A trusted gateway says so: IdentityConfig.TierHeader (e.g.
-//     "X-Sluice-Tier") is read only when the direct peer is one of
-//     IdentityConfig.TrustedProxies; in the check API the caller (the
-//     gateway) puts it in the body's "tier". A client cannot pick its tier.
-//  2. The key registry: the admin API registers an API key's tier
-//     (Registry.PutKey); Registry.Resolve looks the request's key up.
-//
-// A request with neither is in TierAnonymous.
 
 // TierAnonymous is the tier of a request without a known API key or a
 // trusted tier.
@@ -31,7 +19,7 @@ const TierAnonymous = "anonymous"
 type IdentityConfig struct {
 	// KeyHeaders are read in order; the first present one gives the API
 	// key. "Authorization" is read as "Bearer <key>" (other schemes are
-	// skipped). Nil means DefaultKeyHeaders; an empty non-nil slice reads
+	// skipped). Nil means DefaultKeyHeaders(); an empty non-nil slice reads
 	// no key.
 	KeyHeaders []string
 	// UserHeader carries the user id set by a trusted gateway after it
@@ -49,8 +37,41 @@ type IdentityConfig struct {
 	MaxHeaderBytes int
 }
 
-// DefaultKeyHeaders is where an API key is looked for by default.
-var DefaultKeyHeaders = []string{"Authorization", "X-API-Key"}
+// DefaultKeyHeaders returns where an API key is looked for by default:
+// "Authorization" (as "Bearer <key>"), then "X-API-Key".
+func DefaultKeyHeaders() []string { return []string{"Authorization", "X-API-Key"} }
+
+// DefaultIdentityConfig is the configuration for a daemon that clients
+// reach directly: API key from the default headers, no trusted proxies, so
+// the socket address is the client address. Add TrustedProxies (and
+// UserHeader / TierHeader) when it sits behind a gateway.
+func DefaultIdentityConfig() IdentityConfig {
+	return IdentityConfig{KeyHeaders: DefaultKeyHeaders(), MaxHeaderBytes: 8192}
+}
+
+// Validate reports a configuration Identify cannot use: an invalid header
+// name, a negative size, an invalid or IPv4-mapped trusted prefix (peers
+// are compared unmapped, so "::ffff:10.0.0.0/104" would never match).
+func (c IdentityConfig) Validate() error {
+	names := append(slices.Clone(c.KeyHeaders), c.UserHeader, c.TierHeader)
+	for i, h := range names {
+		if h == "" && i >= len(c.KeyHeaders) {
+			continue
+		}
+		if !validHeaderName(h) {
+			return fmt.Errorf("identity: invalid header name %q", h)
+		}
+	}
+	if c.MaxHeaderBytes < 0 {
+		return fmt.Errorf("identity: MaxHeaderBytes must not be negative, got %d", c.MaxHeaderBytes)
+	}
+	for _, p := range c.TrustedProxies {
+		if !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return fmt.Errorf("identity: trusted proxy prefix %v is invalid, IPv4-mapped or zoned", p)
+		}
+	}
+	return nil
+}
 
 // maxHops bounds how many Forwarded / X-Forwarded-For entries are walked.
 const maxHops = 32
@@ -212,7 +233,7 @@ func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 
 	keyHeaders := cfg.KeyHeaders
 	if keyHeaders == nil {
-		keyHeaders = DefaultKeyHeaders
+		keyHeaders = DefaultKeyHeaders()
 	}
 	for _, h := range keyHeaders {
 		v, ok, err := headerValue(r.Header, h, limit)
@@ -273,6 +294,20 @@ func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 		return Identity{}, ErrNoSubject
 	}
 	return id, nil
+}
+
+// validHeaderName reports whether h is an RFC 9110 token.
+func validHeaderName(h string) bool {
+	if h == "" || len(h) > 256 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // headerValue joins all lines of a header with ", " after checking their

@@ -154,3 +154,21 @@ func TestSubjectFieldsMatchIdentify(t *testing.T) {
 		}
 	}
 }
+
+func TestIdentityConfigValidate(t *testing.T) {
+	if err := DefaultIdentityConfig().Validate(); err != nil {
+		t.Errorf("DefaultIdentityConfig().Validate() = %v", err)
+	}
+	bad := []IdentityConfig{
+		{KeyHeaders: []string{"X Key"}},
+		{UserHeader: "X-User:"},
+		{MaxHeaderBytes: -1},
+		{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}},
+		{TrustedProxies: []netip.Prefix{{}}},
+	}
+	for _, c := range bad {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v.Validate() = nil, want an error", c)
+		}
+	}
+}

@@ -313,21 +313,15 @@ func (p Policy) Limit() engine.Limit {
 	}
 }
 
-// engineFieldNames maps engine.LimitError fields to document fields.
-var engineFieldNames = map[string]string{
-	"rate":      "rate_per_sec",
-	"burst":     "burst",
-	"count":     "limit",
-	"window":    "window",
-	"algorithm": "algorithm",
-	"cost":      "cost",
-}
-
+// jsonField maps an engine.LimitError field to the document's field.
 func jsonField(engineField string) string {
-	if f, ok := engineFieldNames[engineField]; ok {
-		return f
+	switch engineField {
+	case "rate":
+		return "rate_per_sec"
+	case "count":
+		return "limit"
 	}
-	return engineField
+	return engineField // burst, window, algorithm, cost
 }
 
 // Validate checks a normalized policy and returns a *ValidationError that

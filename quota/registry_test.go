@@ -482,3 +482,19 @@ func TestRegistryConcurrentMatch(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+func BenchmarkMatch(b *testing.B) {
+	r := NewRegistry(RegistryConfig{})
+	if err := r.Seed(b.Context(), "system", DefaultPolicies()); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := r.PutOverride(b.Context(), "b", Override{ID: "o", Subject: "key:abc", Policy: "pro-default", Burst: 400, ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+		b.Fatal(err)
+	}
+	q := Query{Tier: "pro", Subject: "key:abc", Method: "POST", Route: "/v1/exports"}
+	buf := make([]Applied, 0, MaxPoliciesPerRequest)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = r.AppendMatch(buf[:0], q)
+	}
+}
