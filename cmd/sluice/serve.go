@@ -1,0 +1,181 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/region"
+)
+
+// newServeCmd is `sluice serve`: flags (and SLUICE_* variables, and an
+// optional --config file of flag values) to region.Config, then Run.
+func newServeCmd() *cobra.Command {
+	def := region.DefaultConfig()
+	var (
+		cfg          = def
+		policiesFile string
+		tokenFile    string
+		trusted      []string
+		configFile   string
+		logLevel     string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the gateway-facing daemon: check API, forward-auth, admin API",
+		Long: `Run the region daemon. With no flags it listens on 127.0.0.1:8080 with the
+in-process memory store and the built-in default policies.
+
+Precedence: command-line flag > SLUICE_<FLAG> environment variable >
+--config file > default. The admin token comes from --admin-token-file or
+SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configFile != "" {
+				if err := applyConfigFile(cmd.Flags(), configFile); err != nil {
+					return err
+				}
+			}
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			for _, s := range trusted {
+				s = strings.TrimSpace(s)
+				if s == "" {
+					continue
+				}
+				p, err := netip.ParsePrefix(s)
+				if err != nil {
+					a, aerr := netip.ParseAddr(s)
+					if aerr != nil {
+						return fmt.Errorf("--trusted-proxies: %q is not a CIDR or address", s)
+					}
+					p = netip.PrefixFrom(a, a.BitLen())
+				}
+				cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
+			}
+			if policiesFile != "" {
+				data, err := os.ReadFile(policiesFile)
+				if err != nil {
+					return fmt.Errorf("--policies: %w", err)
+				}
+				ps, err := quota.ParsePolicies(data)
+				if err != nil {
+					return fmt.Errorf("--policies %s: %w", policiesFile, err)
+				}
+				cfg.Policies = ps
+			}
+			cfg.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
+			if tokenFile != "" {
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return fmt.Errorf("--admin-token-file: %w", err)
+				}
+				cfg.AdminToken = strings.TrimSpace(string(b))
+				if cfg.AdminToken == "" {
+					return fmt.Errorf("--admin-token-file %s is empty", tokenFile)
+				}
+			}
+			if cfg.AdminToken == "" {
+				log.Warn("no admin token: the admin API is disabled (set --admin-token-file or SLUICE_ADMIN_TOKEN)")
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			d, err := region.New(cmd.Context(), cfg, log, reg, reg)
+			if err != nil {
+				return err
+			}
+			return d.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", def.Listen, "address of the check API, /healthz, /readyz, /metrics (and the admin API without --admin-listen)")
+	f.StringVar(&cfg.AdminListen, "admin-listen", "", "serve the admin API on this address instead of --listen")
+	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB] or redis-cluster://H1:P1,H2:P2 (policies are then shared through it too)")
+	f.DurationVar(&cfg.StoreTimeout, "store-timeout", def.StoreTimeout, "deadline of every decision-store call")
+	f.StringVar(&policiesFile, "policies", "", "JSON array of policy documents to seed at start, replacing the built-in defaults ([] = none)")
+	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")
+	f.StringVar(&tokenFile, "admin-token-file", "", "file holding the admin API bearer token (or set SLUICE_ADMIN_TOKEN)")
+	f.StringSliceVar(&trusted, "trusted-proxies", nil, "comma-separated CIDRs of proxies whose Forwarded/X-Forwarded-For, tier and user headers are believed")
+	f.StringSliceVar(&cfg.KeyHeaders, "key-headers", quota.DefaultKeyHeaders(), "headers carrying the API key, in order (Authorization is read as Bearer)")
+	f.StringVar(&cfg.TierHeader, "tier-header", def.TierHeader, "header a trusted gateway sets to name the tier (empty: off)")
+	f.StringVar(&cfg.UserHeader, "user-header", "", "header a trusted gateway sets to name the user (empty: off)")
+	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", def.MaxBodyBytes, "largest request body accepted")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", def.ShutdownTimeout, "how long in-flight requests may take to finish on SIGTERM")
+	f.DurationVar(&cfg.PolicyRefresh, "policy-refresh", def.PolicyRefresh, "full refresh interval of policies shared through Redis (changes arrive at once by pub/sub)")
+	f.StringVar(&configFile, "config", "", "JSON file of flag values, e.g. {\"listen\": \":8080\", \"trusted-proxies\": [\"10.0.0.0/8\"]}")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+// applyConfigFile sets every flag not already set on the command line or
+// from the environment from a JSON object keyed by flag name.
+func applyConfigFile(fs *pflag.FlagSet, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("--config %s: want a JSON object of flag values: %w", path, err)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fl := fs.Lookup(k)
+		if fl == nil || k == "config" || k == "help" {
+			return fmt.Errorf("--config %s: unknown setting %q", path, k)
+		}
+		if fl.Changed {
+			continue
+		}
+		val, err := configValue(m[k])
+		if err != nil {
+			return fmt.Errorf("--config %s: %s: %w", path, k, err)
+		}
+		if err := fs.Set(k, val); err != nil {
+			return fmt.Errorf("--config %s: %s: %w", path, k, err)
+		}
+	}
+	return nil
+}
+
+func configValue(raw json.RawMessage) (string, error) {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", err
+	}
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case bool, float64:
+		return strings.TrimSpace(string(raw)), nil
+	case []any:
+		parts := make([]string, len(x))
+		for i, e := range x {
+			s, ok := e.(string)
+			if !ok {
+				return "", errors.New("a list must hold strings")
+			}
+			parts[i] = s
+		}
+		return strings.Join(parts, ","), nil
+	}
+	return "", errors.New("want a string, number, boolean or list of strings")
+}

@@ -1,0 +1,333 @@
+package region
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/quota/redispolicy"
+)
+
+// who names the actor of an admin change in the audit log. There is one
+// admin token, so the actor is "admin" and the address it came from.
+func who(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return "admin@" + host
+}
+
+// ParseIfMatch reads an If-Match header naming a policy version: 3, "3" or
+// W/"3" (the ETag the admin API returns). Absent is nil; "*" is nil too
+// (any existing version). Anything else is an error.
+func ParseIfMatch(h http.Header) (*int, error) {
+	vs := h.Values("If-Match")
+	if len(vs) == 0 {
+		return nil, nil
+	}
+	if len(vs) > 1 {
+		return nil, errors.New("give one version")
+	}
+	v := strings.TrimSpace(vs[0])
+	if v == "*" {
+		return nil, nil
+	}
+	v = strings.TrimPrefix(v, "W/")
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	if len(v) == 0 || len(v) > 9 {
+		return nil, fmt.Errorf("want a policy version such as \"3\", got %q", clipStr(vs[0]))
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return nil, fmt.Errorf("want a policy version such as \"3\", got %q", clipStr(vs[0]))
+	}
+	return &n, nil
+}
+
+func etag(version int) string { return `"` + strconv.Itoa(version) + `"` }
+
+// registryProblem maps a Registry error to a problem.
+func registryProblem(err error, prefix string) *Problem {
+	if p, ok := fromValidation(err, prefix); ok {
+		return p
+	}
+	var ce *quota.ConflictError
+	switch {
+	case errors.Is(err, redispolicy.ErrConcurrentChange):
+		return newProblem(http.StatusConflict, ProblemConflict, "another daemon changed the policies at the same moment; retry: "+err.Error())
+	case errors.As(err, &ce):
+		p := newProblem(http.StatusPreconditionFailed, ProblemPrecondition, ce.Error(), quota.FieldError{Field: "If-Match", Reason: fmt.Sprintf("the version in force is %d", ce.Have)})
+		return p
+	case errors.Is(err, quota.ErrNotFound):
+		return newProblem(http.StatusNotFound, ProblemNotFound, err.Error())
+	case errors.Is(err, quota.ErrNoPreviousVersion):
+		return newProblem(http.StatusConflict, ProblemConflict, err.Error())
+	case errors.Is(err, quota.ErrStore):
+		return newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the change was not saved: "+err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the change was not saved: "+err.Error())
+	}
+	return newProblem(http.StatusConflict, ProblemConflict, err.Error())
+}
+
+func (d *Daemon) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	ifMatch, err := ParseIfMatch(r.Header)
+	if err != nil {
+		d.fail(w, r, invalid("If-Match", "%v", err))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, quota.MaxPolicyBytes))
+	if err != nil {
+		d.fail(w, r, newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("a policy document must be at most %d bytes", quota.MaxPolicyBytes)))
+		return
+	}
+	// The id comes from the path; a body that names one must agree.
+	var head map[string]json.RawMessage
+	if err := json.Unmarshal(body, &head); err == nil && head != nil {
+		if raw, ok := head["id"]; ok {
+			var bid string
+			if json.Unmarshal(raw, &bid) != nil || bid != id {
+				d.fail(w, r, invalid("id", "must equal the id in the path (%q) or be absent", clipStr(id)))
+				return
+			}
+		} else {
+			head["id"], _ = json.Marshal(id)
+			body, _ = json.Marshal(head)
+		}
+	}
+	p, err := quota.ParsePolicy(body)
+	if err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	out, err := d.reg.Put(r.Context(), who(r), p, ifMatch)
+	if err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	w.Header().Set("ETag", etag(out.Version))
+	status := http.StatusOK
+	if out.Version == 1 {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/v1/policies/"+out.ID+"/versions")
+	}
+	writeJSON(w, status, out)
+}
+
+// PolicyList is the body of GET /v1/policies.
+type PolicyList struct {
+	Policies []quota.Policy `json:"policies"`
+}
+
+func (d *Daemon) handleListPolicies(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "tier" {
+			d.fail(w, r, invalid(k, "unknown query parameter"))
+			return
+		}
+	}
+	tier := q.Get("tier")
+	if tier != "" && !tierPattern.MatchString(tier) {
+		d.fail(w, r, invalid("tier", "must match ^[a-z0-9][a-z0-9._-]{0,63}$, got %q", clipStr(tier)))
+		return
+	}
+	ps := d.reg.List(tier)
+	if ps == nil {
+		ps = []quota.Policy{}
+	}
+	writeJSON(w, http.StatusOK, PolicyList{Policies: ps})
+}
+
+// VersionList is the body of GET /v1/policies/{id}/versions.
+type VersionList struct {
+	ID string `json:"id"`
+	// InForce is the version in force, 0 when the policy is deleted.
+	InForce  int            `json:"in_force"`
+	Versions []quota.Policy `json:"versions"`
+}
+
+func (d *Daemon) handleVersions(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	vs, err := d.reg.Versions(id)
+	if err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	out := VersionList{ID: id, Versions: vs}
+	if p, ok := d.reg.Get(id); ok {
+		out.InForce = p.Version
+		w.Header().Set("ETag", etag(p.Version))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (d *Daemon) handleRollback(w http.ResponseWriter, r *http.Request) {
+	ifMatch, err := ParseIfMatch(r.Header)
+	if err != nil {
+		d.fail(w, r, invalid("If-Match", "%v", err))
+		return
+	}
+	out, err := d.reg.Rollback(r.Context(), who(r), r.PathValue("id"), ifMatch)
+	if err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	w.Header().Set("ETag", etag(out.Version))
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, quota.MaxPolicyBytes))
+	if err != nil {
+		d.fail(w, r, newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("an override must be at most %d bytes", quota.MaxPolicyBytes)))
+		return
+	}
+	o, err := quota.ParseOverride(body)
+	if err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	out, err := d.reg.PutOverride(r.Context(), who(r), o)
+	if err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	w.Header().Set("Location", "/v1/overrides/"+out.ID)
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func (d *Daemon) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
+	if err := d.reg.DeleteOverride(r.Context(), who(r), r.PathValue("id")); err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// KeyRequest is the body of PUT /v1/keys/{api_key}.
+type KeyRequest struct {
+	Tier string `json:"tier"`
+}
+
+// KeyResponse names a registered key by its id, never the key.
+type KeyResponse struct {
+	KeyID   string `json:"key_id"`
+	Subject string `json:"subject"`
+	Tier    string `json:"tier"`
+}
+
+func (d *Daemon) handlePutKey(w http.ResponseWriter, r *http.Request) {
+	var in KeyRequest
+	if p := decodeJSON(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	key := r.PathValue("api_key")
+	if err := d.reg.PutKey(r.Context(), who(r), key, in.Tier); err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	id := quota.KeyID(key)
+	writeJSON(w, http.StatusOK, KeyResponse{KeyID: id, Subject: "key:" + id, Tier: in.Tier})
+}
+
+// Usage is the body of GET /v1/keys/{subject}/usage: the subject's current
+// state under each policy that applies to it, read without spending.
+type Usage struct {
+	Subject  string         `json:"subject"`
+	Tier     string         `json:"tier"`
+	Policies []PolicyResult `json:"policies"`
+}
+
+// handleUsage peeks at a subject's state. {subject} is a subject as checks
+// count it ("key:<key id>", "user:42", "ip:192.0.2.1"); the tier is
+// ?tier=, else the key registry's for a key subject, else every policy. With
+// ?route= (and ?method=) it reports exactly the policies, overrides and
+// costs a request to that route would meet.
+func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
+	subject := r.PathValue("subject")
+	if subject == "" || len(subject) > 256 {
+		d.fail(w, r, invalid("subject", "must be 1 to 256 bytes"))
+		return
+	}
+	q := r.URL.Query()
+	for k := range q {
+		if k != "tier" && k != "route" && k != "method" {
+			d.fail(w, r, invalid(k, "unknown query parameter"))
+			return
+		}
+	}
+	tier := q.Get("tier")
+	if tier != "" && !tierPattern.MatchString(tier) {
+		d.fail(w, r, invalid("tier", "must match ^[a-z0-9][a-z0-9._-]{0,63}$"))
+		return
+	}
+	if tier == "" {
+		if kid, ok := strings.CutPrefix(subject, "key:"); ok {
+			tier, _ = d.reg.KeyTier(kid)
+		}
+	}
+	var checks []engine.Check
+	out := Usage{Subject: subject, Tier: tier, Policies: []PolicyResult{}}
+	add := func(p *quota.Policy, l engine.Limit, override string) {
+		scale := 1.0
+		if p.Scope == quota.ScopeGlobal {
+			scale = d.shares.Share(p.ID, subject)
+			if !(scale > 0) || scale > 1 {
+				scale = 1
+			}
+		}
+		checks = append(checks, engine.Check{Policy: p.ID, Limit: l, Scale: scale, Version: uint64(p.Version)})
+		out.Policies = append(out.Policies, PolicyResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Override: override})
+	}
+	if route := q.Get("route"); route != "" {
+		if err := validRoute(route); err != nil {
+			d.fail(w, r, invalid("route", "%v", err))
+			return
+		}
+		method := q.Get("method")
+		if method == "" {
+			method = http.MethodGet
+		}
+		t := tier
+		if t == "" {
+			t = quota.TierAnonymous
+		}
+		for _, a := range d.reg.Match(quota.Query{Tier: t, Subject: subject, Method: method, Route: route}) {
+			add(a.Policy, a.Limit, a.Override)
+		}
+	} else {
+		for _, p := range d.reg.List(tier) {
+			add(&p, p.Limit(), "")
+		}
+	}
+	for start := 0; start < len(checks); start += engine.MaxChecks {
+		end := min(start+engine.MaxChecks, len(checks))
+		o, err := d.lim.Peek(r.Context(), engine.Request{Subject: subject, Checks: checks[start:end]})
+		if err != nil {
+			if errors.Is(err, engine.ErrBadRequest) {
+				d.fail(w, r, invalid("subject", "%v", err))
+				return
+			}
+			d.fail(w, r, newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the store could not be read: "+err.Error()))
+			return
+		}
+		for j := start; j < end; j++ {
+			fill(&out.Policies[j], o.Results[j-start])
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,285 @@
+package region
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/sluice-rl/sluice/quota"
+)
+
+// MaxBatch is the most checks one POST /v1/check/batch may carry.
+const MaxBatch = 100
+
+// decodeJSON reads a JSON body strictly: at most max bytes, exactly one
+// value, no unknown fields. Every failure is a 4xx problem naming the field
+// where one is known.
+func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return &Problem{Type: ProblemInvalid, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
+				Detail: fmt.Sprintf("Content-Type must be application/json, got %q", clipStr(ct)),
+				Errors: []quota.FieldError{{Field: "Content-Type", Reason: "must be application/json"}}}
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", max))
+		}
+		return invalid("", "reading the body: %v", err)
+	}
+	return decodeBytes(body, v)
+}
+
+// decodeBytes is decodeJSON's parser, separate so that it can be fuzzed.
+func decodeBytes(body []byte, v any) *Problem {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("unexpected data after the JSON value")
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	var (
+		se *json.SyntaxError
+		te *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &se):
+		return invalid("", "malformed JSON at byte %d: %v", se.Offset, se)
+	case errors.As(err, &te):
+		return invalid(te.Field, "want %v, got JSON %s", te.Type, te.Value)
+	case errors.Is(err, io.EOF):
+		return invalid("", "empty body: want a JSON object")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return invalid("", "truncated JSON")
+	}
+	msg := err.Error()
+	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		return invalid(strings.Trim(f, `"`), "unknown field")
+	}
+	return invalid("", "%s", strings.TrimPrefix(msg, "json: "))
+}
+
+// BatchRequest is the body of POST /v1/check/batch.
+type BatchRequest struct {
+	Checks []CheckRequest `json:"checks"`
+}
+
+// BatchItem is one answer of a batch: the status the single check would
+// have had, and either its decision or its problem.
+type BatchItem struct {
+	Status   int       `json:"status"`
+	Decision *Decision `json:"decision,omitempty"`
+	Problem  *Problem  `json:"problem,omitempty"`
+}
+
+// BatchResponse answers a batch, one item per check, in order.
+type BatchResponse struct {
+	Results []BatchItem `json:"results"`
+}
+
+// checkRejection is the 429/503 body of POST /v1/check: the problem
+// members of design 4.2 and the decision in one object.
+type checkRejection struct {
+	Type             string   `json:"type"`
+	Title            string   `json:"title"`
+	Status           int      `json:"status"`
+	Detail           string   `json:"detail"`
+	Instance         string   `json:"instance,omitempty"`
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+	Decision
+}
+
+func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
+	var in CheckRequest
+	if p := decodeJSON(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	t, p := in.target("")
+	if p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	v, p := d.decide(r.Context(), t)
+	if p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	setRateLimitHeaders(w.Header(), &v)
+	if v.status == http.StatusOK {
+		writeJSON(w, http.StatusOK, v.Decision)
+		return
+	}
+	prob := rejection(&v)
+	body := checkRejection{Type: prob.Type, Title: prob.Title, Status: prob.Status, Detail: prob.Detail,
+		Instance: r.URL.Path, ViolatedPolicies: v.violated, Decision: v.Decision}
+	b, err := json.Marshal(body)
+	if err != nil {
+		d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(v.status)
+	w.Write(append(b, '\n'))
+}
+
+func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
+	var in BatchRequest
+	if p := decodeJSON(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	if in.Checks == nil {
+		d.fail(w, r, invalid("checks", "required: an array of checks"))
+		return
+	}
+	if len(in.Checks) > MaxBatch {
+		d.fail(w, r, invalid("checks", "at most %d checks per batch, got %d", MaxBatch, len(in.Checks)))
+		return
+	}
+	out := BatchResponse{Results: make([]BatchItem, len(in.Checks))}
+	for i := range in.Checks {
+		t, p := in.Checks[i].target(fmt.Sprintf("checks[%d]", i))
+		if p == nil {
+			var v verdict
+			v, p = d.decide(r.Context(), t)
+			if p == nil {
+				dec := v.Decision
+				out.Results[i] = BatchItem{Status: v.status, Decision: &dec}
+				continue
+			}
+		}
+		p.Instance = r.URL.Path
+		out.Results[i] = BatchItem{Status: p.Status, Problem: p}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// forwardedTarget reads the limited request's method and path from a
+// forward-auth call: X-Forwarded-Method / X-Original-Method and
+// X-Forwarded-Uri / X-Original-URI (nginx, Traefik, Caddy), or, for Envoy's
+// ext_authz, the path after /v1/authz and the request's own method. It is
+// separate from the handler so that it can be fuzzed.
+func forwardedTarget(h http.Header, method, rest string, prefixed bool) (string, string, *Problem) {
+	m := firstHeader(h, "X-Forwarded-Method", "X-Original-Method")
+	field := "X-Forwarded-Method"
+	if m == "" {
+		if prefixed {
+			m = method
+		} else {
+			m = http.MethodGet
+		}
+	}
+	if !methodPattern.MatchString(m) {
+		return "", "", invalid(field, "must be an HTTP method such as GET, got %q", clipStr(m))
+	}
+	u := firstHeader(h, "X-Forwarded-Uri", "X-Original-Uri")
+	field = "X-Forwarded-Uri"
+	if u == "" {
+		if !prefixed {
+			return "", "", invalid(field, "required: the forwarded request's path (X-Forwarded-Uri or X-Original-URI), or call /v1/authz/<path>")
+		}
+		u = "/" + rest
+	}
+	if len(u) > maxRouteLen {
+		return "", "", invalid(field, "longer than %d bytes", maxRouteLen)
+	}
+	if !strings.HasPrefix(u, "/") {
+		pu, err := url.Parse(u)
+		if err != nil || pu.Path == "" {
+			return "", "", invalid(field, "must be a path or an absolute URL, got %q", clipStr(u))
+		}
+		u = pu.EscapedPath()
+	}
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		u = u[:i]
+	}
+	if err := validRoute(u); err != nil {
+		return "", "", invalid(field, "%v", err)
+	}
+	return strings.ToUpper(m), u, nil
+}
+
+func firstHeader(h http.Header, names ...string) string {
+	for _, n := range names {
+		if v := strings.TrimSpace(h.Get(n)); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
+	rest := r.PathValue("path")
+	prefixed := strings.HasPrefix(r.URL.Path, "/v1/authz/")
+	method, route, p := forwardedTarget(r.Header, r.Method, rest, prefixed)
+	if p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	id, err := quota.Identify(r, d.ident)
+	if err != nil {
+		var ie *quota.IdentityError
+		switch {
+		case errors.As(err, &ie):
+			d.fail(w, r, invalid(ie.Header, "%s", ie.Reason))
+		default:
+			d.fail(w, r, invalid("", "%v", err))
+		}
+		return
+	}
+	v, p := d.decide(r.Context(), target{id: id, method: method, route: route})
+	if p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	h := w.Header()
+	setRateLimitHeaders(h, &v)
+	if v.status == http.StatusOK {
+		h.Set("X-Sluice-Status", "200")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	h.Set("X-Sluice-Status", fmt.Sprint(v.status))
+	prob := rejection(&v)
+	prob.Instance = route
+	// nginx auth_request understands only 2xx, 401 and 403: ?deny_status=403
+	// makes a rejection a 403 that nginx can turn back into 429 or 503
+	// with error_page (see deploy/nginx). X-Sluice-Status keeps the real one.
+	if ds := r.URL.Query().Get("deny_status"); ds == "403" || ds == "401" {
+		if ds == "403" {
+			prob.Status = http.StatusForbidden
+		} else {
+			prob.Status = http.StatusUnauthorized
+		}
+	}
+	writeProblem(w, r, prob)
+}
+
+// fail answers a problem and counts 4xx answers.
+func (d *Daemon) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
+	if p.Status >= 400 && p.Status < 500 {
+		route := r.Pattern
+		if route == "" {
+			route = "unmatched"
+		}
+		d.m.badRequests.WithLabelValues(route).Inc()
+	}
+	writeProblem(w, r, p)
+}

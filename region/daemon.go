@@ -1,0 +1,549 @@
+// Package region is the gateway-facing daemon (`sluice serve`): the check
+// and forward-auth API with the RateLimit headers, the admin API for
+// policies, keys and overrides, health, readiness and metrics, and the
+// wiring of quota (who and which policies) to engine (the decision).
+package region
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/quota/redispolicy"
+)
+
+// Config configures a Daemon. DefaultConfig returns the defaults that
+// `sluice serve` documents.
+type Config struct {
+	// Listen is the address of the check API, health and metrics (and of
+	// the admin API when AdminListen is empty).
+	Listen string
+	// AdminListen, if set, serves the admin API there instead, so that it
+	// can be bound to a private interface.
+	AdminListen string
+	// Store is "memory", "redis://HOST:PORT[/DB]" or
+	// "redis-cluster://H1:P1,H2:P2". With Redis, limiter state and policies
+	// are shared by every daemon on it.
+	Store string
+	// StoreTimeout bounds every decision-store call.
+	StoreTimeout time.Duration
+	// Policies, if non-nil, seeds the policy set at start instead of
+	// quota.DefaultPolicies (an empty non-nil slice seeds none).
+	Policies []quota.Policy
+	// DataDir holds the policy file store (policies.json) and the audit
+	// log (audit.log) on the memory store; "" keeps both in memory. With
+	// Redis, policies live in Redis and DataDir holds only the audit log.
+	DataDir string
+	// AdminToken authenticates the admin API (Authorization: Bearer). An
+	// empty token disables the admin API: every admin route answers 403.
+	AdminToken string
+	// TrustedProxies are the CIDRs whose forwarding, tier and user headers
+	// are believed.
+	TrustedProxies []netip.Prefix
+	// KeyHeaders are where API keys are read from; nil is the default
+	// (Authorization: Bearer, then X-API-Key).
+	KeyHeaders []string
+	// TierHeader and UserHeader are read from trusted proxies only.
+	TierHeader, UserHeader string
+	// MaxBodyBytes caps a request body.
+	MaxBodyBytes int64
+	// ShutdownTimeout bounds how long in-flight requests may take to
+	// finish after Run's context is cancelled.
+	ShutdownTimeout time.Duration
+	// PolicyRefresh is the full-refresh interval of a Redis policy store
+	// (pub/sub notifies sooner).
+	PolicyRefresh time.Duration
+	// Shares gives global-scope policies their regional share; nil is
+	// WholeShare.
+	Shares ShareSource
+}
+
+// DefaultConfig returns the documented defaults: listen on 127.0.0.1:8080,
+// memory store, 5 ms store timeout, 1 MiB bodies, 30 s shutdown, 10 s policy
+// refresh.
+func DefaultConfig() Config {
+	return Config{
+		Listen:          "127.0.0.1:8080",
+		Store:           "memory",
+		StoreTimeout:    5 * time.Millisecond,
+		TierHeader:      "X-Sluice-Tier",
+		MaxBodyBytes:    1 << 20,
+		ShutdownTimeout: 30 * time.Second,
+		PolicyRefresh:   10 * time.Second,
+	}
+}
+
+// Validate reports a configuration the daemon cannot run with.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Listen == "" {
+		errs = append(errs, errors.New("listen address is required"))
+	}
+	if c.Store != "memory" && !strings.HasPrefix(c.Store, "redis://") && !strings.HasPrefix(c.Store, "rediss://") && !strings.HasPrefix(c.Store, "redis-cluster://") {
+		errs = append(errs, fmt.Errorf("store must be memory, redis://HOST:PORT or redis-cluster://H1:P1,H2:P2, got %q", c.Store))
+	}
+	if c.StoreTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("store timeout must be positive, got %v", c.StoreTimeout))
+	}
+	if c.MaxBodyBytes < 1024 {
+		errs = append(errs, fmt.Errorf("max body bytes must be at least 1024, got %d", c.MaxBodyBytes))
+	}
+	if c.ShutdownTimeout <= 0 || c.PolicyRefresh <= 0 {
+		errs = append(errs, errors.New("shutdown timeout and policy refresh must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// Daemon is one region's daemon. Build it with New, serve with Run.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	lim     *engine.Limiter
+	mem     *engine.MemoryStore // nil on Redis
+	reg     *quota.Registry
+	audit   *quota.AuditLog
+	watcher *redispolicy.Watcher // nil on the memory store
+	closers []func() error
+	ident   quota.IdentityConfig
+	shares  ShareSource
+	m       *metrics
+	gather  prometheus.Gatherer
+	token   [32]byte // SHA-256 of the admin token
+	hasTok  bool
+	routes  []Route
+
+	ready          atomic.Bool
+	stopping       atomic.Bool
+	lastRefreshErr atomic.Pointer[string]
+}
+
+// New builds a daemon: it connects the store, loads or seeds the policies
+// and registers its metrics on reg (gather serves /metrics; nil uses reg if
+// it is a Gatherer). It does not listen; Run does.
+func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, gather = r, r
+	}
+	if gather == nil {
+		if g, ok := reg.(prometheus.Gatherer); ok {
+			gather = g
+		} else {
+			gather = prometheus.NewRegistry()
+		}
+	}
+	d := &Daemon{cfg: cfg, log: log, gather: gather, shares: cfg.Shares}
+	if d.shares == nil {
+		d.shares = WholeShare{}
+	}
+	d.ident = quota.IdentityConfig{KeyHeaders: cfg.KeyHeaders, TrustedProxies: cfg.TrustedProxies, TierHeader: cfg.TierHeader, UserHeader: cfg.UserHeader}
+	if cfg.AdminToken != "" {
+		d.token = sha256.Sum256([]byte(cfg.AdminToken))
+		d.hasTok = true
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.close()
+		}
+	}()
+
+	auditPath := ""
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("data dir: %w", err)
+		}
+		auditPath = filepath.Join(cfg.DataDir, "audit.log")
+	}
+	audit, err := quota.OpenAuditLog(auditPath, 0)
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	d.audit = audit
+	d.closers = append(d.closers, audit.Close)
+
+	var store engine.Store
+	var pstore quota.Store
+	if cfg.Store == "memory" {
+		d.mem = engine.NewMemoryStore(engine.MemoryConfig{})
+		store = d.mem
+		if cfg.DataDir != "" {
+			pstore = quota.NewFileStore(filepath.Join(cfg.DataDir, "policies.json"))
+		}
+	} else {
+		client, err := engine.NewRedisClient(cfg.Store)
+		if err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, client.Close)
+		store = engine.NewRedisStore(client, engine.RedisConfig{Timeout: cfg.StoreTimeout})
+		ps := redispolicy.New(client, redispolicy.Config{}, log)
+		pstore = ps
+		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
+	}
+	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log})
+	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
+	if d.watcher != nil {
+		d.watcher.SetTarget(d.reg)
+	}
+	d.m = newMetrics(reg, d.lim)
+	if d.watcher != nil {
+		d.watcher.OnResult(func(result string, err error) {
+			d.m.policyReload.WithLabelValues(result).Inc()
+			if err != nil {
+				s := err.Error()
+				d.lastRefreshErr.Store(&s)
+			} else {
+				d.lastRefreshErr.Store(nil)
+			}
+		})
+	}
+	if err := d.loadPolicies(ctx); err != nil {
+		return nil, err
+	}
+	d.routes = d.routeTable()
+	ok = true
+	return d, nil
+}
+
+// loadPolicies restores the saved state, then seeds: cfg.Policies when
+// given (replacing the built-in defaults), else the defaults on a store that
+// has never been seeded.
+func (d *Daemon) loadPolicies(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := d.reg.Load(lctx)
+	fresh := errors.Is(err, quota.ErrNoSnapshot)
+	if err != nil && !fresh {
+		return fmt.Errorf("loading policies: %w", err)
+	}
+	seed := d.cfg.Policies
+	if seed == nil && fresh {
+		seed = quota.DefaultPolicies()
+	}
+	if len(seed) > 0 {
+		// Daemons starting together on one Redis race to seed it: the
+		// loser reloads what the winner saved and seeds on top (Seed
+		// leaves identical policies alone).
+		for attempt := 0; ; attempt++ {
+			err := d.reg.Seed(lctx, "system", seed)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, redispolicy.ErrConcurrentChange) || attempt == 5 {
+				return fmt.Errorf("seeding policies: %w", err)
+			}
+			if err := d.reg.Load(lctx); err != nil && !errors.Is(err, quota.ErrNoSnapshot) {
+				return fmt.Errorf("loading policies: %w", err)
+			}
+		}
+	}
+	d.log.Info("policies loaded", "count", len(d.reg.List("")), "store", storeKind(d.cfg.Store))
+	return nil
+}
+
+func storeKind(s string) string {
+	if s == "memory" {
+		return "memory"
+	}
+	if strings.HasPrefix(s, "redis-cluster://") {
+		return "redis-cluster"
+	}
+	return "redis"
+}
+
+func (d *Daemon) close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
+	}
+	d.closers = nil
+}
+
+// Registry returns the policy registry, for wiring and tests.
+func (d *Daemon) Registry() *quota.Registry { return d.reg }
+
+// Limiter returns the engine limiter, for wiring (gossip drains its usage).
+func (d *Daemon) Limiter() *engine.Limiter { return d.lim }
+
+// Route is one entry of the route table: the method and the ServeMux
+// pattern path, whether the admin token guards it, and its handler. The
+// OpenAPI test and the auth test walk this table.
+type Route struct {
+	Method  string // "" for every method
+	Path    string // ServeMux path pattern, e.g. /v1/policies/{id}
+	Admin   bool
+	Handler http.HandlerFunc
+}
+
+// Routes returns the route table.
+func (d *Daemon) Routes() []Route { return append([]Route(nil), d.routes...) }
+
+func (d *Daemon) routeTable() []Route {
+	return []Route{
+		{"POST", "/v1/check", false, d.handleCheck},
+		{"POST", "/v1/check/batch", false, d.handleBatch},
+		{"GET", "/v1/authz", false, d.handleAuthz},
+		{"POST", "/v1/authz", false, d.handleAuthz},
+		{"", "/v1/authz/{path...}", false, d.handleAuthz},
+		{"GET", "/healthz", false, d.handleHealth},
+		{"GET", "/readyz", false, d.handleReady},
+		{"GET", "/metrics", false, promhttp.HandlerFor(d.gather, promhttp.HandlerOpts{}).ServeHTTP},
+
+		{"PUT", "/v1/policies/{id}", true, d.handlePutPolicy},
+		{"GET", "/v1/policies", true, d.handleListPolicies},
+		{"GET", "/v1/policies/{id}/versions", true, d.handleVersions},
+		{"POST", "/v1/policies/{id}/rollback", true, d.handleRollback},
+		{"POST", "/v1/overrides", true, d.handlePutOverride},
+		{"DELETE", "/v1/overrides/{id}", true, d.handleDeleteOverride},
+		{"PUT", "/v1/keys/{api_key}", true, d.handlePutKey},
+		{"GET", "/v1/keys/{subject}/usage", true, d.handleUsage},
+	}
+}
+
+// Handler serves the public routes and, unless AdminListen is set, the
+// admin routes.
+func (d *Daemon) Handler() http.Handler {
+	return d.mux(func(r Route) bool { return !r.Admin || d.cfg.AdminListen == "" })
+}
+
+// AdminHandler serves the admin routes alone.
+func (d *Daemon) AdminHandler() http.Handler {
+	return d.mux(func(r Route) bool { return r.Admin })
+}
+
+func (d *Daemon) mux(include func(Route) bool) http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range d.routes {
+		if !include(rt) {
+			continue
+		}
+		pattern := rt.Path
+		if rt.Method != "" {
+			pattern = rt.Method + " " + rt.Path
+		}
+		h := rt.Handler
+		if rt.Admin {
+			h = d.requireAdmin(h)
+		}
+		mux.HandleFunc(pattern, h)
+	}
+	return d.recoverer(d.notFound(mux))
+}
+
+// notFound turns the mux's plain-text 404 and 405 into problems.
+func (d *Daemon) notFound(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rec := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		switch rec.status {
+		case http.StatusMethodNotAllowed:
+			w.Header().Set("Allow", rec.header.Get("Allow"))
+			writeProblem(w, r, newProblem(http.StatusMethodNotAllowed, ProblemMethod, fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)))
+		case http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+			for k, v := range rec.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.status)
+		default:
+			writeProblem(w, r, newProblem(http.StatusNotFound, ProblemNotFound, "no such route: "+r.URL.Path))
+		}
+	})
+}
+
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (s *statusProbe) Header() http.Header         { return s.header }
+func (s *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusProbe) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+}
+
+// recoverer answers a panic with a 500 problem and logs it: a last resort,
+// since every bad input must be a 4xx.
+func (d *Daemon) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				d.m.panics.Inc()
+				d.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				writeProblem(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "an internal error occurred; it has been logged"))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requireAdmin checks the bearer token in constant time: 401 without
+// credentials, 403 with wrong ones or when no token is configured.
+func (d *Daemon) requireAdmin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !d.hasTok {
+			writeProblem(w, r, newProblem(http.StatusForbidden, ProblemForbidden, "the admin API is disabled: start sluice with --admin-token-file or SLUICE_ADMIN_TOKEN"))
+			return
+		}
+		auth := r.Header.Get("Authorization")
+		scheme, tok, _ := strings.Cut(strings.TrimSpace(auth), " ")
+		if auth == "" || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+			writeProblem(w, r, newProblem(http.StatusUnauthorized, ProblemUnauthorized, "the admin API needs Authorization: Bearer <token>"))
+			return
+		}
+		sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+		if subtle.ConstantTimeCompare(sum[:], d.token[:]) != 1 {
+			writeProblem(w, r, newProblem(http.StatusForbidden, ProblemForbidden, "the admin token is not valid"))
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// Readiness is the body of /readyz.
+type Readiness struct {
+	Status string `json:"status"` // ready, degraded, stopping
+	Store  string `json:"store"`
+	// Breakers maps each store shard to closed, half-open or open.
+	Breakers map[string]string `json:"breakers"`
+	Policies int               `json:"policies"`
+	// PolicyStoreError is the last failure to refresh shared policies; the
+	// last good set stays in force meanwhile.
+	PolicyStoreError string `json:"policy_store_error,omitempty"`
+}
+
+func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
+	st := d.lim.Stats()
+	rd := Readiness{Status: "ready", Store: storeKind(d.cfg.Store), Breakers: st.Breakers, Policies: len(d.reg.List(""))}
+	if e := d.lastRefreshErr.Load(); e != nil {
+		rd.PolicyStoreError = *e
+		rd.Status = "degraded"
+	}
+	for _, s := range st.Breakers {
+		if s != "closed" {
+			rd.Status = "degraded"
+		}
+	}
+	code := http.StatusOK
+	if d.stopping.Load() || !d.ready.Load() {
+		rd.Status = "stopping"
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, rd)
+}
+
+// Run listens and serves until ctx is cancelled, then stops accepting,
+// lets in-flight requests finish (up to ShutdownTimeout) and returns.
+func (d *Daemon) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", d.cfg.Listen)
+	if err != nil {
+		d.close()
+		return err
+	}
+	var aln net.Listener
+	if d.cfg.AdminListen != "" {
+		if aln, err = net.Listen("tcp", d.cfg.AdminListen); err != nil {
+			ln.Close()
+			d.close()
+			return err
+		}
+	}
+	return d.Serve(ctx, ln, aln)
+}
+
+// Serve is Run on listeners the caller opened (aln may be nil).
+func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
+	defer d.close()
+	g, gctx := errgroup.WithContext(ctx)
+	servers := []*http.Server{d.httpServer(d.Handler())}
+	lns := []net.Listener{ln}
+	if aln != nil {
+		servers = append(servers, d.httpServer(d.AdminHandler()))
+		lns = append(lns, aln)
+	}
+	for i, s := range servers {
+		s, l := s, lns[i]
+		d.log.Info("listening", "addr", l.Addr().String(), "admin", i == 1 || aln == nil)
+		g.Go(func() error {
+			if err := s.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	if d.mem != nil {
+		g.Go(func() error { return d.mem.Run(gctx, time.Minute) })
+	}
+	if d.watcher != nil {
+		g.Go(func() error { return d.watcher.Run(gctx) })
+	}
+	d.ready.Store(true)
+	g.Go(func() error {
+		<-gctx.Done()
+		d.stopping.Store(true)
+		d.log.Info("shutting down: finishing in-flight requests", "timeout", d.cfg.ShutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), d.cfg.ShutdownTimeout)
+		defer cancel()
+		var errs []error
+		for _, s := range servers {
+			if err := s.Shutdown(sctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	})
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+func (d *Daemon) httpServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
+	}
+}

@@ -1,0 +1,222 @@
+package region
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The RateLimit fields follow draft-ietf-httpapi-ratelimit-headers-11
+// exactly: each is a Structured Field List (RFC 9651) of Items whose value
+// is the policy name as a String, with Integer parameters:
+//
+//	RateLimit-Policy: "pro-default";q=200;w=2
+//	RateLimit: "pro-default";r=57;t=1
+//
+// One item per enforced policy that is not class security; shadow policies
+// and security policies never appear.
+
+// headerItem is one policy in the RateLimit fields.
+type headerItem struct {
+	Name string
+	// Quota (q) and Window (w, seconds, at least 1) for RateLimit-Policy.
+	Quota, Window int64
+	// Available (r) and Effective window (t, seconds) for RateLimit.
+	Available, T int64
+}
+
+// ceilSeconds rounds a duration up to whole seconds (delay-seconds): 10 ms
+// is 1, 1 s is 1, 1.001 s is 2, zero and negative are 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// windowSeconds is a policy's w: the window of a window algorithm, or the
+// time a bucket takes to refill from empty (burst / rate), whole seconds
+// rounded up and at least 1 (the draft's w is a non-zero Integer).
+func windowSeconds(windowed bool, window time.Duration, rate, burst float64) int64 {
+	var s float64
+	if windowed {
+		s = window.Seconds()
+	} else if rate > 0 {
+		s = burst / rate
+	}
+	if !(s >= 1) || math.IsNaN(s) {
+		return 1
+	}
+	if s > 1e15 {
+		return 1e15
+	}
+	return int64(math.Ceil(s - 1e-9))
+}
+
+// sfString serializes a Structured Field String (RFC 9651 §4.1.6). Policy
+// ids never need escaping, but the serializer must not emit an invalid
+// field for any input: characters outside printable ASCII become "?".
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func formatPolicyHeader(items []headerItem) string {
+	var b strings.Builder
+	for i, it := range items {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(sfString(it.Name))
+		b.WriteString(";q=")
+		b.WriteString(strconv.FormatInt(max(it.Quota, 0), 10))
+		b.WriteString(";w=")
+		b.WriteString(strconv.FormatInt(max(it.Window, 1), 10))
+	}
+	return b.String()
+}
+
+func formatRateLimitHeader(items []headerItem) string {
+	var b strings.Builder
+	for i, it := range items {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(sfString(it.Name))
+		b.WriteString(";r=")
+		b.WriteString(strconv.FormatInt(max(it.Available, 0), 10))
+		b.WriteString(";t=")
+		b.WriteString(strconv.FormatInt(max(it.T, 0), 10))
+	}
+	return b.String()
+}
+
+// SFItem is one parsed Item of a RateLimit or RateLimit-Policy field: a
+// String value and its Integer or String parameters.
+type SFItem struct {
+	Name   string
+	Params map[string]string
+}
+
+var errSF = errors.New("malformed structured field list")
+
+// ParseRateLimitList parses a RateLimit or RateLimit-Policy field value as
+// the draft defines it (a List of String Items with parameters). It accepts
+// the subset of RFC 9651 those fields use, which is what a client such as a
+// test or a gateway script needs; anything else is an error, and clients
+// must then ignore the field (draft -11 §5).
+func ParseRateLimitList(v string) ([]SFItem, error) {
+	var out []SFItem
+	i := 0
+	skipOWS := func() {
+		for i < len(v) && (v[i] == ' ' || v[i] == '\t') {
+			i++
+		}
+	}
+	skipOWS()
+	if i == len(v) {
+		return nil, nil
+	}
+	for {
+		if i >= len(v) || v[i] != '"' {
+			return nil, errSF
+		}
+		name, n, err := parseSFString(v[i:])
+		if err != nil {
+			return nil, err
+		}
+		i += n
+		it := SFItem{Name: name, Params: map[string]string{}}
+		for i < len(v) && v[i] == ';' {
+			i++
+			for i < len(v) && v[i] == ' ' {
+				i++
+			}
+			start := i
+			for i < len(v) && (v[i] >= 'a' && v[i] <= 'z' || v[i] >= '0' && v[i] <= '9' || v[i] == '_' || v[i] == '-' || v[i] == '.' || v[i] == '*') {
+				i++
+			}
+			if start == i || !(v[start] >= 'a' && v[start] <= 'z' || v[start] == '*') {
+				return nil, errSF
+			}
+			key := v[start:i]
+			val := "?1"
+			if i < len(v) && v[i] == '=' {
+				i++
+				if i < len(v) && v[i] == '"' {
+					s, n, err := parseSFString(v[i:])
+					if err != nil {
+						return nil, err
+					}
+					i += n
+					val = s
+				} else {
+					start := i
+					if i < len(v) && v[i] == '-' {
+						i++
+					}
+					for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+						i++
+					}
+					if i == start || i-start > 16 || v[i-1] == '-' {
+						return nil, errSF
+					}
+					val = v[start:i]
+				}
+			}
+			it.Params[key] = val
+		}
+		out = append(out, it)
+		skipOWS()
+		if i == len(v) {
+			return out, nil
+		}
+		if v[i] != ',' {
+			return nil, errSF
+		}
+		i++
+		skipOWS()
+		if i == len(v) {
+			return nil, errSF // trailing comma
+		}
+	}
+}
+
+func parseSFString(v string) (string, int, error) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			i++
+			if i >= len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", 0, errSF
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			return b.String(), i + 1, nil
+		case c < 0x20 || c > 0x7e:
+			return "", 0, errSF
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", 0, errSF
+}
