@@ -26,6 +26,7 @@ func newRootCmd() *cobra.Command {
 		},
 	}
 	root.AddCommand(newVersionCmd())
+	root.AddCommand(newServeCmd())
 	return root
 }
 
