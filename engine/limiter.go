@@ -246,14 +246,46 @@ func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) 
 	cb := l.breaker(ctx, req.Subject)
 	l.storeCalls.Add(1)
 	d, err := cb.Execute(func() (Decision, error) {
-		cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-		defer cancel()
-		return l.store.Check(cctx, req)
+		return l.withDeadline(ctx, req)
 	})
 	if err != nil {
 		l.storeErrors.Add(1)
 	}
 	return d, err
+}
+
+type storeAnswer struct {
+	d   Decision
+	err error
+}
+
+// errDeadline is a store call that outlived its deadline.
+var errDeadline = fmt.Errorf("store call: %w", context.DeadlineExceeded)
+
+// withDeadline runs one store call and returns by the deadline whatever
+// the store does. A context deadline alone is not enough: a client library
+// may dial, or handshake with a stalled server, on its own timeouts (seen
+// with go-redis against a paused Redis: a quarter of a second). The late
+// call finishes in the background and its answer is dropped; its spend, if
+// any, is the same as that of a reply lost on the network.
+func (l *Limiter) withDeadline(ctx context.Context, req Request) (Decision, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	ch := make(chan storeAnswer, 1)
+	go func() {
+		defer cancel()
+		d, err := l.store.Check(cctx, req)
+		ch <- storeAnswer{d, err}
+	}()
+	timer := time.NewTimer(l.cfg.Timeout)
+	defer timer.Stop()
+	select {
+	case a := <-ch:
+		return a.d, a.err
+	case <-timer.C:
+		return Decision{Decider: -1}, errDeadline
+	case <-ctx.Done():
+		return Decision{Decider: -1}, ctx.Err()
+	}
 }
 
 func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.CircuitBreaker[Decision] {

@@ -165,6 +165,14 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 	defer cancel()
 	v, err := s.eval(ctx, keys, args)
 	if err != nil {
+		if r, ok := s.c.(stateReloader); ok && !errors.Is(err, redis.Nil) {
+			// go-redis keeps sending a slot to the primary it knew, even
+			// when that primary refuses connections, until a MOVED reply
+			// or its periodic reload; after a failover no MOVED ever comes
+			// from a dead node. Ask for a reload (it runs in the
+			// background, at most every 200 ms).
+			r.ReloadState(ctx)
+		}
 		return Decision{Decider: -1}, fmt.Errorf("redis check for %q: %w", req.Subject, err)
 	}
 	if len(v) != 5*d.N {
@@ -180,6 +188,12 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.finish(req.Checks)
 	return d, nil
+}
+
+// stateReloader is the part of *redis.ClusterClient that refreshes its
+// slot map.
+type stateReloader interface {
+	ReloadState(ctx context.Context)
 }
 
 // eval runs the script by its SHA. When Redis has lost it (restart,
@@ -237,15 +251,18 @@ func NewRedisClient(url string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("redis url %q names no node", url)
 		}
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 addrs,
-			Username:              user,
-			Password:              pass,
-			ContextTimeoutEnabled: true,
-			MaxRetries:            maxRetries,
-			PoolSize:              poolSize,
-			DialTimeout:           dialTimeout,
-			ReadTimeout:           ioTimeout,
-			WriteTimeout:          ioTimeout,
+			Addrs: addrs,
+			// Learn of a failover within seconds even when no error
+			// prompts a reload (the default is a minute).
+			ClusterStateReloadInterval: 5 * time.Second,
+			Username:                   user,
+			Password:                   pass,
+			ContextTimeoutEnabled:      true,
+			MaxRetries:                 maxRetries,
+			PoolSize:                   poolSize,
+			DialTimeout:                dialTimeout,
+			ReadTimeout:                ioTimeout,
+			WriteTimeout:               ioTimeout,
 		}), nil
 	}
 	if !strings.HasPrefix(url, "redis://") && !strings.HasPrefix(url, "rediss://") {
@@ -261,4 +278,23 @@ func NewRedisClient(url string) (redis.UniversalClient, error) {
 	opt.DialTimeout = dialTimeout
 	opt.ReadTimeout, opt.WriteTimeout = ioTimeout, ioTimeout
 	return redis.NewClient(opt), nil
+}
+
+// masterForKeyer is the part of *redis.ClusterClient that tells which
+// primary serves a key.
+type masterForKeyer interface {
+	MasterForKey(ctx context.Context, key string) (*redis.Client, error)
+}
+
+// Shard names the Redis server that holds subject's state, so that the
+// Limiter keeps one circuit breaker per cluster primary: one failed shard
+// must not send every subject to the fallback. A single server is one
+// shard, "store". It does no I/O: the cluster client knows its slot map.
+func (s *RedisStore) Shard(ctx context.Context, subject string) string {
+	if m, ok := s.c.(masterForKeyer); ok {
+		if c, err := m.MasterForKey(ctx, s.prefix+"{"+redisSubject(subject)+"}:"); err == nil {
+			return c.Options().Addr
+		}
+	}
+	return "store"
 }

@@ -25,7 +25,7 @@ func newRootCmd() *cobra.Command {
 			return flagsFromEnv(cmd.Flags(), os.LookupEnv)
 		},
 	}
-	root.AddCommand(newVersionCmd())
+	root.AddCommand(newVersionCmd(), newSimulateCmd())
 	root.AddCommand(newServeCmd())
 	return root
 }
