@@ -359,7 +359,7 @@ func (d *Daemon) notFound(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
-			h.ServeHTTP(w, r)
+			mux.ServeHTTP(w, r) // sets r.Pattern and the path values
 			return
 		}
 		rec := &statusProbe{header: http.Header{}}
