@@ -16,6 +16,13 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// ReconnectFor is how long a node keeps trying to reach a dead peer again.
+const ReconnectFor = 24 * time.Hour
+
+// seedRounds is how many rejoin rounds after start re-push state to the
+// seeds (see rejoin).
+const seedRounds = 10
+
 // MaxPacketPayload is the largest encoded message sent through memberlist's
 // gossip queue (piggybacked on UDP packets of UDPBufferSize = 1400 bytes,
 // less memberlist's framing and AES-GCM overhead). Anything larger goes over
@@ -42,6 +49,9 @@ type Member struct {
 	Region string `json:"region"`
 	Addr   string `json:"addr"` // host:port
 	State  State  `json:"state"`
+
+	leaving bool      // announced a graceful leave
+	since   time.Time // when the state last changed
 }
 
 // Node is one daemon's gossip endpoint: a memberlist node plus the
@@ -53,8 +63,9 @@ type Node struct {
 	queue   chan []byte
 	bq      *memberlist.TransmitLimitedQueue
 	metrics *metrics
-	meta    []byte
+	meta    atomic.Pointer[[]byte]
 	run     atomic.Bool
+	down    atomic.Bool
 
 	mu      sync.Mutex
 	members map[string]Member
@@ -64,7 +75,8 @@ type Node struct {
 
 	pmu          sync.Mutex
 	policyVer    uint64
-	policyLatest []byte // encoded envelope of the newest policy seen
+	policyLatest []byte            // encoded envelope of the newest policy seen
+	reportSeen   map[string]uint64 // region → newest report epoch delivered
 }
 
 // New validates cfg, creates the memberlist node and binds its ports. It
@@ -75,10 +87,11 @@ func New(cfg Config) (*Node, error) {
 	}
 	cfg = cfg.withDefaults()
 	n := &Node{
-		cfg:     cfg,
-		queue:   make(chan []byte, cfg.QueueSize),
-		members: map[string]Member{},
-		metrics: newMetrics(cfg.Registerer),
+		cfg:        cfg,
+		queue:      make(chan []byte, cfg.QueueSize),
+		members:    map[string]Member{},
+		reportSeen: map[string]uint64{},
+		metrics:    newMetrics(cfg.Registerer),
 	}
 	meta, err := marshal(nodeMeta{V: WireVersion, Region: cfg.Region})
 	if err != nil {
@@ -87,7 +100,7 @@ func New(cfg Config) (*Node, error) {
 	if len(meta) > memberlist.MetaMaxSize {
 		return nil, fmt.Errorf("gossip: node metadata is %d bytes > %d", len(meta), memberlist.MetaMaxSize)
 	}
-	n.meta = meta
+	n.meta.Store(&meta)
 	mc := cfg.memberlistConfig()
 	mc.Delegate = (*delegate)(n)
 	mc.Events = (*events)(n)
@@ -162,12 +175,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if !n.run.CompareAndSwap(false, true) {
 		return errors.New("gossip: Run called twice")
 	}
-	defer func() {
-		if err := n.ml.Leave(n.cfg.LeaveTimeout); err != nil {
-			n.cfg.Logger.Warn("gossip: leave", "err", err)
-		}
-		_ = n.ml.Shutdown()
-	}()
+	defer n.stop(true)
 	var wg sync.WaitGroup
 	wg.Go(func() { n.decodeLoop(ctx) })
 	defer wg.Wait()
@@ -175,10 +183,37 @@ func (n *Node) Run(ctx context.Context) error {
 	return nil
 }
 
+// stop leaves the cluster (gracefully if leave is set, else as if the
+// process died) and shuts memberlist down; later calls do nothing.
+func (n *Node) stop(leave bool) {
+	if !n.down.CompareAndSwap(false, true) {
+		return
+	}
+	if leave {
+		// Announce the departure in the metadata first, so peers record
+		// "left" rather than "dead" (memberlist's leave event does not say).
+		if meta, err := marshal(nodeMeta{V: WireVersion, Region: n.cfg.Region, Leaving: true}); err == nil {
+			n.meta.Store(&meta)
+			_ = n.ml.UpdateNode(n.cfg.LeaveTimeout / 2)
+		}
+		if err := n.ml.Leave(n.cfg.LeaveTimeout); err != nil {
+			n.cfg.Logger.Warn("gossip: leave", "err", err)
+		}
+	}
+	if err := n.ml.Shutdown(); err != nil {
+		n.cfg.Logger.Warn("gossip: shutdown", "err", err)
+	}
+}
+
 func (n *Node) joinLoop(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	joined := len(n.cfg.Join) == 0
+	rounds := 0
 	for {
+		if n.down.Load() {
+			<-ctx.Done()
+			return
+		}
 		if !joined {
 			if k, err := n.ml.Join(n.cfg.Join); err == nil && k > 0 {
 				joined = true
@@ -187,7 +222,8 @@ func (n *Node) joinLoop(ctx context.Context) {
 				n.cfg.Logger.Debug("gossip: join failed, retrying", "err", err, "in", backoff)
 			}
 		} else {
-			n.rejoin()
+			n.rejoin(rounds < seedRounds)
+			rounds++
 		}
 		wait := n.cfg.rejoinInterval()
 		if !joined {
@@ -204,16 +240,20 @@ func (n *Node) joinLoop(ctx context.Context) {
 	}
 }
 
-// rejoin tries to reach dead (not left) members again, and the seeds when
-// alone, so that a healed partition merges without an operator.
-func (n *Node) rejoin() {
+// rejoin tries to reach dead (not left) members again for ReconnectFor
+// after they died, and the seeds when alone, so that a healed partition
+// merges without an operator. While seeds is set (the first rounds after
+// start) it pushes its state to the seeds again, because a node restarted
+// under the same name on a new address is refused until its old
+// incarnation is declared dead and DeadNodeReclaim has passed.
+func (n *Node) rejoin(seeds bool) {
 	var addrs []string
 	for _, m := range n.Members() {
-		if m.State == StateDead && m.Node != n.cfg.Node {
+		if m.State == StateDead && m.Node != n.cfg.Node && time.Since(m.since) < ReconnectFor {
 			addrs = append(addrs, m.Node+"/"+m.Addr)
 		}
 	}
-	if n.numLive() <= 1 {
+	if seeds || n.numLive() <= 1 {
 		addrs = append(addrs, n.cfg.Join...)
 	}
 	if len(addrs) > 0 {
@@ -249,8 +289,21 @@ func (n *Node) handle(b []byte) {
 		n.metrics.dropped.WithLabelValues(ReasonSelf).Inc()
 		return
 	}
-	if m.Kind == KindPolicy && !n.notePolicy(m.Policy.Version, b) {
-		return // not newer than what we have: already delivered
+	switch m.Kind {
+	case KindPolicy:
+		if !n.notePolicy(m.Policy.Version, b) {
+			return // not newer than what we have: already delivered
+		}
+	case KindReport:
+		if !n.noteReport(m.Region, m.Report.Epoch) {
+			return // this region's report for this epoch was delivered already
+		}
+	}
+	if m.Kind != KindNodeUsage && len(b) <= MaxPacketPayload {
+		// Relay on first sight: memberlist's queue hands a message to only
+		// RetransmitMult·log10(N+1) nodes and does not relay user messages,
+		// so receivers re-gossip (as serf does with user events).
+		n.bq.QueueBroadcast(&broadcast{kind: m.Kind, from: m.From, msg: b})
 	}
 	n.metrics.received.WithLabelValues(m.Kind.String()).Inc()
 	n.metrics.receivedBytes.WithLabelValues(m.Kind.String()).Add(float64(len(b)))
@@ -260,6 +313,18 @@ func (n *Node) handle(b []byte) {
 	for _, h := range hs {
 		h(m)
 	}
+}
+
+// noteReport records that region's report for epoch was seen; false if it
+// (or a later one) was seen before.
+func (n *Node) noteReport(region string, epoch uint64) bool {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if last, ok := n.reportSeen[region]; ok && epoch <= last {
+		return false
+	}
+	n.reportSeen[region] = epoch
+	return true
 }
 
 // notePolicy records the newest policy envelope; false if v is not newer.
@@ -293,6 +358,7 @@ func (n *Node) BroadcastReport(ctx context.Context, r share.Report) error {
 	if r.Region != n.cfg.Region {
 		return fmt.Errorf("gossip: report of region %q from a node of %q", r.Region, n.cfg.Region)
 	}
+	n.noteReport(r.Region, r.Epoch)
 	return n.send(ctx, r, KindReport, func(m Member) bool { return m.Region != n.cfg.Region }, true)
 }
 
@@ -440,22 +506,28 @@ func (n *Node) numLive() int {
 	return live
 }
 
-func (n *Node) noteMember(mn *memberlist.Node) {
+// noteMember records a membership event. memberlist does not fill in
+// Node.State for events, so the state comes from the event itself: join and
+// update mean alive, leave means left if the node announced its departure
+// (leaving flag in its metadata), dead otherwise.
+func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	meta, _ := decodeMeta(mn.Meta)
-	m := Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port)))}
-	switch mn.State {
-	case memberlist.StateAlive:
-		m.State = StateAlive
-	case memberlist.StateSuspect:
-		m.State = StateSuspect
-	case memberlist.StateDead:
-		m.State = StateDead
-	default:
-		m.State = StateLeft
-	}
+	m := Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive}
 	n.mu.Lock()
-	if old, ok := n.members[m.Node]; ok && m.Region == "" {
+	old, known := n.members[m.Node]
+	if m.Region == "" && known {
 		m.Region = old.Region
+	}
+	if gone {
+		m.State = StateDead
+		if meta.Leaving || (known && old.leaving) {
+			m.State = StateLeft
+		}
+	}
+	m.leaving = meta.Leaving && !gone
+	m.since = old.since
+	if !known || old.State != m.State {
+		m.since = time.Now()
 	}
 	n.members[m.Node] = m
 	n.mu.Unlock()
@@ -466,10 +538,11 @@ func (n *Node) noteMember(mn *memberlist.Node) {
 type delegate Node
 
 func (d *delegate) NodeMeta(limit int) []byte {
-	if len(d.meta) > limit {
+	meta := *d.meta.Load()
+	if len(meta) > limit {
 		return nil
 	}
-	return d.meta
+	return meta
 }
 
 func (d *delegate) NotifyMsg(b []byte) { (*Node)(d).enqueue(b) }
@@ -495,6 +568,6 @@ func (d *delegate) MergeRemoteState(b []byte, join bool) {
 // events implements memberlist.EventDelegate.
 type events Node
 
-func (e *events) NotifyJoin(mn *memberlist.Node)   { (*Node)(e).noteMember(mn) }
-func (e *events) NotifyLeave(mn *memberlist.Node)  { (*Node)(e).noteMember(mn) }
-func (e *events) NotifyUpdate(mn *memberlist.Node) { (*Node)(e).noteMember(mn) }
+func (e *events) NotifyJoin(mn *memberlist.Node)   { (*Node)(e).noteMember(mn, false) }
+func (e *events) NotifyLeave(mn *memberlist.Node)  { (*Node)(e).noteMember(mn, true) }
+func (e *events) NotifyUpdate(mn *memberlist.Node) { (*Node)(e).noteMember(mn, false) }

@@ -215,8 +215,9 @@ func Decode(b []byte, maxSize int) (m Message, err error) {
 
 // nodeMeta is the memberlist node metadata: at most 512 bytes.
 type nodeMeta struct {
-	V      uint8  `msgpack:"v"`
-	Region string `msgpack:"r"`
+	V       uint8  `msgpack:"v"`
+	Region  string `msgpack:"r"`
+	Leaving bool   `msgpack:"l,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, bool) {

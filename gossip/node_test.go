@@ -1,0 +1,373 @@
+package gossip
+
+import (
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"net"
+	"os"
+	"reflect"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/sluice-rl/sluice/share"
+)
+
+var keyA = []byte("0123456789abcdef0123456789abcdef")
+
+// inbox collects what a node's handlers receive.
+type inbox struct {
+	mu       sync.Mutex
+	reports  []share.Report
+	policies []PolicyUpdate
+	usage    []NodeUsage
+}
+
+func (b *inbox) findReport(region string, epoch uint64) (share.Report, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.reports {
+		if r.Region == region && r.Epoch == epoch {
+			return r, true
+		}
+	}
+	return share.Report{}, false
+}
+
+type testNode struct {
+	*Node
+	in     *inbox
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (tn *testNode) close() {
+	tn.cancel()
+	<-tn.done
+}
+
+func startNode(t *testing.T, name, region string, key []byte, join ...string) *testNode {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: key, Preset: PresetLocal,
+		Join: join, Registerer: reg, LeaveTimeout: 500 * time.Millisecond, Logger: testLogger(name)})
+	if err != nil {
+		t.Fatalf("New(%s) = %v", name, err)
+	}
+	in := &inbox{}
+	n.OnReport(func(r share.Report) { in.mu.Lock(); in.reports = append(in.reports, r); in.mu.Unlock() })
+	n.OnPolicy(func(p PolicyUpdate) { in.mu.Lock(); in.policies = append(in.policies, p); in.mu.Unlock() })
+	n.OnNodeUsage(func(u NodeUsage) { in.mu.Lock(); in.usage = append(in.usage, u); in.mu.Unlock() })
+	ctx, cancel := context.WithCancel(context.Background())
+	tn := &testNode{Node: n, in: in, reg: reg, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(tn.done)
+		if err := n.Run(ctx); err != nil {
+			t.Errorf("Run(%s) = %v", name, err)
+		}
+	}()
+	t.Cleanup(tn.close)
+	return tn
+}
+
+func testLogger(name string) *slog.Logger {
+	if os.Getenv("GOSSIP_DEBUG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", name)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a wait for a condition
+	}
+}
+
+func memberState(n *Node, name string) (Member, bool) {
+	for _, m := range n.Members() {
+		if m.Node == name {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+func dropped(tn *testNode, reason string) float64 { return droppedN(tn.Node, reason) }
+
+func droppedN(n *Node, reason string) float64 {
+	var m dto.Metric
+	if err := n.metrics.dropped.WithLabelValues(reason).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestClusterMembershipAndReports(t *testing.T) {
+	t.Parallel()
+	n1 := startNode(t, "n1", "eu", keyA)
+	n2 := startNode(t, "n2", "us", keyA, n1.Addr())
+	n3 := startNode(t, "n3", "ap", keyA, n1.Addr())
+	nodes := []*testNode{n1, n2, n3}
+	want := map[string][]string{"eu": {"n1"}, "us": {"n2"}, "ap": {"n3"}}
+	waitFor(t, 10*time.Second, "3 nodes to see each other", func() bool {
+		for _, n := range nodes {
+			if !reflect.DeepEqual(n.Regions(), want) || n.NumLive() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+
+	ctx := context.Background()
+	small := testReport("eu", 100, 2)
+	if err := n1.BroadcastReport(ctx, small); err != nil {
+		t.Fatal(err)
+	}
+	big := testReport("eu", 101, 5000)
+	if err := n1.BroadcastReport(ctx, big); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes[1:] {
+		waitFor(t, 10*time.Second, n.Name()+" to receive both reports", func() bool {
+			_, ok1 := n.in.findReport("eu", 100)
+			_, ok2 := n.in.findReport("eu", 101)
+			return ok1 && ok2
+		})
+		got, _ := n.in.findReport("eu", 101)
+		if !reflect.DeepEqual(got, big) {
+			t.Errorf("%s received a report of %d keys, want the %d sent", n.Name(), len(got.Keys), len(big.Keys))
+		}
+		got, _ = n.in.findReport("eu", 100)
+		if !reflect.DeepEqual(got, small) {
+			t.Errorf("%s received %+v, want %+v", n.Name(), got, small)
+		}
+	}
+	if err := n2.BroadcastReport(ctx, testReport("eu", 1, 1)); err == nil {
+		t.Error("BroadcastReport of another region's report succeeded")
+	}
+
+	// Node usage stays in its region: a second eu node gets it, us does not.
+	n4 := startNode(t, "n4", "eu", keyA, n1.Addr())
+	waitFor(t, 10*time.Second, "n1 to see n4", func() bool { return len(n1.Regions()["eu"]) == 2 })
+	if err := n1.SendNodeUsage(ctx, NodeUsage{Epoch: 100, Keys: []KeyUsage{{Key: share.Key{Policy: "g", Subject: "s"}, Limit: 5, Offered: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n4 to receive n1's usage", func() bool {
+		n4.in.mu.Lock()
+		defer n4.in.mu.Unlock()
+		return len(n4.in.usage) == 1 && n4.in.usage[0].Node == "n1" && n4.in.usage[0].Epoch == 100
+	})
+	n2.in.mu.Lock()
+	if len(n2.in.usage) != 0 {
+		t.Errorf("us node received eu node usage: %+v", n2.in.usage)
+	}
+	n2.in.mu.Unlock()
+
+	// Policies: newest version wins, each delivered once.
+	if err := n1.BroadcastPolicy(ctx, PolicyUpdate{Version: 2, Data: []byte("v2")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "policy v2 everywhere", func() bool {
+		for _, n := range []*testNode{n2, n3, n4} {
+			n.in.mu.Lock()
+			ok := len(n.in.policies) == 1 && n.in.policies[0].Version == 2
+			if os.Getenv("GOSSIP_DEBUG") != "" {
+				t.Logf("%s policies %+v dropped self %v", n.Name(), n.in.policies, dropped(n, ReasonSelf))
+			}
+			n.in.mu.Unlock()
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+	if err := n3.BroadcastPolicy(ctx, PolicyUpdate{Version: 1, Data: []byte("v1")}); err == nil {
+		t.Error("BroadcastPolicy of an older version succeeded")
+	}
+}
+
+func TestDifferentKeysNeverExchange(t *testing.T) {
+	t.Parallel()
+	keyB := []byte("fedcba9876543210")
+	n1 := startNode(t, "k1", "eu", keyA)
+	n2 := startNode(t, "k2", "us", keyB, n1.Addr())
+	waitFor(t, 10*time.Second, "k1 to reject k2's join as undecryptable", func() bool { return dropped(n1, ReasonAuth) > 0 })
+
+	// k2 sends a report straight at k1, bypassing membership.
+	host, port, _ := net.SplitHostPort(n1.Addr())
+	p, _ := strconv.Atoi(port)
+	target := &memberlist.Node{Name: "k1", Addr: net.ParseIP(host), Port: uint16(p)}
+	b, _ := Encode("k2", "us", testReport("us", 7, 3))
+	_ = n2.ml.SendReliable(target, b)
+	_ = n2.ml.SendBestEffort(target, b)
+	before := dropped(n1, ReasonAuth)
+	waitFor(t, 10*time.Second, "k1 to drop k2's direct messages", func() bool { return dropped(n1, ReasonAuth) >= before+1 })
+	if n1.NumLive() != 1 || n2.NumLive() != 1 {
+		t.Errorf("nodes with different keys joined: k1 sees %d, k2 sees %d live", n1.NumLive(), n2.NumLive())
+	}
+	if _, ok := n1.in.findReport("us", 7); ok {
+		t.Error("k1 accepted a report encrypted with another key")
+	}
+}
+
+func TestGarbageOnPortsKeepsServing(t *testing.T) {
+	t.Parallel()
+	n1 := startNode(t, "g1", "eu", keyA)
+	n2 := startNode(t, "g2", "us", keyA, n1.Addr())
+	waitFor(t, 10*time.Second, "g1 and g2 to join", func() bool { return n1.NumLive() == 2 && n2.NumLive() == 2 })
+
+	junk := make([]byte, 4096)
+	for i := range 50 {
+		_, _ = rand.Read(junk)
+		if u, err := net.Dial("udp", n1.Addr()); err == nil {
+			_, _ = u.Write(junk[:1+i*60])
+			_ = u.Close()
+		}
+		if c, err := net.DialTimeout("tcp", n1.Addr(), time.Second); err == nil {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write(junk[:1+i*80])
+			_ = c.Close()
+		}
+	}
+	// Garbage that passes memberlist (it decrypts) but not our decoder:
+	// only a keyholder can produce it, sent as a user message.
+	host, port, _ := net.SplitHostPort(n1.Addr())
+	p, _ := strconv.Atoi(port)
+	target := &memberlist.Node{Name: "g1", Addr: net.ParseIP(host), Port: uint16(p)}
+	_ = n2.ml.SendReliable(target, []byte{0x83, 0xa1, 0x76, 0x01, 0xff})
+	waitFor(t, 5*time.Second, "g1 to count the malformed user message", func() bool { return dropped(n1, ReasonMalformed) >= 1 })
+
+	if err := n2.BroadcastReport(context.Background(), testReport("us", 9, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "g1 to receive a valid report after the junk", func() bool {
+		_, ok := n1.in.findReport("us", 9)
+		return ok
+	})
+	if n1.NumLive() != 2 {
+		t.Errorf("after junk g1 sees %d live nodes, want 2", n1.NumLive())
+	}
+}
+
+func TestFailureLeaveAndRestart(t *testing.T) {
+	t.Parallel()
+	n1 := startNode(t, "r1", "eu", keyA)
+	n2 := startNode(t, "r2", "us", keyA, n1.Addr())
+	n3 := startNode(t, "r3", "ap", keyA, n1.Addr())
+	waitFor(t, 10*time.Second, "3 nodes to join", func() bool { return n1.NumLive() == 3 && n2.NumLive() == 3 && n3.NumLive() == 3 })
+	ctx := context.Background()
+	if err := n1.BroadcastPolicy(ctx, PolicyUpdate{Version: 5, Data: []byte("p5")}); err != nil {
+		t.Fatal(err)
+	}
+	oldAddr := n3.Addr()
+
+	// Crash r3: no leave message. Local preset: probe 1 s, suspicion 3 s.
+	start := time.Now()
+	n3.stop(false)
+	waitFor(t, 10*time.Second, "r3 to be declared dead", func() bool {
+		m1, _ := memberState(n1.Node, "r3")
+		m2, _ := memberState(n2.Node, "r3")
+		if os.Getenv("GOSSIP_DEBUG") != "" {
+			t.Logf("r3 seen by r1 %+v, by r2 %+v", m1, m2)
+		}
+		return m1.State == StateDead && m2.State == StateDead
+	})
+	t.Logf("crash detected in %v", time.Since(start).Round(10*time.Millisecond))
+	if _, ok := n1.Regions()["ap"]; ok {
+		t.Error("region ap still live with its only node dead")
+	}
+	n3.close()
+
+	// Restart r3 under the same name on a new port: it rejoins and catches
+	// up with the policy set by push/pull.
+	n3b := startNode(t, "r3", "ap", keyA, n1.Addr())
+	if n3b.Addr() == oldAddr {
+		t.Fatalf("restart reused the address %s", oldAddr)
+	}
+	waitFor(t, 15*time.Second, "r3 to rejoin at its new address", func() bool {
+		m1, _ := memberState(n1.Node, "r3")
+		m2, _ := memberState(n2.Node, "r3")
+		return m1.State == StateAlive && m1.Addr == n3b.Addr() && m2.State == StateAlive && n3b.NumLive() == 3
+	})
+	waitFor(t, 20*time.Second, "restarted r3 to catch up with policy v5", func() bool {
+		n3b.in.mu.Lock()
+		defer n3b.in.mu.Unlock()
+		return len(n3b.in.policies) > 0 && n3b.in.policies[len(n3b.in.policies)-1].Version == 5
+	})
+	if err := n3b.BroadcastReport(ctx, testReport("ap", 3, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "r1 to receive the restarted node's report", func() bool {
+		_, ok := n1.in.findReport("ap", 3)
+		return ok
+	})
+
+	// Graceful leave of r2.
+	n2.close()
+	waitFor(t, 10*time.Second, "r2 to be seen as left", func() bool {
+		m, _ := memberState(n1.Node, "r2")
+		return m.State == StateLeft
+	})
+	if got := n1.Regions(); !reflect.DeepEqual(got, map[string][]string{"eu": {"r1"}, "ap": {"r3"}}) {
+		t.Errorf("Regions() after r2 left = %v", got)
+	}
+}
+
+func TestQueueFullDropsWithoutBlocking(t *testing.T) {
+	n, err := New(Config{Node: "q", Region: "eu", BindAddr: "127.0.0.1", Dev: true, Preset: PresetLocal, QueueSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.stop(false)
+	b, _ := Encode("x", "eu", testReport("eu", 1, 1))
+	d := (*delegate)(n)
+	for range 5 {
+		d.NotifyMsg(b) // no decoder running: must not block
+	}
+	if got := droppedN(n, ReasonQueueFull); got != 3 {
+		t.Errorf("dropped{queue_full} = %v, want 3", got)
+	}
+	d.NotifyMsg(make([]byte, DefaultMaxMessageSize+1))
+	if got := droppedN(n, ReasonOversized); got != 1 {
+		t.Errorf("dropped{oversized} = %v, want 1", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{Node: "a", Region: "eu", SecretKey: keyA}
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		ok   bool
+	}{
+		{"valid", func(*Config) {}, true},
+		{"dev without key", func(c *Config) { c.SecretKey = nil; c.Dev = true }, true},
+		{"no key", func(c *Config) { c.SecretKey = nil }, false},
+		{"bad key length", func(c *Config) { c.SecretKey = []byte("short") }, false},
+		{"no node", func(c *Config) { c.Node = "" }, false},
+		{"no region", func(c *Config) { c.Region = "" }, false},
+		{"bad preset", func(c *Config) { c.Preset = "moon" }, false},
+		{"join without port", func(c *Config) { c.Join = []string{"10.0.0.1"} }, false},
+		{"join ok", func(c *Config) { c.Join = []string{"10.0.0.1:7946", "[::1]:7946"} }, true},
+		{"message too big", func(c *Config) { c.MaxMessageSize = 30 << 20 }, false},
+	}
+	for _, tt := range tests {
+		c := ok
+		tt.mod(&c)
+		if err := c.Validate(); (err == nil) != tt.ok {
+			t.Errorf("Validate(%s) = %v, want ok=%v", tt.name, err, tt.ok)
+		}
+	}
+}
