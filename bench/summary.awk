@@ -19,3 +19,10 @@ BEGIN {
   add("BenchmarkSimulator", "checks/s", "sim_checks_per_s", "checks/s")
 }
 function add(b, u, name, unit) { map[b " " u] = name; unitOf[b " " u] = unit }
+BEGIN {
+  add("BenchmarkCheckP99/redis_ok", "p99-us", "check_p99_us_redis_ok", "us")
+  add("BenchmarkCheckP99/redis_down_breaker_closed", "p99-us", "check_p99_us_redis_down_breaker_closed", "us")
+  add("BenchmarkCheckP99/redis_hung_breaker_closed", "p99-us", "check_p99_us_redis_hung_breaker_closed", "us")
+  add("BenchmarkCheckP99/redis_down_breaker_open", "p99-us", "check_p99_us_redis_down_breaker_open", "us")
+  add("BenchmarkXTimeRateKeyedAllow", "ns/op", "xtime_rate_keyed_ns_per_allow", "ns")
+}

@@ -306,7 +306,9 @@ func TestRedisClusterBreakerPerShard(t *testing.T) {
 	})
 	l := Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}
 	ctx := context.Background()
-	req := func(sub string) Request { return Request{Subject: sub, Checks: []Check{{Policy: "q", Limit: l, Cost: 1}}} }
+	req := func(sub string) Request {
+		return Request{Subject: sub, Checks: []Check{{Policy: "q", Limit: l, Cost: 1}}}
+	}
 	// Find subjects on two different primaries.
 	dead := cl.PrimaryForKey("rl:{s0}:q")
 	var alive string
