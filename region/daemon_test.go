@@ -94,7 +94,7 @@ func (h *harness) putPolicy(id, doc string) resp {
 
 func TestTokenBucketBurst(t *testing.T) {
 	h := newHarness(t, nil)
-	h.putPolicy("burst", `{"algorithm":"token_bucket","rate_per_sec":100,"burst":100,"mode":"enforce"}`)
+	h.putPolicy("burst", `{"algorithm":"token_bucket","rate_per_sec":1,"burst":100,"mode":"enforce"}`)
 	check := `{"user":"alice","route":"/v1/orders","method":"GET"}`
 	for i := 1; i <= 100; i++ {
 		r := h.do("POST", "/v1/check", check)
@@ -112,7 +112,7 @@ func TestTokenBucketBurst(t *testing.T) {
 	if got := r.header.Get("RateLimit"); got != `"burst";r=0;t=1` {
 		t.Errorf("RateLimit = %q, want \"burst\";r=0;t=1", got)
 	}
-	if got := r.header.Get("RateLimit-Policy"); got != `"burst";q=100;w=1` {
+	if got := r.header.Get("RateLimit-Policy"); got != `"burst";q=100;w=100` {
 		t.Errorf("RateLimit-Policy = %q", got)
 	}
 	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
