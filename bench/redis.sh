@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Redis store benchmarks. The Go benchmarks start their own redis-server on
+# a free loopback port (internal/redistest) and measure, against that one
+# server in the same run:
+#   - the Redis store, 64 concurrent callers, one token bucket policy over
+#     100 000 subjects;
+#   - redis-benchmark sending the same script with EVALSHA from 64
+#     connections over the same key space: the physical limit;
+#   - MEMORY USAGE per token bucket subject, averaged over 1 000 of 10 000.
+# Prints one `BENCH <name> <value> <unit>` line per figure.
+# REDIS_BENCH_N sets the checks per measurement (default 200000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n="${REDIS_BENCH_N:-200000}"
+out=$(go test -run '^$' -bench '^BenchmarkRedis(Check|BytesPerSubject)$' -benchtime "${n}x" -count 1 -timeout 15m ./engine/ 2>&1) || {
+  echo "$out" >&2
+  exit 1
+}
+echo "$out" | grep '^Benchmark' >&2
+echo "$out" | awk '
+function metric(unit,   i) { for (i = 3; i < NF; i += 2) if ($(i + 1) == unit) return $i; return "" }
+/^BenchmarkRedisCheck\/store_c64/        { store = metric("checks/s") }
+/^BenchmarkRedisCheck\/raw_evalsha_c64/  { raw = metric("evalsha/s") }
+/^BenchmarkRedisBytesPerSubject/         { bytes = metric("bytes/subject") }
+END {
+  if (store == "" || raw == "" || bytes == "") { print "bench/redis.sh: missing benchmark output" > "/dev/stderr"; exit 1 }
+  printf "BENCH redis_checks_per_s_c64 %.0f checks/s\n", store
+  printf "BENCH redis_raw_evalsha_per_s_c64 %.0f evalsha/s\n", raw
+  printf "BENCH redis_bytes_per_subject %.1f bytes\n", bytes
+}'
