@@ -351,3 +351,31 @@ func TestRedisCluster(t *testing.T) {
 		t.Errorf("%d subjects all landed on %d node(s), want them spread", len(subjects), len(nodes))
 	}
 }
+
+// ExampleRedisStore checks a request against two policies in Redis. It
+// needs a live server, so it is compiled but not run.
+func ExampleRedisStore() {
+	client, err := NewRedisClient("redis://127.0.0.1:6379")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	store := NewRedisStore(client, RedisConfig{Timeout: 5 * time.Millisecond})
+	d, err := store.Check(context.Background(), Request{Subject: "user:42", Checks: []Check{
+		{Policy: "per-second", Limit: Limit{Algorithm: TokenBucket, Rate: 10, Burst: 20}, Cost: 1},
+		{Policy: "daily", Limit: Limit{Algorithm: FixedWindow, Count: 10000, Window: 24 * time.Hour}, Cost: 1},
+	}})
+	if err != nil {
+		// Redis is down or slow: the caller decides whether to fail open.
+		fmt.Println("no decision:", err)
+		return
+	}
+	if !d.Allowed {
+		fmt.Println("rejected; retry after", d.RetryAfter())
+		return
+	}
+	for i, r := range d.Policies() {
+		fmt.Printf("policy %d: %d of %d left\n", i, r.Remaining, r.Limit)
+	}
+}
