@@ -362,6 +362,15 @@ func TestServeThroughNginx(t *testing.T) {
 	if _, err := os.Stat(nginxBin); err != nil {
 		t.Fatalf("nginx is required for this test (apt-get install nginx): %v", err)
 	}
+	deployConf, err := os.ReadFile("../../deploy/nginx/sluice.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(nginxServerBlock, "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.Contains(string(deployConf), line) {
+			t.Errorf("deploy/nginx/sluice.conf lacks the tested line %q", line)
+		}
+	}
 	empty := writeFile(t, "policies.json", "[]")
 	d := startDaemon(t, bin, "--policies", empty, "--trusted-proxies", "127.0.0.1/32")
 	if r := d.admin("PUT", "/v1/policies/hello", `{"match":{"routes":["/hello.txt"]},"algorithm":"fixed_window","limit":2,"window":60,"mode":"enforce"}`); r.status != 201 {
