@@ -31,6 +31,16 @@ type Allocator struct {
 	prev, next *Table // before and after the last rebalance
 	cut        *Table // min(prev, next), enforced until raiseAt
 	raiseAt    time.Time
+
+	// Generation and loans (borrow.go): gen is the epoch of the last
+	// Rebalance; loans, asked and pending belong to it and are cleared by
+	// the next one.
+	gen             uint64
+	loans           map[Key]float64
+	asked           map[Key]time.Time
+	pending         map[pendKey]pending
+	effCut, effNext *Table          // cut and next with the loans overlay
+	dead            map[string]bool // membership: regions declared dead
 }
 
 type keyState struct {
@@ -54,10 +64,16 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		lastHeard: map[string]uint64{},
 		keys:      map[Key]*keyState{},
 		demand:    map[Key]float64{},
+		loans:     map[Key]float64{},
+		asked:     map[Key]time.Time{},
+		pending:   map[pendKey]pending{},
+		dead:      map[string]bool{},
+		gen:       epoch,
 	}
 	a.SetMembers(epoch, members)
 	a.next = NewTable(a.defaultShare(), nil)
-	a.prev = a.next
+	a.prev, a.cut = a.next, a.next
+	a.refresh()
 	return a, nil
 }
 
@@ -191,24 +207,29 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 	}
 	a.lastHeard[a.self] = max(a.lastHeard[a.self], epoch)
 
-	// Reachability and quorum.
+	// Reachability and quorum. A region is down when its report is missing
+	// and it has been unreachable for more than K epochs, or membership
+	// declared it dead (SetDead).
 	k := uint64(a.cfg.PartitionIntervals)
 	missed := make([]uint64, n)
+	downI := make([]bool, n)
 	reachable := 0
 	for i, r := range a.regions {
 		if h := a.lastHeard[r]; epoch > h {
 			missed[i] = epoch - h
 		}
-		if missed[i] < k {
+		dead := a.dead[r] && got[i] == nil
+		if missed[i] < k && !dead {
 			reachable++
 		}
+		downI[i] = got[i] == nil && (missed[i] > k || dead)
 	}
-	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k)
+	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k && !(a.dead[a.regions[0]] && got[0] == nil))
 	a.isolated = !quorum
 	a.down = 0
 	if quorum {
 		for i := range a.regions {
-			if missed[i] > k {
+			if downI[i] {
 				a.down++
 			}
 		}
@@ -255,7 +276,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 		if ks == nil {
 			ks = &keyState{limit: limit, shares: make([]float64, n)}
 			for i := range ks.shares {
-				ks.shares[i] = a.defaultFor(i, missed, quorum)
+				ks.shares[i] = a.defaultFor(i, downI, quorum)
 			}
 			a.keys[key] = ks
 		}
@@ -276,7 +297,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 				// below the pressure threshold of its share.
 				x := a.cfg.Pressure * ks.shares[i]
 				slots[i] = Slot{State: Reported, Demand: x, Recent: x}
-			case missed[i] > k && quorum:
+			case downI[i] && quorum:
 				slots[i] = Slot{State: Down}
 				allReported = false
 			default:
@@ -296,10 +317,23 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 		// Never zero: the engine reads a Scale of zero as the whole limit.
 		shares[key] = max(s, MinShare)
 	}
-	a.prev = a.next
+	// Loans expire with their generation: the enforced table before this
+	// rebalance (loans included) is what the cuts compare against.
+	a.prev = a.Table(now)
 	a.next = &Table{shares: shares, def: def}
 	a.cut = cutTable(a.prev, a.next)
 	a.raiseAt = now.Add(a.cfg.RaiseDelay)
+	a.gen = epoch
+	clear(a.loans)
+	clear(a.asked)
+	clear(a.pending)
+	a.refresh()
+}
+
+// refresh rebuilds the enforced tables after the loans changed.
+func (a *Allocator) refresh() {
+	a.effCut = a.cut.withLoans(a.loans)
+	a.effNext = a.next.withLoans(a.loans)
 }
 
 // defaultShare is this region's fraction for keys nobody reported.
@@ -320,11 +354,10 @@ func (a *Allocator) defaultShare() float64 {
 
 // defaultFor is region i's share of a key that was not coordinated before,
 // as this region sees it.
-func (a *Allocator) defaultFor(i int, missed []uint64, quorum bool) float64 {
+func (a *Allocator) defaultFor(i int, down []bool, quorum bool) float64 {
 	n := len(a.regions)
-	k := uint64(a.cfg.PartitionIntervals)
 	if quorum && a.down > 0 {
-		if missed[i] > k {
+		if down[i] {
 			return a.cfg.safe(n)
 		}
 		return (1 - float64(a.down)*a.cfg.safe(n)) / float64(n-a.down)
@@ -337,9 +370,9 @@ func (a *Allocator) defaultFor(i int, missed []uint64, quorum bool) float64 {
 // from Config.RaiseDelay later, the new shares. The result is immutable.
 func (a *Allocator) Table(now time.Time) *Table {
 	if now.Before(a.raiseAt) {
-		return a.cut
+		return a.effCut
 	}
-	return a.next
+	return a.effNext
 }
 
 // cutTable is min(old, new) per key; new keys compare against old's default.
@@ -348,11 +381,16 @@ func cutTable(old, next *Table) *Table {
 	for k, v := range next.shares {
 		m[k] = min(v, old.Share(k.Policy, k.Subject))
 	}
-	// Keys that were coordinated and are no longer fall back to the new
-	// default, which may be a raise.
-	for k, v := range old.shares {
+	// Keys that were coordinated (or on loan) and are no longer fall back
+	// to the new default, which may be a raise.
+	for k := range old.shares {
 		if _, ok := next.shares[k]; !ok {
-			m[k] = min(v, next.def)
+			m[k] = min(old.Share(k.Policy, k.Subject), next.def)
+		}
+	}
+	for k := range old.loans {
+		if _, ok := m[k]; !ok {
+			m[k] = min(old.Share(k.Policy, k.Subject), next.def)
 		}
 	}
 	return &Table{shares: m, def: min(old.def, next.def)}
@@ -371,3 +409,107 @@ func (a *Allocator) Shares(key Key) []float64 {
 
 // Keys returns the number of coordinated keys.
 func (a *Allocator) Keys() int { return len(a.keys) }
+
+// SetDead records the regions membership has declared dead at now (every
+// node of the region failed its probes and its suspicion timed out; a
+// memberlist "dead", not a graceful leave, which is SetMembers' business).
+// dead replaces the previous set.
+//
+// A newly dead region is treated as Down at once instead of after K+1
+// missed reports: its share of every coordinated key above Config.Safe is
+// spread over the live regions in proportion to their shares, which every
+// region computes alike from the same last shares; raises take effect
+// Config.RaiseDelay later. Symmetrically, when the regions membership still
+// counts alive (this one included) are not a majority, this region is
+// isolated and falls back to Config.Safe at once, a cut. A partition looks
+// like death to membership on both sides at about the same time, so the
+// isolated side has cut before the majority raises as long as the
+// difference between the two sides' detection times stays below
+// RaiseDelay; reports missing for K epochs remain the fallback when it
+// does not. A region declared alive again counts from the next Rebalance:
+// coming back is a raise, and raises wait for the reports.
+func (a *Allocator) SetDead(now time.Time, dead []string) {
+	set := make(map[string]bool, len(dead))
+	newly := false
+	for _, r := range dead {
+		if _, ok := a.index[r]; ok && r != a.self {
+			set[r] = true
+			newly = newly || !a.dead[r]
+		}
+	}
+	a.dead = set
+	if !newly {
+		return
+	}
+	n := len(a.regions)
+	live := n - len(set)
+	safe := a.cfg.safe(n)
+	if !(2*live > n || (2*live == n && !set[a.regions[0]])) {
+		a.isolated = true
+		shares := make(map[Key]float64, len(a.next.shares))
+		for k, v := range a.next.shares {
+			shares[k] = max(min(v, safe), MinShare)
+		}
+		for k, v := range a.loans {
+			if v > 0 {
+				delete(a.loans, k) // a borrowed share would lift us above Safe
+			}
+		}
+		clear(a.pending)
+		a.install(now, &Table{shares: shares, def: min(a.next.def, safe)})
+		return
+	}
+	if a.isolated {
+		return // reclaim only with a majority
+	}
+	self := a.index[a.self]
+	shares := make(map[Key]float64, len(a.keys))
+	for key, ks := range a.keys {
+		var freed, liveSum float64
+		for i, r := range a.regions {
+			switch {
+			case set[r] && ks.shares[i] > safe:
+				freed += ks.shares[i] - safe
+				ks.shares[i] = safe
+			case !set[r]:
+				liveSum += ks.shares[i]
+			}
+		}
+		for i, r := range a.regions {
+			if freed > 0 && !set[r] {
+				if liveSum > 0 {
+					ks.shares[i] += freed * ks.shares[i] / liveSum
+				} else {
+					ks.shares[i] += freed / float64(live)
+				}
+			}
+		}
+		shares[key] = max(ks.shares[self], MinShare)
+	}
+	a.down = max(a.down, len(set))
+	a.install(now, &Table{shares: shares, def: a.defaultShare()})
+}
+
+// Dead returns the regions SetDead last recorded, sorted.
+func (a *Allocator) Dead() []string {
+	var out []string
+	for r := range a.dead {
+		out = append(out, r)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// install makes next the base table between two rebalances: cuts at once,
+// raises Config.RaiseDelay later; loans stay in force on top of it.
+func (a *Allocator) install(now time.Time, next *Table) {
+	base := a.next
+	if now.Before(a.raiseAt) {
+		base = a.cut
+	}
+	a.prev = base
+	a.next = next
+	a.cut = cutTable(base, next)
+	a.raiseAt = now.Add(a.cfg.RaiseDelay)
+	a.refresh()
+}

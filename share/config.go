@@ -43,6 +43,19 @@ type Config struct {
 	// (and the majority reserves for it). Zero means Floor/n, which makes
 	// partitions overshoot-free (default 0).
 	Safe float64
+
+	// BorrowHorizon: a region asks for a loan when its bucket for a key
+	// will be empty within this time at the offered rate (default 1 s).
+	BorrowHorizon time.Duration
+	// BorrowEvery is the least time between two borrow requests for one
+	// key from one region, and how long a lender keeps a request it could
+	// not serve at once (default 1 s; zero disables borrowing).
+	BorrowEvery time.Duration
+	// LendFraction is the part of its slack (share minus CapFactor times
+	// its own offered rate) a lender gives per request (default 1: the
+	// lender already keeps 20% headroom over its own rate, and §3's "half"
+	// leaves a shifted region at 50%, 75%, ... of its need for seconds).
+	LendFraction float64
 }
 
 // DefaultConfig returns the recommended settings (share-algorithms.md §3).
@@ -57,6 +70,9 @@ func DefaultConfig() Config {
 		RaiseDelay:         time.Second,
 		Settle:             2500 * time.Millisecond,
 		PartitionIntervals: 3,
+		BorrowHorizon:      time.Second,
+		BorrowEvery:        time.Second,
+		LendFraction:       1,
 	}
 }
 
@@ -83,6 +99,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("share: partition intervals must be at least 1, got %d", c.PartitionIntervals)
 	case !(c.Safe >= 0 && c.Safe <= 1):
 		return fmt.Errorf("share: safe share must be in [0, 1], got %v", c.Safe)
+	case c.BorrowHorizon < 0 || c.BorrowEvery < 0 || c.BorrowEvery > c.Interval:
+		return fmt.Errorf("share: borrow horizon must be ≥ 0 and borrow period in [0, interval], got %v, %v", c.BorrowHorizon, c.BorrowEvery)
+	case !(c.LendFraction >= 0 && c.LendFraction <= 1):
+		return fmt.Errorf("share: lend fraction must be in [0, 1], got %v", c.LendFraction)
 	}
 	return nil
 }

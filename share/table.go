@@ -1,13 +1,17 @@
 package share
 
 // Table is an immutable snapshot of one region's shares: a fraction of
-// L_global per coordinated key and a default fraction for every other key.
-// It is never modified after it is built, so any number of goroutines may
-// read it without locks; swap whole tables (e.g. through an
-// atomic.Pointer[Table]) to publish new shares.
+// L_global per coordinated key, a default fraction for every other key, and
+// the loans (Loan) in force, as an overlay added to the base share. It is
+// never modified after it is built, so any number of goroutines may read it
+// without locks; swap whole tables (e.g. through an atomic.Pointer[Table])
+// to publish new shares.
 type Table struct {
 	shares map[Key]float64
 	def    float64
+	// loans is the net loan per key (+ borrowed, − lent), fractions of
+	// L_global; nil when there are none. Small: only keys with loans.
+	loans map[Key]float64
 }
 
 // NewTable returns a table giving def to every key not in shares. It copies
@@ -20,16 +24,36 @@ func NewTable(def float64, shares map[Key]float64) *Table {
 	return &Table{shares: m, def: def}
 }
 
+// withLoans returns t with the loans overlay (t itself if there are none).
+// The base map is shared, not copied: both tables are immutable.
+func (t *Table) withLoans(loans map[Key]float64) *Table {
+	if len(loans) == 0 {
+		return t
+	}
+	m := make(map[Key]float64, len(loans))
+	for k, v := range loans {
+		m[k] = v
+	}
+	return &Table{shares: t.shares, def: t.def, loans: m}
+}
+
 // Share returns this region's fraction of L_global for the key: the engine's
-// Scale. A nil table means a single region: 1.
+// Scale, loans included. A nil table means a single region: 1.
 func (t *Table) Share(policy, subject string) float64 {
 	if t == nil {
 		return 1
 	}
-	if s, ok := t.shares[Key{Policy: policy, Subject: subject}]; ok {
-		return s
+	k := Key{Policy: policy, Subject: subject}
+	s, ok := t.shares[k]
+	if !ok {
+		s = t.def
 	}
-	return t.def
+	if t.loans != nil {
+		if d, ok := t.loans[k]; ok {
+			s = max(s+d, MinShare)
+		}
+	}
+	return s
 }
 
 // Default returns the fraction used for keys nobody reported: L_global/n of

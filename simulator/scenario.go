@@ -135,6 +135,13 @@ type Gossip struct {
 	Skew       Duration    `json:"skew,omitempty"`
 	Partitions []Partition `json:"partitions,omitempty"`
 	Crashes    []Crash     `json:"crashes,omitempty"`
+	// Detect is how long membership (memberlist) takes to declare an
+	// unreachable region dead, on both sides of a partition and for a
+	// crashed region (default 5s, about memberlist's LAN preset; its WAN
+	// preset takes ~25s). NoMembership turns the membership signal off,
+	// leaving only missing reports.
+	Detect       Duration `json:"detect,omitempty"`
+	NoMembership bool     `json:"no_membership,omitempty"`
 }
 
 // Partition cuts Regions (indices) off from the rest from Start to End.
@@ -159,6 +166,10 @@ type ShareSpec struct {
 	Settle     Duration `json:"settle,omitempty"` // default Delay+Jitter+400ms
 	RaiseDelay Duration `json:"raise_delay,omitempty"`
 	Pressure   float64  `json:"pressure,omitempty"`
+	// NoBorrow turns borrowing (§3 step 6) off; LendFraction overrides the
+	// part of its slack a lender gives (default 1).
+	NoBorrow     bool    `json:"no_borrow,omitempty"`
+	LendFraction float64 `json:"lend_fraction,omitempty"`
 }
 
 // QuotaSpec turns the scenario into a global quota (fixed window G-counter)

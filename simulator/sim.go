@@ -38,6 +38,19 @@ type inMsg struct {
 	rep share.Report
 }
 
+// mail is a borrow request or a loan in flight.
+type mail struct {
+	at    int64
+	from  int
+	req   share.BorrowRequest
+	loan  share.Loan
+	isReq bool
+}
+
+// rateTau is the time constant of each region's per-key offered-rate
+// estimate (an exponentially decaying count), used for borrowing.
+const rateTau = 250 * time.Millisecond
+
 type region struct {
 	idx     int
 	name    string
@@ -48,6 +61,8 @@ type region struct {
 	crashed bool
 	checks  [1]engine.Check
 	inbox   []inMsg
+	mail    []mail
+	dead    []string // membership's dead regions as last told to alloc
 
 	nextPublish   int64 // virtual ns
 	nextRebalance int64
@@ -58,6 +73,10 @@ type region struct {
 	offered, recent, admitted []int32
 	touched                   []int32
 	quota                     share.QuotaCounter
+
+	// Offered-rate estimate per key: rate[k]·exp(−(now−rateAt[k])/τ), units/s.
+	rate   []float64
+	rateAt []int64
 
 	reportBytes int64
 }
@@ -77,6 +96,8 @@ type sim struct {
 	lrate   float64 // current L
 	checks  int64
 	m       *metrics
+	subIdx  map[string]int
+	loans   int64 // loans accepted
 }
 
 // Run simulates sc and returns its metrics. It honours ctx between ticks.
@@ -126,6 +147,9 @@ func (sc Scenario) withDefaults() Scenario {
 	if sc.Warmup == 0 {
 		sc.Warmup = 2 * sc.Share.Interval
 	}
+	if sc.Gossip.Detect == 0 {
+		sc.Gossip.Detect = Duration(5 * time.Second)
+	}
 	return sc
 }
 
@@ -138,6 +162,12 @@ func (sc Scenario) shareConfig() share.Config {
 	}
 	if sc.Share.Pressure != 0 {
 		cfg.Pressure = sc.Share.Pressure
+	}
+	if sc.Share.NoBorrow {
+		cfg.BorrowEvery = 0
+	}
+	if sc.Share.LendFraction != 0 {
+		cfg.LendFraction = sc.Share.LendFraction
 	}
 	return cfg
 }
@@ -154,8 +184,10 @@ func newSim(sc Scenario, seed uint64) (*sim, error) {
 		s.zipf = rand.NewZipf(s.rng, sc.Zipf, 1, uint64(sc.Keys-1))
 	}
 	s.subs = make([]string, sc.Keys)
+	s.subIdx = make(map[string]int, sc.Keys)
 	for i := range s.subs {
 		s.subs[i] = "k" + strconv.Itoa(i)
+		s.subIdx[s.subs[i]] = i
 	}
 	s.lrate = sc.Limit.Rate
 	s.limit = engine.Limit{Algorithm: engine.TokenBucket, Rate: sc.Limit.Rate, Burst: sc.Limit.Burst}
@@ -208,6 +240,10 @@ func (s *sim) boot(r *region, names []string) error {
 	r.admitted = make([]int32, s.sc.Keys)
 	r.touched = r.touched[:0]
 	r.quota = share.QuotaCounter{Key: share.Key{Policy: policy, Subject: s.subs[0]}}
+	r.mail = r.mail[:0]
+	r.dead = nil
+	r.rate = make([]float64, s.sc.Keys)
+	r.rateAt = make([]int64, s.sc.Keys)
 	return nil
 }
 
@@ -297,6 +333,21 @@ func (s *sim) arrive(r *region, k int) {
 		}
 		s.checks++
 		ok = d.Allowed
+		// Offered-rate estimate, and a loan request when the bucket will
+		// empty within the horizon.
+		rate := r.bump(k, s.now)
+		if refill := scale * s.lrate; rate > refill {
+			if tokens := float64(d.Results[0].Remaining); tokens < (rate-refill)*s.cfg.BorrowHorizon.Seconds() {
+				local := time.Unix(0, s.now+r.skew)
+				if req, ok := r.alloc.Borrow(local, share.Key{Policy: policy, Subject: sub}, s.lrate, rate, tokens); ok {
+					for _, q := range s.regions {
+						if q != r {
+							s.send(r, q, s.now, mail{req: req, isReq: true}, req.EncodedSizeEstimate())
+						}
+					}
+				}
+			}
+		}
 	}
 	od, err := s.oracle.Check(context.Background(), engine.Request{Subject: sub, Checks: s.ochecks[:]})
 	if err != nil {
@@ -314,6 +365,127 @@ func (s *sim) arrive(r *region, k int) {
 		r.admitted[k]++
 	}
 	s.m.arrival(s, r, k, ok, od.Allowed)
+}
+
+// bump counts one arrival of key k at now and returns the rate estimate.
+func (r *region) bump(k int, now int64) float64 {
+	v := r.rateNow(k, now) + 1/rateTau.Seconds()
+	r.rate[k], r.rateAt[k] = v, now
+	return v
+}
+
+// rateNow is the offered-rate estimate of key k at now, units/s.
+func (r *region) rateNow(k int, now int64) float64 {
+	if r.rate[k] == 0 {
+		return 0
+	}
+	return r.rate[k] * math.Exp(-float64(now-r.rateAt[k])/float64(rateTau))
+}
+
+// send hands a borrow message from r to q to the simulated gossip layer:
+// dropped across a partition, to a crashed region or by loss; delivered
+// after the delay (and jitter) otherwise. Bytes count as report traffic.
+func (s *sim) send(r, q *region, t int64, m mail, size int) {
+	if q.crashed || s.partitioned(r.idx, q.idx, t) {
+		return
+	}
+	r.reportBytes += int64(size)
+	if s.sc.Gossip.Loss > 0 && s.rng.Float64() < s.sc.Gossip.Loss {
+		return
+	}
+	m.at = t + s.sc.Gossip.Delay.D().Nanoseconds()
+	if j := s.sc.Gossip.Jitter.D(); j > 0 {
+		m.at += int64(s.rng.Float64() * float64(j))
+	}
+	m.from = r.idx
+	q.mail = append(q.mail, m)
+}
+
+// deliverMail processes r's borrow messages due at t: a request is
+// answered (a loan sent back, or kept pending), a loan accepted; then
+// pending requests are retried.
+func (s *sim) deliverMail(r *region, t int64) {
+	local := time.Unix(0, t+r.skew)
+	if len(r.mail) > 0 {
+		keep := r.mail[:0]
+		var due []mail
+		for _, m := range r.mail {
+			if m.at <= t {
+				due = append(due, m)
+			} else {
+				keep = append(keep, m)
+			}
+		}
+		r.mail = keep
+		for _, m := range due {
+			if m.isReq {
+				k := s.subIdx[m.req.Subject]
+				if loan, ok := r.alloc.Lend(local, m.req, s.lrate, r.rateNow(k, t)); ok {
+					s.send(r, s.regions[m.from], t, mail{loan: loan}, loan.EncodedSizeEstimate())
+				}
+			} else if r.alloc.Accept(local, m.loan) {
+				s.loans++
+			}
+		}
+	}
+	if r.alloc.Pending() > 0 {
+		loans := r.alloc.ServeLoans(local, func(key share.Key) (float64, float64) {
+			return s.lrate, r.rateNow(s.subIdx[key.Subject], t)
+		})
+		for _, loan := range loans {
+			q := s.regions[s.index(loan.Borrower)]
+			s.send(r, q, t, mail{loan: loan}, loan.EncodedSizeEstimate())
+		}
+	}
+}
+
+func (s *sim) index(name string) int {
+	for i, r := range s.regions {
+		if r.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// membership tells each live region which others memberlist would call
+// dead at t: crashed, or cut off by a partition, for at least Detect.
+func (s *sim) membership(t int64) {
+	if s.sc.Gossip.NoMembership || len(s.regions) < 2 {
+		return
+	}
+	rel := time.Duration(t - startNS)
+	det := s.sc.Gossip.Detect.D()
+	for _, r := range s.regions {
+		if r.crashed {
+			continue
+		}
+		var dead []string
+		for _, q := range s.regions {
+			if q == r {
+				continue
+			}
+			gone := false
+			for _, c := range s.sc.Gossip.Crashes {
+				if c.Region == q.idx && q.crashed && rel-c.At.D() >= det {
+					gone = true
+				}
+			}
+			for _, p := range s.sc.Gossip.Partitions {
+				if rel >= p.Start.D()+det && rel < p.End.D() &&
+					slices.Contains(p.Regions, r.idx) != slices.Contains(p.Regions, q.idx) {
+					gone = true
+				}
+			}
+			if gone {
+				dead = append(dead, q.name)
+			}
+		}
+		if !slices.Equal(dead, r.dead) {
+			r.dead = dead
+			r.alloc.SetDead(time.Unix(0, t+r.skew), dead)
+		}
+	}
 }
 
 // minScale keeps a share of zero from meaning "the whole limit" (the
@@ -351,10 +523,14 @@ func (s *sim) events(t int64) {
 			}
 		}
 	}
+	if (t-startNS)%int64(100*time.Millisecond) == 0 {
+		s.membership(t)
+	}
 	for _, r := range s.regions {
 		if r.crashed {
 			continue
 		}
+		s.deliverMail(r, t)
 		if t >= r.nextPublish {
 			s.publish(r, t)
 		}

@@ -10,12 +10,7 @@ import (
 // documented reason (docs/simulator.md). The test fails if one of them
 // starts passing, so the list cannot go stale, and fails for any other
 // scenario that misses.
-var nfr02Misses = map[string]string{
-	"shift":       "one window at −50% while the new region waits for the next rebalance (no borrowing yet)",
-	"flash-crowd": "one window at −30% for the same reason",
-	"partition":   "one interval at −s between the minority's fallback (K) and the majority's reclaim (K+1)",
-	"crash":       "the crashed region's share stays reserved for K+1 intervals, as for a partition",
-}
+var nfr02Misses = map[string]string{}
 
 func TestBuiltinScenariosNFR02(t *testing.T) {
 	for _, sc := range Builtins() {

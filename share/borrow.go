@@ -1,0 +1,226 @@
+package share
+
+import (
+	"slices"
+	"time"
+)
+
+// Borrowing (share-algorithms.md §3 step 6) moves unused share to a region
+// whose bucket is about to empty, between two rebalances, without waiting
+// for the next epoch. It is safe by construction: the lender cuts its own
+// share before it sends the Loan, so a loan in flight (or lost) only
+// under-serves, and loans expire at the next Rebalance of either side (the
+// borrower's expiry is a cut, applied at once; the lender's is a raise,
+// applied Config.RaiseDelay later like every raise). Hence Σ enforced
+// shares ≤ L_global holds with loans exactly as without them.
+//
+// Messages (both plain structs the gossip layer msgpacks as they are):
+//
+//	borrower ──BorrowRequest──▶ every peer      (at most one per key per Config.BorrowEvery)
+//	lender   ──Loan──────────▶ borrower         (after the lender has cut)
+//
+// A lender that has no slack when the request arrives keeps it pending for
+// Config.BorrowEvery and lends as soon as it has (see ServeLoans), because a
+// region whose traffic just moved away still looks busy for a moment.
+
+// BorrowVersion is the version of the BorrowRequest and Loan layouts.
+const BorrowVersion = 1
+
+// BorrowRequest asks every peer for part of its unused share of one key.
+type BorrowRequest struct {
+	Version uint8  `msgpack:"v" json:"version"`
+	Region  string `msgpack:"r" json:"region"` // borrower
+	// Epoch is the generation of the borrower's shares: the epoch of its
+	// last Rebalance. A lender in another generation ignores the request.
+	Epoch uint64 `msgpack:"e" json:"epoch"`
+	Key
+	// Want is the borrower's deficit, a fraction of L_global: its offered
+	// rate minus its current share.
+	Want float64 `msgpack:"w" json:"want"`
+}
+
+// Loan is a lender's answer: Amount (a fraction of L_global) of the key's
+// share moves from Lender to Borrower until the next Rebalance. The lender
+// has already cut its own share by Amount when it sends the Loan.
+type Loan struct {
+	Version  uint8  `msgpack:"v" json:"version"`
+	Lender   string `msgpack:"r" json:"lender"`
+	Borrower string `msgpack:"b" json:"borrower"`
+	Epoch    uint64 `msgpack:"e" json:"epoch"` // generation, as in the request
+	Key
+	Amount float64 `msgpack:"a" json:"amount"`
+}
+
+// EncodedSizeEstimate is an upper estimate of the msgpack size in bytes.
+func (r BorrowRequest) EncodedSizeEstimate() int {
+	return 1 + 5*2 + 2 + 5 + len(r.Region) + 9 + len(r.Policy) + len(r.Subject) + 2*5 + 9
+}
+
+// EncodedSizeEstimate is an upper estimate of the msgpack size in bytes.
+func (l Loan) EncodedSizeEstimate() int {
+	return 1 + 6*2 + 2 + 2*5 + len(l.Lender) + len(l.Borrower) + 9 + len(l.Policy) + len(l.Subject) + 2*5 + 9
+}
+
+// NeedLoan is the borrower's pure decision. share is the region's current
+// fraction of L_global (loans included), limit L_global in units/s, rate the
+// key's offered rate here (units/s, rejected included) and tokens what the
+// bucket holds now (units). The bucket empties within horizon when the
+// offered rate exceeds the refill and tokens/(rate − refill) < horizon; the
+// result is the deficit (rate/limit − share), or 0 when no loan is needed.
+func NeedLoan(share, limit, rate, tokens float64, horizon time.Duration) float64 {
+	if !(limit > 0) {
+		return 0
+	}
+	refill := share * limit
+	if !(rate > refill) {
+		return 0
+	}
+	if tokens/(rate-refill) >= horizon.Seconds() {
+		return 0
+	}
+	return rate/limit - share
+}
+
+// LendAmount is the lender's pure decision: the lender keeps
+// Config.CapFactor times its own offered rate (the headroom the allocation
+// gives a region) and lends Config.LendFraction of the rest, at most want.
+// share is the lender's current fraction (loans included), rate its offered
+// rate for the key (units/s).
+func LendAmount(cfg Config, share, limit, rate, want float64) float64 {
+	if !(limit > 0) || !(want > 0) {
+		return 0
+	}
+	slack := share - cfg.CapFactor*rate/limit
+	if slack <= 0 {
+		return 0
+	}
+	return min(want, cfg.LendFraction*slack)
+}
+
+type pendKey struct {
+	Key
+	borrower string
+}
+
+type pending struct {
+	req     BorrowRequest
+	expires time.Time
+}
+
+// Borrow decides whether this region asks its peers for a loan on key at
+// now (NeedLoan), at most once per Config.BorrowEvery per key. limit, rate
+// and tokens are as for NeedLoan. The caller sends the request to every
+// peer it can reach.
+func (a *Allocator) Borrow(now time.Time, key Key, limit, rate, tokens float64) (BorrowRequest, bool) {
+	if a.isolated || len(a.regions) < 2 || a.cfg.BorrowEvery <= 0 {
+		return BorrowRequest{}, false
+	}
+	if last, ok := a.asked[key]; ok && now.Sub(last) < a.cfg.BorrowEvery {
+		return BorrowRequest{}, false
+	}
+	s := a.Table(now).Share(key.Policy, key.Subject)
+	want := NeedLoan(s, limit, rate, tokens, a.cfg.BorrowHorizon)
+	if want <= 0 {
+		return BorrowRequest{}, false
+	}
+	a.asked[key] = now
+	return BorrowRequest{Version: BorrowVersion, Region: a.self, Epoch: a.gen, Key: key, Want: want}, true
+}
+
+// Lend answers a peer's request at now; rate is this region's offered rate
+// for the key (units/s) and limit L_global. If it lends, it cuts its own
+// share first and returns the Loan to send. If it has no slack yet it keeps
+// the request pending for Config.BorrowEvery (ServeLoans). Requests from
+// another generation, from unknown regions or while isolated are dropped.
+func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit, rate float64) (Loan, bool) {
+	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) {
+		return Loan{}, false
+	}
+	if _, ok := a.index[req.Region]; !ok {
+		return Loan{}, false
+	}
+	pk := pendKey{Key: req.Key, borrower: req.Region}
+	if l, ok := a.tryLend(now, req, limit, rate, false); ok {
+		delete(a.pending, pk)
+		return l, true
+	}
+	a.pending[pk] = pending{req: req, expires: now.Add(a.cfg.BorrowEvery)}
+	return Loan{}, false
+}
+
+// tryLend lends if the amount is worth a message: the whole want, at least
+// half of this region's share, or anything at all once the request is
+// about to expire (last).
+func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit, rate float64, last bool) (Loan, bool) {
+	s := a.Table(now).Share(req.Policy, req.Subject)
+	amt := LendAmount(a.cfg, s, limit, rate, req.Want)
+	if !(amt > 0) || (amt < req.Want && amt < s/2 && !last) || amt < minLoan {
+		return Loan{}, false
+	}
+	a.loans[req.Key] -= amt
+	a.refresh()
+	return Loan{Version: BorrowVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key, Amount: amt}, true
+}
+
+// minLoan is the smallest loan worth a message (a fraction of L_global).
+const minLoan = 1e-3
+
+// ServeLoans retries the pending requests at now, in a stable order, and
+// returns the loans to send; rate gives this region's offered rate (units/s)
+// and limit L_global per key. Call it often (every few hundred ms at most).
+func (a *Allocator) ServeLoans(now time.Time, rate func(Key) (limit, rate float64)) []Loan {
+	if len(a.pending) == 0 {
+		return nil
+	}
+	keys := make([]pendKey, 0, len(a.pending))
+	for pk := range a.pending {
+		keys = append(keys, pk)
+	}
+	slices.SortFunc(keys, func(x, y pendKey) int {
+		if c := compareKeys(x.Key, y.Key); c != 0 {
+			return c
+		}
+		switch {
+		case x.borrower < y.borrower:
+			return -1
+		case x.borrower > y.borrower:
+			return 1
+		}
+		return 0
+	})
+	var out []Loan
+	for _, pk := range keys {
+		p := a.pending[pk]
+		last := !now.Before(p.expires.Add(-a.cfg.BorrowEvery / 10))
+		limit, r := rate(pk.Key)
+		if l, ok := a.tryLend(now, p.req, limit, r, last); ok {
+			out = append(out, l)
+			delete(a.pending, pk)
+		} else if last {
+			delete(a.pending, pk)
+		}
+	}
+	return out
+}
+
+// Pending returns the number of requests waiting for slack.
+func (a *Allocator) Pending() int { return len(a.pending) }
+
+// Accept applies a loan addressed to this region at now. Loans of another
+// generation (the borrower or the lender has rebalanced since) are dropped:
+// the lender's cut has expired or will at its own Rebalance.
+func (a *Allocator) Accept(now time.Time, l Loan) bool {
+	if l.Borrower != a.self || l.Epoch != a.gen || !(l.Amount > 0) || a.isolated {
+		return false
+	}
+	if _, ok := a.index[l.Lender]; !ok {
+		return false
+	}
+	a.loans[l.Key] += l.Amount
+	a.refresh()
+	return true
+}
+
+// Loans returns this region's net loan of key in the current generation
+// (+ borrowed, − lent), a fraction of L_global.
+func (a *Allocator) Loans(key Key) float64 { return a.loans[key] }
