@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"kind"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gossip_sent_total",
-			Help: "Gossip messages sent, by kind and path (gossip: piggybacked queue; packet: one UDP packet per node; reliable: TCP per node).",
+			Help: "Gossip messages sent, by kind and path (gossip: piggybacked on memberlist packets; reliable: one TCP stream per target node).",
 		}, []string{"kind", "path"}),
 		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gossip_sent_bytes_total",

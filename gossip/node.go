@@ -299,7 +299,7 @@ func (n *Node) handle(b []byte) {
 			return // this region's report for this epoch was delivered already
 		}
 	}
-	if m.Kind != KindNodeUsage && len(b) <= MaxPacketPayload {
+	if m.Kind == KindPolicy && len(b) <= MaxPacketPayload {
 		// Relay on first sight: memberlist's queue hands a message to only
 		// RetransmitMult·log10(N+1) nodes and does not relay user messages,
 		// so receivers re-gossip (as serf does with user events).
@@ -353,16 +353,21 @@ func (n *Node) enqueue(b []byte) {
 	}
 }
 
-// BroadcastReport sends this region's report to every other region's nodes.
+// BroadcastReport sends this region's report to every live node of the
+// other regions, over memberlist's reliable (TCP) path, whatever its size:
+// a report must reach every node before the settle deadline, and the gossip
+// queue gives no such promise (see the package documentation). It returns
+// once every send has finished; an error names the nodes that failed.
 func (n *Node) BroadcastReport(ctx context.Context, r share.Report) error {
 	if r.Region != n.cfg.Region {
 		return fmt.Errorf("gossip: report of region %q from a node of %q", r.Region, n.cfg.Region)
 	}
 	n.noteReport(r.Region, r.Epoch)
-	return n.send(ctx, r, KindReport, func(m Member) bool { return m.Region != n.cfg.Region }, true)
+	return n.send(ctx, r, KindReport, func(m Member) bool { return m.Region != n.cfg.Region }, false)
 }
 
-// SendNodeUsage sends this node's usage to the other nodes of its region.
+// SendNodeUsage sends this node's usage to the other live nodes of its
+// region over the reliable path.
 func (n *Node) SendNodeUsage(ctx context.Context, u NodeUsage) error {
 	u.Node, u.Region = n.cfg.Node, n.cfg.Region
 	return n.send(ctx, u, KindNodeUsage, func(m Member) bool { return m.Region == n.cfg.Region }, false)
@@ -391,9 +396,9 @@ func (n *Node) send(ctx context.Context, payload any, kind Kind, to func(Member)
 }
 
 // sendEncoded sends b: through the gossip queue when queue is set and b fits
-// in a packet, else directly to every live member accepted by to (one UDP
-// packet if it fits, memberlist's reliable TCP path if not). Never
-// truncated: a message above MaxMessageSize is an error.
+// in a packet, else directly to every live member accepted by to over
+// memberlist's reliable TCP path. Never truncated: a message above
+// MaxMessageSize is an error.
 func (n *Node) sendEncoded(ctx context.Context, b []byte, kind Kind, to func(Member) bool, queue bool) error {
 	if len(b) > n.cfg.MaxMessageSize {
 		n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
@@ -405,20 +410,21 @@ func (n *Node) sendEncoded(ctx context.Context, b []byte, kind Kind, to func(Mem
 		n.metrics.sentBytes.WithLabelValues(kind.String()).Add(float64(len(b)))
 		return nil
 	}
+	// Targets come from our own member table: the *Node values memberlist
+	// returns are mutated by its goroutines without a lock we can take.
 	var targets []*memberlist.Node
-	for _, mn := range n.ml.Members() {
-		if mn.Name == n.cfg.Node {
+	for _, m := range n.Members() {
+		if m.Node == n.cfg.Node || !m.State.Live() || !to(m) {
 			continue
 		}
-		meta, _ := decodeMeta(mn.Meta)
-		if to(Member{Node: mn.Name, Region: meta.Region}) {
-			targets = append(targets, mn)
+		host, port, err := net.SplitHostPort(m.Addr)
+		p, perr := strconv.Atoi(port)
+		if err != nil || perr != nil {
+			continue
 		}
+		targets = append(targets, &memberlist.Node{Name: m.Node, Addr: net.ParseIP(host), Port: uint16(p)})
 	}
-	path := "reliable"
-	if len(b) <= MaxPacketPayload {
-		path = "packet"
-	}
+	const path = "reliable"
 	g, _ := errgroup.WithContext(ctx)
 	g.SetLimit(16)
 	for _, t := range targets {
@@ -426,13 +432,7 @@ func (n *Node) sendEncoded(ctx context.Context, b []byte, kind Kind, to func(Mem
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			var err error
-			if path == "packet" {
-				err = n.ml.SendBestEffort(t, b)
-			} else {
-				err = n.ml.SendReliable(t, b)
-			}
-			if err != nil {
+			if err := n.ml.SendReliable(t, b); err != nil {
 				n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
 				return fmt.Errorf("gossip: send %s to %s: %w", kind, t.Name, err)
 			}

@@ -1,0 +1,576 @@
+// Package globalshare is the coordinator that runs in every daemon: it turns
+// the engine's usage into this region's share.Report each interval, exchanges
+// reports over gossip, rebalances with share.Allocator and publishes the
+// resulting share.Table for the check path.
+//
+// Per epoch boundary t (share.Config.Epoch; the figures describe the
+// interval that just ended, epoch e = Epoch(t)−1):
+//
+//	t − Recent          drain usage (the first part of the interval)
+//	t                   drain usage again (the last Recent: the "recent" rate);
+//	                    send this node's pressured keys to the region's other nodes
+//	t + Collect         sum the region's node usage, Allocator.Report; the
+//	                    region's publisher (its live node with the smallest id)
+//	                    broadcasts the regional report
+//	t + Settle          SetMembers from gossip, Rebalance with the reports of e,
+//	                    publish Table (cuts at once)
+//	t + Settle + Raise  publish Table again (raises)
+//
+// Every node of a region sums the same node usage and so computes the same
+// regional report and the same shares; only one of them sends it. The
+// regional view is built by summing node reports rather than through the
+// regional Redis: see the gossip package documentation for why.
+//
+// Share is lock-free (an atomic pointer to an immutable share.Table) and is
+// what the engine's check path calls. Shares are not persisted in Redis yet:
+// a restarted region starts from the default 1/n and converges in a few
+// intervals.
+package globalshare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/share"
+)
+
+// Clock is the time source of the coordinator's timers. nil means real time.
+type Clock interface {
+	Now() time.Time
+	// After returns a channel that receives once d has passed.
+	After(d time.Duration) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                         { return time.Now() }
+func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Gossip is what the coordinator needs from the gossip layer; *gossip.Node
+// satisfies it.
+type Gossip interface {
+	Name() string
+	Region() string
+	Members() []gossip.Member
+	Regions() map[string][]string
+	OnMessage(func(gossip.Message))
+	BroadcastReport(ctx context.Context, r share.Report) error
+	SendNodeUsage(ctx context.Context, u gossip.NodeUsage) error
+}
+
+// Config wires a Coordinator.
+type Config struct {
+	// Share is the allocation config; every region must use the same.
+	Share share.Config
+	// Gossip is this daemon's gossip node. Register the coordinator (New)
+	// before the node's Run starts delivering messages.
+	Gossip Gossip
+	// Usage drains this node's usage since the last call, in cost units
+	// (engine.Limiter.DrainUsage). The coordinator is its only caller.
+	Usage func() map[engine.UsageKey]engine.Usage
+	// Limit returns L_global of a global policy in units per second; ok is
+	// false for policies that are not global (their usage is ignored).
+	Limit func(policy string) (ratePerSec float64, ok bool)
+	// Collect is how long after the epoch boundary node usage from the
+	// region's other nodes is awaited (default Settle/3).
+	Collect time.Duration
+	// Clock drives the timers; nil means real time.
+	Clock      Clock
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Coordinator runs the per-interval exchange for one daemon.
+type Coordinator struct {
+	cfg   Config
+	clock Clock
+	log   *slog.Logger
+	self  string // region
+	node  string
+	split bool // drain twice per interval to measure the recent rate
+	// balanced is set after the first rebalance (Run's goroutine only).
+	balanced bool
+	table    atomic.Pointer[share.Table]
+	shares   atomic.Pointer[map[share.Key]regionShares]
+	m        *metrics
+	raised   atomic.Uint64 // epoch whose raises were last published
+
+	mu        sync.Mutex
+	reports   map[uint64]map[string]share.Report     // epoch → region → report
+	nodeUse   map[uint64]map[string]gossip.NodeUsage // epoch → node → usage (own region)
+	lastSeen  map[string]reportInfo                  // region → last report received or sent
+	epoch     uint64                                 // last rebalanced epoch
+	isolated  bool
+	coordKeys int
+	known     []string     // regions known to the allocator
+	own       share.Report // this region's last report
+}
+
+type regionShares struct {
+	regions []string
+	shares  []float64
+}
+
+type reportInfo struct {
+	At    time.Time
+	Epoch uint64
+	Bytes int
+	Keys  int
+}
+
+// New validates cfg and registers the message handler on cfg.Gossip.
+func New(cfg Config) (*Coordinator, error) {
+	if err := cfg.Share.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Gossip == nil:
+		return nil, errors.New("globalshare: Gossip is required")
+	case cfg.Usage == nil:
+		return nil, errors.New("globalshare: Usage is required")
+	case cfg.Limit == nil:
+		return nil, errors.New("globalshare: Limit is required")
+	case cfg.Collect < 0 || cfg.Collect > cfg.Share.Settle:
+		return nil, fmt.Errorf("globalshare: Collect %v must be in [0, Settle %v]", cfg.Collect, cfg.Share.Settle)
+	}
+	if cfg.Collect == 0 {
+		cfg.Collect = cfg.Share.Settle / 3
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	sc := cfg.Share
+	c := &Coordinator{
+		cfg:      cfg,
+		clock:    cfg.Clock,
+		log:      cfg.Logger,
+		self:     cfg.Gossip.Region(),
+		node:     cfg.Gossip.Name(),
+		split:    sc.Recent < sc.Interval-sc.Settle-sc.RaiseDelay,
+		m:        newMetrics(cfg.Registerer),
+		reports:  map[uint64]map[string]share.Report{},
+		nodeUse:  map[uint64]map[string]gossip.NodeUsage{},
+		lastSeen: map[string]reportInfo{},
+	}
+	c.table.Store(share.NewTable(1/float64(max(1, len(cfg.Gossip.Regions()))), nil))
+	cfg.Gossip.OnMessage(c.receive)
+	return c, nil
+}
+
+// Share returns the fraction of L_global this region enforces now for a
+// global policy and subject: the engine's scale factor. Lock-free.
+func (c *Coordinator) Share(policy, subject string) float64 {
+	return c.table.Load().Share(policy, subject)
+}
+
+// Table returns the current table (immutable).
+func (c *Coordinator) Table() *share.Table { return c.table.Load() }
+
+// RegionShares returns every region's share of a coordinated key as this
+// region computed them at the last rebalance, or nil if the key is not
+// coordinated (every region then runs at the default 1/n).
+func (c *Coordinator) RegionShares(policy, subject string) map[string]float64 {
+	p := c.shares.Load()
+	if p == nil {
+		return nil
+	}
+	rs, ok := (*p)[share.Key{Policy: policy, Subject: subject}]
+	if !ok {
+		return nil
+	}
+	out := make(map[string]float64, len(rs.regions))
+	for i, r := range rs.regions {
+		out[r] = rs.shares[i]
+	}
+	return out
+}
+
+// RegionInfo describes one region for GET /v1/regions.
+type RegionInfo struct {
+	Region string   `json:"region"`
+	Nodes  []string `json:"nodes"` // live nodes
+	Live   bool     `json:"live"`
+	// LastReport is when this node last received (or, for its own region,
+	// built) the region's report; zero if never.
+	LastReport      time.Time `json:"last_report,omitzero"`
+	LastReportEpoch uint64    `json:"last_report_epoch,omitempty"`
+	LastReportBytes int       `json:"last_report_bytes,omitempty"`
+	LastReportKeys  int       `json:"last_report_keys"`
+}
+
+// Status is the coordinator's view for GET /v1/regions.
+type Status struct {
+	Region   string        `json:"region"`
+	Node     string        `json:"node"`
+	Interval time.Duration `json:"interval"`
+	Epoch    uint64        `json:"epoch"` // last rebalanced epoch
+	Isolated bool          `json:"isolated"`
+	// CoordinatedKeys is the number of keys with negotiated shares.
+	CoordinatedKeys int          `json:"coordinated_keys"`
+	DefaultShare    float64      `json:"default_share"`
+	Regions         []RegionInfo `json:"regions"`
+}
+
+// Status returns the regions, their nodes and their last reports.
+func (c *Coordinator) Status() Status {
+	live := c.cfg.Gossip.Regions()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := map[string]bool{}
+	for r := range live {
+		names[r] = true
+	}
+	for _, r := range c.known {
+		names[r] = true
+	}
+	for r := range c.lastSeen {
+		names[r] = true
+	}
+	st := Status{Region: c.self, Node: c.node, Interval: c.cfg.Share.Interval, Epoch: c.epoch,
+		Isolated: c.isolated, CoordinatedKeys: c.coordKeys, DefaultShare: c.table.Load().Default()}
+	for _, r := range slices.Sorted(maps.Keys(names)) {
+		ri := RegionInfo{Region: r, Nodes: live[r], Live: len(live[r]) > 0}
+		if s, ok := c.lastSeen[r]; ok {
+			ri.LastReport, ri.LastReportEpoch, ri.LastReportBytes, ri.LastReportKeys = s.At, s.Epoch, s.Bytes, s.Keys
+		}
+		st.Regions = append(st.Regions, ri)
+	}
+	return st
+}
+
+// receive runs on the gossip decoder goroutine: file and return.
+func (c *Coordinator) receive(m gossip.Message) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch m.Kind {
+	case gossip.KindReport:
+		r := m.Report
+		if r.Region == c.self || !c.fresh(r.Epoch) {
+			return
+		}
+		if c.reports[r.Epoch] == nil {
+			c.reports[r.Epoch] = map[string]share.Report{}
+		}
+		c.reports[r.Epoch][r.Region] = r
+		c.lastSeen[r.Region] = reportInfo{At: c.clock.Now(), Epoch: r.Epoch, Bytes: m.Size, Keys: len(r.Keys)}
+	case gossip.KindNodeUsage:
+		u := m.Usage
+		if u.Region != c.self || !c.fresh(u.Epoch) {
+			return
+		}
+		if c.nodeUse[u.Epoch] == nil {
+			c.nodeUse[u.Epoch] = map[string]gossip.NodeUsage{}
+		}
+		c.nodeUse[u.Epoch][u.Node] = u
+	}
+}
+
+// fresh bounds what is buffered: epochs around the current one only.
+func (c *Coordinator) fresh(epoch uint64) bool {
+	cur := c.cfg.Share.Epoch(c.clock.Now())
+	return epoch+3 >= cur && epoch <= cur+1
+}
+
+// Run drives the epochs until ctx ends.
+func (c *Coordinator) Run(ctx context.Context) error {
+	sc := c.cfg.Share
+	now := c.clock.Now()
+	alloc, err := share.NewAllocator(sc, c.self, c.knownRegions(), sc.Epoch(now))
+	if err != nil {
+		return err
+	}
+	c.cfg.Usage() // discard usage of unknown duration from before the start
+	lastDrain := now
+	for {
+		boundary := sc.EpochStart(sc.Epoch(c.clock.Now()) + 1)
+		epoch := sc.Epoch(boundary) - 1 // the interval that ends at boundary
+		var first map[engine.UsageKey]engine.Usage
+		var firstDur time.Duration
+		if c.split {
+			at := boundary.Add(-sc.Recent)
+			if c.clock.Now().Before(at) {
+				if !c.sleepUntil(ctx, at) {
+					return nil
+				}
+				first = c.cfg.Usage()
+				now := c.clock.Now()
+				firstDur, lastDrain = now.Sub(lastDrain), now
+			}
+		}
+		if !c.sleepUntil(ctx, boundary) {
+			return nil
+		}
+		last := c.cfg.Usage()
+		now := c.clock.Now()
+		lastDur := now.Sub(lastDrain)
+		lastDrain = now
+		own := c.nodeUsage(epoch, first, firstDur, last, lastDur)
+		peers := c.cfg.Gossip.Regions()[c.self]
+		if len(peers) > 1 {
+			if err := c.cfg.Gossip.SendNodeUsage(ctx, c.filter(alloc, own, len(peers))); err != nil {
+				c.log.Warn("globalshare: send node usage", "err", err)
+			}
+		}
+
+		if !c.sleepUntil(ctx, boundary.Add(c.cfg.Collect)) {
+			return nil
+		}
+		c.report(ctx, alloc, epoch, own)
+
+		if !c.sleepUntil(ctx, boundary.Add(sc.Settle)) {
+			return nil
+		}
+		c.rebalance(alloc, epoch)
+
+		if !c.sleepUntil(ctx, boundary.Add(sc.Settle+sc.RaiseDelay)) {
+			return nil
+		}
+		c.table.Store(alloc.Table(c.clock.Now()))
+		c.raised.Store(epoch)
+	}
+}
+
+func (c *Coordinator) sleepUntil(ctx context.Context, t time.Time) bool {
+	for {
+		d := t.Sub(c.clock.Now())
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-c.clock.After(d):
+			if !c.balanced {
+				// Until the first rebalance every key runs at 1/n of the
+				// live regions; n changes as the node joins.
+				c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), nil))
+			}
+		}
+	}
+}
+
+// knownRegions are the regions of the cluster for Allocator.SetMembers:
+// every region with a node not known to have left, so that a failed region
+// stays known (and reserved) until the allocation reclaims it.
+func (c *Coordinator) knownRegions() []string {
+	set := map[string]bool{c.self: true}
+	for _, m := range c.cfg.Gossip.Members() {
+		if m.State != gossip.StateLeft && m.Region != "" {
+			set[m.Region] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// nodeUsage turns drained units into this node's rates for epoch.
+func (c *Coordinator) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.Usage, firstDur time.Duration,
+	last map[engine.UsageKey]engine.Usage, lastDur time.Duration) gossip.NodeUsage {
+	total := (firstDur + lastDur).Seconds()
+	recent := lastDur.Seconds()
+	if total <= 0 || recent <= 0 {
+		return gossip.NodeUsage{Node: c.node, Region: c.self, Epoch: epoch}
+	}
+	if first == nil {
+		recent = total // no split: the recent rate is the interval rate
+	}
+	sums := map[engine.UsageKey]*gossip.KeyUsage{}
+	add := func(m map[engine.UsageKey]engine.Usage, isLast bool) {
+		for k, u := range m {
+			limit, ok := c.cfg.Limit(k.Policy)
+			if !ok || limit <= 0 {
+				continue
+			}
+			s := sums[k]
+			if s == nil {
+				s = &gossip.KeyUsage{Key: share.Key{Policy: k.Policy, Subject: k.Subject}, Limit: limit}
+				sums[k] = s
+			}
+			s.Offered += float64(u.Demand) / total
+			s.Admitted += float64(u.Admitted) / total
+			if isLast || first == nil {
+				s.Recent += float64(u.Demand) / recent
+			}
+		}
+	}
+	add(first, false)
+	add(last, true)
+	out := gossip.NodeUsage{Node: c.node, Region: c.self, Epoch: epoch, Keys: make([]gossip.KeyUsage, 0, len(sums))}
+	for _, s := range sums {
+		out.Keys = append(out.Keys, *s)
+	}
+	return out
+}
+
+// filter keeps the keys worth sending to the region's other nodes: those
+// already coordinated, and those where this node alone offers more than
+// Pressure·share/(2·nodes) of the limit (if the region's sum is above the
+// pressure threshold, some node is above threshold/nodes; halving it catches
+// most of the others' contributions too).
+func (c *Coordinator) filter(alloc *share.Allocator, u gossip.NodeUsage, nodes int) gossip.NodeUsage {
+	table := c.table.Load()
+	out := u
+	out.Keys = nil
+	for _, k := range u.Keys {
+		own := table.Share(k.Policy, k.Subject)
+		if alloc.Shares(k.Key) != nil || max(k.Offered, k.Recent) > c.cfg.Share.Pressure*own*k.Limit/float64(2*nodes) {
+			out.Keys = append(out.Keys, k)
+		}
+	}
+	return out
+}
+
+// report sums the region's node usage for epoch, feeds it to the
+// allocator and, on the region's publisher, broadcasts the report.
+func (c *Coordinator) report(ctx context.Context, alloc *share.Allocator, epoch uint64, own gossip.NodeUsage) {
+	c.mu.Lock()
+	peers := c.nodeUse[epoch]
+	c.mu.Unlock()
+	sum := map[share.Key]*share.Usage{}
+	add := func(keys []gossip.KeyUsage) {
+		for _, k := range keys {
+			s := sum[k.Key]
+			if s == nil {
+				s = &share.Usage{Key: k.Key}
+				sum[k.Key] = s
+			}
+			s.Limit = max(s.Limit, k.Limit)
+			s.Offered += k.Offered
+			s.Recent += k.Recent
+			s.Admitted += k.Admitted
+		}
+	}
+	add(own.Keys)
+	live := c.cfg.Gossip.Regions()[c.self]
+	for _, n := range slices.Sorted(maps.Keys(peers)) { // fixed order: equal sums on every node
+		if n != c.node {
+			add(peers[n].Keys)
+		}
+	}
+	usage := make([]share.Usage, 0, len(sum))
+	for _, s := range sum {
+		usage = append(usage, *s)
+	}
+	r := alloc.Report(epoch, usage)
+	size := r.EncodedSizeEstimate()
+	c.m.reportKeys.Set(float64(len(r.Keys)))
+	publisher := len(live) == 0 || live[0] == c.node
+	if publisher {
+		if err := c.cfg.Gossip.BroadcastReport(ctx, r); err != nil {
+			c.log.Warn("globalshare: broadcast report", "epoch", epoch, "keys", len(r.Keys), "err", err)
+		} else {
+			c.m.reportsSent.Inc()
+		}
+	}
+	c.mu.Lock()
+	c.lastSeen[c.self] = reportInfo{At: c.clock.Now(), Epoch: epoch, Bytes: size, Keys: len(r.Keys)}
+	c.own = r
+	c.mu.Unlock()
+}
+
+// rebalance computes epoch's shares and publishes the cut table.
+func (c *Coordinator) rebalance(alloc *share.Allocator, epoch uint64) {
+	known := c.knownRegions()
+	alloc.SetMembers(epoch, known)
+	c.mu.Lock()
+	got := c.reports[epoch]
+	reports := make([]share.Report, 0, len(got))
+	for _, r := range slices.Sorted(maps.Keys(got)) {
+		reports = append(reports, got[r])
+	}
+	for e := range c.reports {
+		if e+2 < epoch {
+			delete(c.reports, e)
+		}
+	}
+	for e := range c.nodeUse {
+		if e+2 < epoch {
+			delete(c.nodeUse, e)
+		}
+	}
+	c.mu.Unlock()
+
+	now := c.clock.Now()
+	alloc.Rebalance(now, epoch, reports)
+	c.balanced = true
+	c.table.Store(alloc.Table(now))
+
+	// Every region's shares of the keys in play, for RegionShares.
+	regions := alloc.Regions()
+	keys := map[share.Key]regionShares{}
+	collect := func(r share.Report) {
+		for _, k := range r.Keys {
+			if _, done := keys[k.Key]; done {
+				continue
+			}
+			if s := alloc.Shares(k.Key); s != nil {
+				keys[k.Key] = regionShares{regions: regions, shares: s}
+			}
+		}
+	}
+	for _, r := range reports {
+		collect(r)
+	}
+	c.mu.Lock()
+	if c.own.Epoch == epoch && c.own.Region != "" {
+		collect(c.own)
+	}
+	c.epoch, c.isolated, c.coordKeys, c.known = epoch, alloc.Isolated(), alloc.Keys(), regions
+	c.mu.Unlock()
+	c.shares.Store(&keys)
+
+	c.m.rebalances.Inc()
+	c.m.coordKeys.Set(float64(alloc.Keys()))
+	c.m.regions.Set(float64(len(regions)))
+	c.m.reportsMissing.Add(float64(max(0, len(regions)-1-len(reports))))
+	iso := 0.0
+	if alloc.Isolated() {
+		iso = 1
+	}
+	c.m.isolated.Set(iso)
+}
+
+type metrics struct {
+	rebalances     prometheus.Counter
+	reportsSent    prometheus.Counter
+	reportsMissing prometheus.Counter
+	reportKeys     prometheus.Gauge
+	coordKeys      prometheus.Gauge
+	regions        prometheus.Gauge
+	isolated       prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		rebalances: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_globalshare_rebalances_total",
+			Help: "Epochs rebalanced."}),
+		reportsSent: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_globalshare_reports_sent_total",
+			Help: "Regional reports broadcast by this node (the region's publisher)."}),
+		reportsMissing: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_globalshare_reports_missing_total",
+			Help: "Other regions' reports not received by the settle deadline, summed over epochs."}),
+		reportKeys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_report_keys",
+			Help: "Keys in this region's last report."}),
+		coordKeys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_coordinated_keys",
+			Help: "Keys with negotiated shares."}),
+		regions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_regions",
+			Help: "Regions known to the allocation (failed ones included until reclaimed)."}),
+		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_isolated",
+			Help: "1 while this region cannot reach a majority and runs at the safe share."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.rebalances, m.reportsSent, m.reportsMissing, m.reportKeys, m.coordKeys, m.regions, m.isolated)
+	}
+	return m
+}
