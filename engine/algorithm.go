@@ -300,12 +300,18 @@ func commitLog(log []int64, drop int, now, cost int64) []int64 {
 // ttl is how long state must be kept after a check at now: until the
 // bucket is full (or empty) again or the window can no longer matter, plus
 // a second of slack. Past it, a missing state decides exactly as the
-// stored one would.
-func ttl(now int64, st State, l Limit) int64 {
+// stored one would. l is the limit as enforced, f the scale it was
+// enforced at: a token bucket's TTL is computed on the unscaled limit, so
+// that it is full by then whatever share the region gets later. A leaky
+// bucket's is not: if the share shrinks while it drains, it drains slower
+// than its TTL assumed, and one that expires restarts empty. No finite
+// TTL covers a share that may shrink towards zero; the allocation's floor
+// keeps it from doing so.
+func ttl(now int64, st State, l Limit, f float64) int64 {
 	const slack = usPerSec
 	switch l.Algorithm {
 	case TokenBucket:
-		return ceilUs((l.Burst-st.A)*usPerSec/l.Rate) + slack
+		return ceilUs((l.Burst/f-st.A)*usPerSec/(l.Rate/f)) + slack
 	case LeakyBucket:
 		return ceilUs(st.A*usPerSec/l.Rate) + slack
 	case FixedWindow:

@@ -117,6 +117,14 @@ func (r *Request) validate() error {
 	return nil
 }
 
+// scale is the factor effective applies: Scale, or 1 for "all".
+func (c *Check) scale() float64 {
+	if c.Scale > 0 && c.Scale < 1 {
+		return c.Scale
+	}
+	return 1
+}
+
 // effective is the limit a check enforces after regional scaling.
 func (c *Check) effective() Limit { return c.Limit.Scale(c.Scale) }
 

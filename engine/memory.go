@@ -84,15 +84,16 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (Decision, error) {
 	var idx [MaxChecks]int32
 	var keys [MaxChecks]uint64
 	var drops [MaxChecks]int
+	var stale [MaxChecks]bool
 
 	sh.mu.Lock()
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		l := c.effective()
 		keys[i] = s.key(sub, c.Policy)
-		idx[i] = sh.lookup(keys[i], now, s.base, l.Algorithm)
+		idx[i], stale[i] = sh.lookup(keys[i], now, s.base, l.Algorithm)
 		var st State
-		if idx[i] >= 0 {
+		if idx[i] >= 0 && !stale[i] {
 			e := &sh.entries[idx[i]]
 			st = State{A: e.a, B: e.b, T: e.t}
 			if l.Algorithm == SlidingWindowLog {
@@ -126,12 +127,18 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (Decision, error) {
 			}
 			st := next[i]
 			if l.Algorithm == SlidingWindowLog {
-				st.Log = commitLog(sh.logs[idx[i]], drops[i], now, c.Cost)
+				old := sh.logs[idx[i]]
+				if stale[i] {
+					old = old[:0]
+				}
+				st.Log = commitLog(old, drops[i], now, c.Cost)
 				sh.logs[idx[i]] = st.Log
+			} else if stale[i] {
+				delete(sh.logs, idx[i])
 			}
 			e := &sh.entries[idx[i]]
 			e.a, e.b, e.t, e.alg = st.A, st.B, st.T, uint8(l.Algorithm)
-			e.exp = expirySeconds(now+ttl(now, st, l), s.base)
+			e.exp = expirySeconds(now+ttl(now, st, l, c.scale()), s.base)
 			sh.touch(idx[i])
 		}
 	}
@@ -242,31 +249,21 @@ func (sh *memShard) init(max int) {
 	sh.logs = make(map[int32][]int64)
 }
 
-// lookup finds the entry for key; a state that expired or was kept for
-// another algorithm counts as missing (-1) and will be overwritten.
-func (sh *memShard) lookup(key uint64, now, base int64, alg Algorithm) int32 {
+// lookup finds the entry for key, or -1. A state that expired or was kept
+// for another algorithm is stale: it reads as a subject never seen, and a
+// commit overwrites it. Nothing is changed here, so a rejected or
+// zero-cost check leaves the entry as it was, as the Redis store does.
+func (sh *memShard) lookup(key uint64, now, base int64, alg Algorithm) (idx int32, stale bool) {
 	mask := uint64(len(sh.slots) - 1)
 	for i := key & mask; ; i = (i + 1) & mask {
 		v := sh.slots[i]
 		if v == 0 {
-			return -1
+			return -1, false
 		}
 		e := &sh.entries[v-1]
 		if e.key == key {
-			if e.alg != uint8(alg) || e.exp < expirySeconds(now, base) {
-				sh.resetEntry(v - 1)
-			}
-			return v - 1
+			return v - 1, e.alg != uint8(alg) || e.exp < expirySeconds(now, base)
 		}
-	}
-}
-
-// resetEntry makes a stale entry read as a subject never seen.
-func (sh *memShard) resetEntry(i int32) {
-	e := &sh.entries[i]
-	e.a, e.b, e.t = 0, 0, 0
-	if l, ok := sh.logs[i]; ok {
-		sh.logs[i] = l[:0]
 	}
 }
 

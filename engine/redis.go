@@ -140,7 +140,7 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 	}
 	tag := s.prefix + "{" + redisSubject(req.Subject) + "}:"
 	keys := make([]string, d.N)
-	args := make([]any, 2, 2+5*d.N)
+	args := make([]any, 2, 2+6*d.N)
 	args[0], args[1] = "", "0"
 	if s.clock != nil {
 		args[0] = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
@@ -159,7 +159,8 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 			strconv.FormatFloat(p1, 'g', -1, 64),
 			strconv.FormatFloat(p2, 'g', -1, 64),
 			strconv.FormatInt(windowUs(l), 10),
-			strconv.FormatInt(c.Cost, 10))
+			strconv.FormatInt(c.Cost, 10),
+			strconv.FormatFloat(c.scale(), 'g', -1, 64))
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)

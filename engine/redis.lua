@@ -11,9 +11,10 @@
 --           Only tests set it.
 -- ARGV[2]   extra milliseconds added to every TTL (0 in production; tests
 --           on virtual time set it, since Redis expires on real time).
--- ARGV[3+5(i-1) ..] per policy: algorithm (1 token bucket, 2 leaky bucket,
+-- ARGV[3+6(i-1) ..] per policy: algorithm (1 token bucket, 2 leaky bucket,
 --           3 fixed window, 4 sliding window log, 5 sliding window counter),
---           rate or count, burst, window in microseconds, cost.
+--           rate or count, burst, window in microseconds, cost, and the
+--           scale the rate and burst were multiplied by (for the TTL).
 --
 -- State is one string per key: a byte naming the algorithm, then
 -- little-endian doubles: A and T (buckets, fixed window), A, B and T
@@ -231,8 +232,11 @@ local function encode(alg, st)
 end
 
 -- ttl mirrors ttl() in algorithm.go: how long the new state matters.
-local function ttl(alg, st, p1, p2, w)
-  if alg == 1 then return ceil_us((p2 - st[1]) * US / p1) + US end
+-- A token bucket's TTL uses the unscaled limit (p / f): whatever share
+-- the region gets later, the bucket is full by then, so dropping it
+-- changes no decision.
+local function ttl(alg, st, p1, p2, w, f)
+  if alg == 1 then return ceil_us((p2 / f - st[1]) * US / (p1 / f)) + US end
   if alg == 2 then return ceil_us(st[1] * US / p1) + US end
   if alg == 3 then return st[2] + w - now + US end
   if alg == 5 then return st[3] + 2 * w - now + US end
@@ -243,7 +247,7 @@ end
 local out, states, algs, costs = {}, {}, {}, {}
 local all = true
 for i = 1, #KEYS do
-  local j = 3 + 5 * (i - 1)
+  local j = 3 + 6 * (i - 1)
   local alg = tonumber(ARGV[j])
   local p1, p2 = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local w, cost = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
@@ -269,8 +273,8 @@ end
 if all then
   for i = 1, #KEYS do
     if costs[i] > 0 then
-      local j = 3 + 5 * (i - 1)
-      local us = ttl(algs[i], states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]))
+      local j = 3 + 6 * (i - 1)
+      local us = ttl(algs[i], states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 5]))
       redis.call('SET', KEYS[i], encode(algs[i], states[i]), 'PX', math.ceil(us / 1000) + pad)
     end
   end

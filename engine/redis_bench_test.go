@@ -79,7 +79,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 			"-r", strconv.Itoa(redisBenchSubjects), "--csv",
 			"EVALSHA", s.ScriptSHA(), "1", s.Key("s__rand_int__", "p"),
 			"", "0", strconv.Itoa(int(TokenBucket)),
-			strconv.FormatFloat(redisBenchLimit.Rate, 'g', -1, 64), strconv.FormatFloat(redisBenchLimit.Burst, 'g', -1, 64), "0", "1"}
+			strconv.FormatFloat(redisBenchLimit.Rate, 'g', -1, 64), strconv.FormatFloat(redisBenchLimit.Burst, 'g', -1, 64), "0", "1", "1"}
 		b.ResetTimer()
 		out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
 		b.StopTimer()

@@ -318,3 +318,45 @@ func TestCheckRejectsBadRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestAlgorithmSwitchKeepsStateUntilCommit checks that a check under
+// another algorithm which is rejected or spends nothing leaves the stored
+// state alone, so switching a policy's algorithm back and forth does not
+// hand out a fresh bucket.
+func TestAlgorithmSwitchKeepsStateUntilCommit(t *testing.T) {
+	for _, sc := range storeCases {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := newManualClock()
+			s := sc.new(t, clock)
+			tb := Limit{Algorithm: TokenBucket, Rate: 0.001, Burst: 5}
+			fw := Limit{Algorithm: FixedWindow, Count: 5, Window: time.Hour}
+			mustCheck(t, s, one("sw", "p", tb, 5))
+			mustCheck(t, s, one("sw", "p", fw, 0))
+			if d := mustCheck(t, s, one("sw", "p", tb, 1)); d.Allowed {
+				t.Error("token bucket spent, peeked under another algorithm, then allowed again")
+			}
+		})
+	}
+}
+
+// TestScaledStateOutlivesItsScaledTTL spends part of a bucket at half
+// share and reads it at full share after the half-share refill time: the
+// state must still be there (its TTL is the full-share refill time).
+func TestScaledStateOutlivesItsScaledTTL(t *testing.T) {
+	for _, sc := range storeCases {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := newManualClock()
+			s := sc.new(t, clock)
+			l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 100}
+			req := func(scale float64, cost int64) Request {
+				return Request{Subject: "ttl", Checks: []Check{{Policy: "g", Limit: l, Cost: cost, Scale: scale}}}
+			}
+			mustCheck(t, s, req(0.5, 10)) // 40 of 50 left; refills in 2 s at half share
+			clock.Advance(3500 * time.Millisecond)
+			d := mustCheck(t, s, req(1, 0))
+			if got := d.Results[0].Remaining; got != 75 {
+				t.Errorf("remaining at full share 3.5 s later = %d, want 75 (40 + 3.5 s x 10/s)", got)
+			}
+		})
+	}
+}
