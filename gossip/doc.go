@@ -1,0 +1,110 @@
+// Package gossip connects the daemons of all regions: membership over
+// hashicorp/memberlist and the exchange of usage reports, node usage and
+// policy updates in a versioned msgpack wire format.
+//
+// # Membership
+//
+// Each daemon runs one memberlist node named by its stable node id (never
+// its address), with its region in the node metadata (msgpack, < 40 bytes of
+// the 512 allowed). A region is live while any of its nodes is alive or
+// suspect (Regions). memberlist's events do not carry a node's state, so
+// Node tracks it: join/update → alive, leave → "left" when the node announced
+// its departure in its metadata first (Run does on shutdown), "dead"
+// otherwise. Timings come from memberlist's presets: "lan" (probe 1 s,
+// suspicion 4·log10(N) probe intervals, up to 6× that without
+// confirmations), "wan" (probe 5 s, ×6) and "local" (tests: a crashed node is
+// declared dead in about 5 s). A node keeps trying dead peers (ReconnectFor)
+// and its seeds when alone, so a healed partition merges without an
+// operator; for its first rounds it also re-pushes its state to the seeds, so
+// a node restarted under the same name on a new port is accepted as soon as
+// its old incarnation is dead and DeadNodeReclaim has passed. SecretKey turns
+// on memberlist's AES-GCM: nodes with different keys cannot join, and what
+// they send is dropped by memberlist and counted here (reason "auth", read
+// from memberlist's log).
+//
+// # Wire format
+//
+// Every message is an envelope {v, k, n, r, p}: wire version, kind, sending
+// node, its region, and the payload as a nested msgpack value. Structs are
+// msgpack maps with one-letter keys: an older decoder skips keys it does not
+// know and a newer one leaves missing keys zero, so fields are added without
+// a version bump and nodes of adjacent builds read each other during a
+// rolling upgrade. A version outside [MinWireVersion, WireVersion] is
+// dropped and counted, never guessed at. Decode never panics (FuzzDecode);
+// every failure is dropped and counted in
+// sluice_gossip_dropped_total{reason}.
+//
+// # Delivery
+//
+// memberlist calls NotifyMsg on its packet and stream loops, so the
+// delegate copies the bytes onto a bounded queue (Config.QueueSize) and
+// returns; a full queue drops and counts ("queue_full"), never blocks
+// memberlist. One goroutine decodes and hands messages to the handlers.
+//
+// Regional reports and node usage go to each live target node over
+// memberlist's reliable path (SendReliable: one TCP stream per node, AES-GCM
+// when keyed, up to memberlist's 20 MiB user-message limit; MaxMessageSize
+// caps ours at 16 MiB and a larger message is an error, never truncated).
+// They do not use the gossip queue (TransmitLimitedQueue): memberlist hands a
+// queued user message to only RetransmitMult·⌈log10(N+1)⌉ random nodes and
+// never relays it, and a report must reach every node of the other regions
+// before the settle deadline of its epoch; with 4 nodes the queue lost
+// reports in tests. Policy updates, which are small, rare and only need to
+// converge, go through the queue when they fit in a packet
+// (MaxPacketPayload = 1024 bytes, under the 1400-byte UDP buffer less
+// framing and encryption): each receiver relays a version on first sight,
+// as serf does with user events, and the newest version also travels in
+// push/pull state, so a node that (re)joins catches up. Larger policy sets go
+// over the reliable path to every node.
+//
+// # One regional view (issue 5, item 3)
+//
+// Several daemons serve a region, and the region's demand for a key must be
+// counted once. We sum node reports rather than aggregate through the
+// regional Redis:
+//
+//   - It works with every store: the embedded memory store, Redis and Redis
+//     Cluster, with no extra Redis calls on the check path or per interval
+//     (aggregating in Redis means an INCRBY per key per node per interval
+//     and a read of every pressured key by one node, O(keys) round trips to
+//     a store that is also serving checks).
+//   - The allocation needs the offered rate over the interval and over the
+//     last Recent seconds, rejected requests included; the engine's buckets
+//     in Redis keep neither.
+//   - The exchange does not depend on the regional Redis being up, so a
+//     degraded store does not also freeze the shares.
+//
+// The cost: each node sends its pressured keys to the other nodes of its
+// region once per interval (LAN traffic), and a node's usage that arrives
+// after the collect deadline is missed for that epoch (one interval of
+// under-count for that node). Every node of a region sums the same node
+// usage, so all compute the same regional report and shares; only the
+// region's publisher (its live node with the smallest id) sends the report to
+// the other regions. A node lists a key when it is coordinated or when the
+// node alone offers more than Pressure·share·L/(2m) (m nodes in the region):
+// if the region's total crosses the pressure threshold, some node is above
+// threshold/m.
+//
+// # Size and bandwidth
+//
+// Measured by TestKeyReportSize (policy name of 10 bytes, subject of 20,
+// float64 figures): one KeyReport is 97 bytes of msgpack; the envelope and
+// report header are 51 bytes. A report of k pressured keys is 51 + 97·k
+// bytes: 1 000 keys ≈ 97 KB, 5 000 keys ≈ 485 KB (sent over TCP, never
+// truncated), and the 16 MiB cap holds about 170 000 keys.
+//
+// With 20 million active keys an hour, only pressured keys are listed (a
+// region offering more than half its share); keys nobody reports run at
+// L_global/n and cost nothing. At a 10 s interval, per region publisher:
+//
+//	pressured keys k   report     to 1 node   to 12 nodes (4 other regions × 3)
+//	  1 000 (0.005%)    97 KB      9.7 KB/s    116 KB/s  (0.9 Mbit/s)
+//	 10 000 (0.05%)    970 KB       97 KB/s    1.2 MB/s  (9.3 Mbit/s)
+//	100 000 (0.5%)     9.7 MB      970 KB/s     12 MB/s  (93 Mbit/s)
+//
+// and each node receives (R−1) reports per interval: 5 regions with 10 000
+// pressured keys each is 390 KB/s inbound per node. memberlist's compression
+// (on by default) shrinks the repeated policy names and subject prefixes
+// further. Beyond about 10 000 pressured keys per region the fan-out should
+// go to one node per region that relays inside its region (not built).
+package gossip
