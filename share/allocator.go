@@ -38,7 +38,8 @@ type Allocator struct {
 	gen             uint64
 	loans           map[Key]float64
 	asked           map[Key]time.Time
-	pending         map[pendKey]pending
+	pending         map[pendKey]int // index into pendList
+	pendList        []pending
 	effCut, effNext *Table          // cut and next with the loans overlay
 	dead            map[string]bool // membership: regions declared dead
 }
@@ -66,7 +67,7 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		demand:    map[Key]float64{},
 		loans:     map[Key]float64{},
 		asked:     map[Key]time.Time{},
-		pending:   map[pendKey]pending{},
+		pending:   map[pendKey]int{},
 		dead:      map[string]bool{},
 		gen:       epoch,
 	}
@@ -327,13 +328,26 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 	clear(a.loans)
 	clear(a.asked)
 	clear(a.pending)
+	a.pendList = a.pendList[:0]
 	a.refresh()
 }
 
-// refresh rebuilds the enforced tables after the loans changed.
-func (a *Allocator) refresh() {
-	a.effCut = a.cut.withLoans(a.loans)
-	a.effNext = a.next.withLoans(a.loans)
+// refresh marks the enforced tables stale after the loans or the base
+// tables changed; Table rebuilds them once, however many loans changed.
+func (a *Allocator) refresh() { a.effCut, a.effNext = nil, nil }
+
+// share is this region's enforced share of key at now, loans included,
+// without building a Table.
+func (a *Allocator) share(now time.Time, key Key) float64 {
+	base := a.next
+	if now.Before(a.raiseAt) {
+		base = a.cut
+	}
+	s := base.Share(key.Policy, key.Subject)
+	if d, ok := a.loans[key]; ok {
+		s = max(s+d, MinShare)
+	}
+	return s
 }
 
 // defaultShare is this region's fraction for keys nobody reported.
@@ -369,6 +383,18 @@ func (a *Allocator) defaultFor(i int, down []bool, quorum bool) float64 {
 // Rebalance, the lower of the old and new share of each key (cuts at once);
 // from Config.RaiseDelay later, the new shares. The result is immutable.
 func (a *Allocator) Table(now time.Time) *Table {
+	if a.effNext == nil {
+		if len(a.loans) == 0 {
+			a.effCut, a.effNext = a.cut, a.next
+		} else {
+			loans := make(map[Key]float64, len(a.loans))
+			for k, v := range a.loans {
+				loans[k] = v
+			}
+			a.effCut = &Table{shares: a.cut.shares, def: a.cut.def, loans: loans}
+			a.effNext = &Table{shares: a.next.shares, def: a.next.def, loans: loans}
+		}
+	}
 	if now.Before(a.raiseAt) {
 		return a.effCut
 	}
@@ -456,6 +482,7 @@ func (a *Allocator) SetDead(now time.Time, dead []string) {
 			}
 		}
 		clear(a.pending)
+		a.pendList = a.pendList[:0]
 		a.install(now, &Table{shares: shares, def: min(a.next.def, safe)})
 		return
 	}

@@ -1,9 +1,6 @@
 package share
 
-import (
-	"slices"
-	"time"
-)
+import "time"
 
 // Borrowing (share-algorithms.md §3 step 6) moves unused share to a region
 // whose bucket is about to empty, between two rebalances, without waiting
@@ -105,6 +102,7 @@ type pendKey struct {
 type pending struct {
 	req     BorrowRequest
 	expires time.Time
+	done    bool
 }
 
 // Borrow decides whether this region asks its peers for a loan on key at
@@ -112,13 +110,13 @@ type pending struct {
 // and tokens are as for NeedLoan. The caller sends the request to every
 // peer it can reach.
 func (a *Allocator) Borrow(now time.Time, key Key, limit, rate, tokens float64) (BorrowRequest, bool) {
-	if a.isolated || len(a.regions) < 2 || a.cfg.BorrowEvery <= 0 {
+	if a.isolated || len(a.regions) < 2 || a.cfg.BorrowEvery <= 0 || limit < a.cfg.BorrowMinRate {
 		return BorrowRequest{}, false
 	}
 	if last, ok := a.asked[key]; ok && now.Sub(last) < a.cfg.BorrowEvery {
 		return BorrowRequest{}, false
 	}
-	s := a.Table(now).Share(key.Policy, key.Subject)
+	s := a.share(now, key)
 	want := NeedLoan(s, limit, rate, tokens, a.cfg.BorrowHorizon)
 	if want <= 0 {
 		return BorrowRequest{}, false
@@ -133,18 +131,22 @@ func (a *Allocator) Borrow(now time.Time, key Key, limit, rate, tokens float64) 
 // the request pending for Config.BorrowEvery (ServeLoans). Requests from
 // another generation, from unknown regions or while isolated are dropped.
 func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit, rate float64) (Loan, bool) {
-	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) {
+	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) || limit < a.cfg.BorrowMinRate {
 		return Loan{}, false
 	}
 	if _, ok := a.index[req.Region]; !ok {
 		return Loan{}, false
 	}
 	pk := pendKey{Key: req.Key, borrower: req.Region}
-	if l, ok := a.tryLend(now, req, limit, rate, false); ok {
+	if i, ok := a.pending[pk]; ok {
+		a.pendList[i].done = true // superseded
 		delete(a.pending, pk)
+	}
+	if l, ok := a.tryLend(now, req, limit, rate, false); ok {
 		return l, true
 	}
-	a.pending[pk] = pending{req: req, expires: now.Add(a.cfg.BorrowEvery)}
+	a.pending[pk] = len(a.pendList)
+	a.pendList = append(a.pendList, pending{req: req, expires: now.Add(a.cfg.BorrowEvery)})
 	return Loan{}, false
 }
 
@@ -152,7 +154,7 @@ func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit, rate float64) 
 // half of this region's share, or anything at all once the request is
 // about to expire (last).
 func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit, rate float64, last bool) (Loan, bool) {
-	s := a.Table(now).Share(req.Policy, req.Subject)
+	s := a.share(now, req.Key)
 	amt := LendAmount(a.cfg, s, limit, rate, req.Want)
 	if !(amt > 0) || (amt < req.Want && amt < s/2 && !last) || amt < minLoan {
 		return Loan{}, false
@@ -165,41 +167,37 @@ func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit, rate float6
 // minLoan is the smallest loan worth a message (a fraction of L_global).
 const minLoan = 1e-3
 
-// ServeLoans retries the pending requests at now, in a stable order, and
-// returns the loans to send; rate gives this region's offered rate (units/s)
-// and limit L_global per key. Call it often (every few hundred ms at most).
+// ServeLoans retries the pending requests at now, oldest first, and
+// returns the loans to send; rate gives this region's L_global and offered
+// rate (units/s) for a key. Call it often (every few hundred ms at most).
 func (a *Allocator) ServeLoans(now time.Time, rate func(Key) (limit, rate float64)) []Loan {
 	if len(a.pending) == 0 {
+		a.pendList = a.pendList[:0]
 		return nil
 	}
-	keys := make([]pendKey, 0, len(a.pending))
-	for pk := range a.pending {
-		keys = append(keys, pk)
-	}
-	slices.SortFunc(keys, func(x, y pendKey) int {
-		if c := compareKeys(x.Key, y.Key); c != 0 {
-			return c
-		}
-		switch {
-		case x.borrower < y.borrower:
-			return -1
-		case x.borrower > y.borrower:
-			return 1
-		}
-		return 0
-	})
 	var out []Loan
-	for _, pk := range keys {
-		p := a.pending[pk]
+	keep := a.pendList[:0]
+	for _, p := range a.pendList {
+		if p.done {
+			continue
+		}
+		pk := pendKey{Key: p.req.Key, borrower: p.req.Region}
 		last := !now.Before(p.expires.Add(-a.cfg.BorrowEvery / 10))
-		limit, r := rate(pk.Key)
+		limit, r := rate(p.req.Key)
 		if l, ok := a.tryLend(now, p.req, limit, r, last); ok {
 			out = append(out, l)
 			delete(a.pending, pk)
-		} else if last {
-			delete(a.pending, pk)
+			continue
 		}
+		if last {
+			delete(a.pending, pk)
+			continue
+		}
+		a.pending[pk] = len(keep)
+		keep = append(keep, p)
 	}
+	clear(a.pendList[len(keep):])
+	a.pendList = keep
 	return out
 }
 

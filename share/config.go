@@ -56,6 +56,12 @@ type Config struct {
 	// lender already keeps 20% headroom over its own rate, and §3's "half"
 	// leaves a shifted region at 50%, 75%, ... of its need for seconds).
 	LendFraction float64
+	// BorrowMinRate (units/s): keys whose L_global is below it neither
+	// borrow nor lend, because a rate estimated over a fraction of a
+	// second from fewer arrivals is noise, and lending on noise moves
+	// share away from where the next burst lands (default 40: ten
+	// arrivals per 250 ms).
+	BorrowMinRate float64
 }
 
 // DefaultConfig returns the recommended settings (share-algorithms.md §3).
@@ -73,6 +79,7 @@ func DefaultConfig() Config {
 		BorrowHorizon:      time.Second,
 		BorrowEvery:        time.Second,
 		LendFraction:       1,
+		BorrowMinRate:      40,
 	}
 }
 

@@ -24,19 +24,6 @@ func NewTable(def float64, shares map[Key]float64) *Table {
 	return &Table{shares: m, def: def}
 }
 
-// withLoans returns t with the loans overlay (t itself if there are none).
-// The base map is shared, not copied: both tables are immutable.
-func (t *Table) withLoans(loans map[Key]float64) *Table {
-	if len(loans) == 0 {
-		return t
-	}
-	m := make(map[Key]float64, len(loans))
-	for k, v := range loans {
-		m[k] = v
-	}
-	return &Table{shares: t.shares, def: t.def, loans: m}
-}
-
 // Share returns this region's fraction of L_global for the key: the engine's
 // Scale, loans included. A nil table means a single region: 1.
 func (t *Table) Share(policy, subject string) float64 {

@@ -336,7 +336,7 @@ func (s *sim) arrive(r *region, k int) {
 		// Offered-rate estimate, and a loan request when the bucket will
 		// empty within the horizon.
 		rate := r.bump(k, s.now)
-		if refill := scale * s.lrate; rate > refill {
+		if refill := scale * s.lrate; rate > refill && s.lrate >= s.cfg.BorrowMinRate {
 			if tokens := float64(d.Results[0].Remaining); tokens < (rate-refill)*s.cfg.BorrowHorizon.Seconds() {
 				local := time.Unix(0, s.now+r.skew)
 				if req, ok := r.alloc.Borrow(local, share.Key{Policy: policy, Subject: sub}, s.lrate, rate, tokens); ok {
