@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -60,18 +59,7 @@ func newSimulateCmd() *cobra.Command {
 				return err
 			}
 			if out != "" {
-				if err := os.MkdirAll(out, 0o755); err != nil {
-					return err
-				}
-				f, err := os.Create(filepath.Join(out, sc.Name+".json"))
-				if err != nil {
-					return err
-				}
-				if err := simulator.WriteJSON(f, res); err != nil {
-					f.Close()
-					return err
-				}
-				if err := f.Close(); err != nil {
+				if _, err := simulator.WriteOutputs(out, res); err != nil {
 					return err
 				}
 			}
@@ -86,7 +74,7 @@ func newSimulateCmd() *cobra.Command {
 	f.StringVar(&file, "file", "", "JSON scenario file (docs/simulator.md)")
 	f.Uint64Var(&seed, "seed", 1, "random seed; the same seed gives the same result")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
-	f.StringVar(&out, "out", "", "directory to write the JSON result into")
+	f.StringVar(&out, "out", "", "directory to write the JSON result, SVG charts and a self-contained report.html into")
 	f.BoolVar(&list, "list", false, "list built-in scenarios, one a line, name first")
 	return cmd
 }
