@@ -40,6 +40,8 @@ type Allocator struct {
 	asked           map[Key]time.Time
 	pending         map[pendKey]int // index into pendList
 	pendList        []pending
+	accepted        map[loanID]bool // loans applied this generation
+	lendSeq         uint64
 	effCut, effNext *Table          // cut and next with the loans overlay
 	dead            map[string]bool // membership: regions declared dead
 }
@@ -68,6 +70,7 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		loans:     map[Key]float64{},
 		asked:     map[Key]time.Time{},
 		pending:   map[pendKey]int{},
+		accepted:  map[loanID]bool{},
 		dead:      map[string]bool{},
 		gen:       epoch,
 	}
@@ -327,6 +330,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 	a.gen = epoch
 	clear(a.loans)
 	clear(a.asked)
+	clear(a.accepted)
 	clear(a.pending)
 	a.pendList = a.pendList[:0]
 	a.refresh()

@@ -46,6 +46,14 @@ type Loan struct {
 	Epoch    uint64 `msgpack:"e" json:"epoch"` // generation, as in the request
 	Key
 	Amount float64 `msgpack:"a" json:"amount"`
+	// Seq numbers the lender's loans, so a duplicated message is applied
+	// once.
+	Seq uint64 `msgpack:"n" json:"seq"`
+}
+
+type loanID struct {
+	lender string
+	seq    uint64
 }
 
 // EncodedSizeEstimate is an upper estimate of the msgpack size in bytes.
@@ -55,7 +63,7 @@ func (r BorrowRequest) EncodedSizeEstimate() int {
 
 // EncodedSizeEstimate is an upper estimate of the msgpack size in bytes.
 func (l Loan) EncodedSizeEstimate() int {
-	return 1 + 6*2 + 2 + 2*5 + len(l.Lender) + len(l.Borrower) + 9 + len(l.Policy) + len(l.Subject) + 2*5 + 9
+	return 1 + 7*2 + 2 + 9 + 2*5 + len(l.Lender) + len(l.Borrower) + 9 + len(l.Policy) + len(l.Subject) + 2*5 + 9
 }
 
 // NeedLoan is the borrower's pure decision. share is the region's current
@@ -161,7 +169,8 @@ func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit, rate float6
 	}
 	a.loans[req.Key] -= amt
 	a.refresh()
-	return Loan{Version: BorrowVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key, Amount: amt}, true
+	a.lendSeq++
+	return Loan{Version: BorrowVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key, Amount: amt, Seq: a.lendSeq}, true
 }
 
 // minLoan is the smallest loan worth a message (a fraction of L_global).
@@ -214,6 +223,11 @@ func (a *Allocator) Accept(now time.Time, l Loan) bool {
 	if _, ok := a.index[l.Lender]; !ok {
 		return false
 	}
+	id := loanID{lender: l.Lender, seq: l.Seq}
+	if a.accepted[id] {
+		return false // duplicate
+	}
+	a.accepted[id] = true
 	a.loans[l.Key] += l.Amount
 	a.refresh()
 	return true

@@ -46,6 +46,16 @@
 // Floor/n the bound is exactly L_global (no overshoot), and under-service
 // during a partition is at most the minority's shares minus Safe.
 //
+// # Borrowing and membership
+//
+// Between rebalances a region whose bucket will empty within
+// Config.BorrowHorizon asks its peers for a loan (BorrowRequest); a lender
+// cuts its own share first, then answers (Loan); loans expire at the next
+// Rebalance, so Σ shares ≤ L_global holds with loans in flight or lost
+// (borrow.go). SetDead takes memberlist's verdict: a dead region is
+// reclaimed at once, and a region that sees no majority alive falls back to
+// Safe at once; missing reports remain the fallback.
+//
 // # Quotas
 //
 // Global daily quotas use a grow-only counter per key and window

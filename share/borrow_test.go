@@ -1,0 +1,168 @@
+package share
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestNeedLoanAndLendAmount(t *testing.T) {
+	cfg := DefaultConfig()
+	tests := []struct {
+		name                       string
+		share, limit, rate, tokens float64
+		want                       float64
+	}{
+		{"under its share", 0.5, 1000, 400, 0, 0},
+		{"empties within the horizon", 0.1, 1000, 600, 100, 0.5},
+		{"enough tokens for the horizon", 0.1, 1000, 600, 600, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := NeedLoan(tt.share, tt.limit, tt.rate, tt.tokens, cfg.BorrowHorizon); math.Abs(got-tt.want) > 1e-12 {
+				t.Errorf("NeedLoan = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	// The lender keeps CapFactor × its own rate.
+	if got := LendAmount(cfg, 0.8, 1000, 100, 1); math.Abs(got-0.68) > 1e-12 {
+		t.Errorf("LendAmount = %v, want 0.68", got)
+	}
+	if got := LendAmount(cfg, 0.8, 1000, 100, 0.3); got != 0.3 {
+		t.Errorf("LendAmount capped by want = %v, want 0.3", got)
+	}
+	if got := LendAmount(cfg, 0.1, 1000, 200, 1); got != 0 {
+		t.Errorf("LendAmount without slack = %v, want 0", got)
+	}
+}
+
+// A loan moves share from the lender (cut before the Loan exists) to the
+// borrower; Σ enforced never exceeds 1, and loans expire at the next
+// rebalance without a raise before RaiseDelay.
+func TestBorrowingKeepsSumAndExpires(t *testing.T) {
+	c := newCluster(t, 3)
+	offered := map[string]float64{"r0": 1800, "r1": 10, "r2": 10}
+	for range 4 {
+		c.step(offered)
+	}
+	now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+	b, l := c.allocs["r1"], c.allocs["r0"]
+	before := c.enforced(now, c.key)
+	// Traffic moved to r1: its bucket is empty, r0 is idle.
+	req, ok := b.Borrow(now, c.key, c.limit, 1800, 0)
+	if !ok {
+		t.Fatal("Borrow: no request with an empty bucket")
+	}
+	if _, again := b.Borrow(now.Add(time.Second/2), c.key, c.limit, 1800, 0); again {
+		t.Error("Borrow asked twice within BorrowEvery")
+	}
+	loan, ok := l.Lend(now, req, c.limit, 0)
+	if !ok {
+		t.Fatal("Lend: idle lender did not lend")
+	}
+	// Lender has cut; the loan is in flight: under-serves, never over.
+	if got := c.enforced(now, c.key); got > before+1e-12 || got >= before-loan.Amount+1e-9 {
+		t.Errorf("Σ with loan in flight = %v, want %v", got, before-loan.Amount)
+	}
+	if !b.Accept(now, loan) {
+		t.Fatal("Accept refused a loan of the current generation")
+	}
+	if got := c.enforced(now, c.key); math.Abs(got-before) > 1e-9 {
+		t.Errorf("Σ after the loan = %v, want %v", got, before)
+	}
+	if b.Accept(now, loan) && c.enforced(now, c.key) > 1+1e-9 {
+		t.Error("a duplicated loan pushed Σ above 1")
+	}
+	// Next epoch: loans expire; Σ ≤ 1 at every moment of the transition.
+	c.step(map[string]float64{"r0": 0, "r1": 1800, "r2": 10})
+	start := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle)
+	for d := time.Duration(0); d < 3*c.cfg.RaiseDelay; d += 100 * time.Millisecond {
+		if got := c.enforced(start.Add(d), c.key); got > 1+1e-9 {
+			t.Errorf("Σ at +%v after the rebalance = %v, want ≤ 1", d, got)
+		}
+	}
+	if got := b.Loans(c.key); got != 0 {
+		t.Errorf("borrower's loan after the rebalance = %v, want 0", got)
+	}
+	// A loan of the old generation is dropped.
+	if b.Accept(start, loan) {
+		t.Error("Accept took a loan of an older generation")
+	}
+}
+
+func TestLendKeepsPendingUntilSlack(t *testing.T) {
+	c := newCluster(t, 2)
+	for range 4 {
+		c.step(map[string]float64{"r0": 1800, "r1": 10})
+	}
+	now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+	req, ok := c.allocs["r1"].Borrow(now, c.key, c.limit, 1800, 0)
+	if !ok {
+		t.Fatal("no request")
+	}
+	l := c.allocs["r0"]
+	if _, ok := l.Lend(now, req, c.limit, 1800); ok {
+		t.Fatal("a busy lender lent")
+	}
+	if l.Pending() != 1 {
+		t.Fatalf("Pending = %d, want 1", l.Pending())
+	}
+	loans := l.ServeLoans(now.Add(300*time.Millisecond), func(Key) (float64, float64) { return c.limit, 0 })
+	if len(loans) != 1 || loans[0].Amount <= 0 {
+		t.Fatalf("ServeLoans once idle = %v, want one loan", loans)
+	}
+	if l.Pending() != 0 {
+		t.Errorf("Pending after serving = %d, want 0", l.Pending())
+	}
+}
+
+func TestSetDeadReclaimsAndIsolates(t *testing.T) {
+	c := newCluster(t, 5)
+	offered := map[string]float64{"r0": 600, "r1": 600, "r2": 600, "r3": 600, "r4": 600}
+	for range 3 {
+		c.step(offered)
+	}
+	now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+	// Membership: r4 is cut off. The majority reclaims at once (raises
+	// after RaiseDelay), r4 falls back at once.
+	for _, name := range c.names[:4] {
+		c.allocs[name].SetDead(now, []string{"r4"})
+	}
+	c.allocs["r4"].SetDead(now, []string{"r0", "r1", "r2", "r3"})
+	if !c.allocs["r4"].Isolated() {
+		t.Error("r4 sees four of five dead but is not isolated")
+	}
+	safe := c.cfg.safe(5)
+	if got := c.allocs["r4"].Table(now).Share(c.key.Policy, c.key.Subject); got > safe+1e-12 {
+		t.Errorf("isolated share = %v, want ≤ %v at once", got, safe)
+	}
+	if got := c.enforced(now, c.key); got > 1+1e-9 {
+		t.Errorf("Σ right after SetDead = %v, want ≤ 1", got)
+	}
+	later := now.Add(c.cfg.RaiseDelay)
+	if got := c.enforced(later, c.key); math.Abs(got-1) > 1e-9 {
+		t.Errorf("Σ after the raise = %v, want 1 (r4's share reclaimed)", got)
+	}
+	// Reports keep flowing on the majority side; r4 stays reclaimed.
+	c.deliver = func(from, to string) bool { return (from == "r4") == (to == "r4") }
+	for range 2 {
+		c.step(offered)
+		if got := c.enforced(c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle+c.cfg.RaiseDelay), c.key); got > 1+1e-9 {
+			t.Errorf("epoch %d: Σ = %v, want ≤ 1", c.epoch, got)
+		}
+	}
+	// Heal: membership alive again, reports back; Σ = 1 with r4 included.
+	c.deliver = nil
+	for _, name := range c.names {
+		c.allocs[name].SetDead(now, nil)
+	}
+	c.step(offered)
+	c.step(offered)
+	at := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + c.cfg.RaiseDelay)
+	if got := c.enforced(at, c.key); math.Abs(got-1) > 1e-9 {
+		t.Errorf("Σ after healing = %v, want 1", got)
+	}
+	if got := c.allocs["r4"].Table(at).Share(c.key.Policy, c.key.Subject); got < 0.15 {
+		t.Errorf("r4's share after healing = %v, want ≈ 0.2", got)
+	}
+}
