@@ -49,6 +49,10 @@ type Member struct {
 	Region string `json:"region"`
 	Addr   string `json:"addr"` // host:port
 	State  State  `json:"state"`
+	// PolicyRevision and PolicyHash are the policy set the node advertises
+	// (SetPolicyVersion); zero and empty until it does.
+	PolicyRevision uint64 `json:"policy_revision,omitempty"`
+	PolicyHash     string `json:"policy_hash,omitempty"`
 
 	leaving bool      // announced a graceful leave
 	since   time.Time // when the state last changed
@@ -64,8 +68,11 @@ type Node struct {
 	bq      *memberlist.TransmitLimitedQueue
 	metrics *metrics
 	meta    atomic.Pointer[[]byte]
-	run     atomic.Bool
-	down    atomic.Bool
+	metaMu  sync.Mutex
+	// metaFields is what meta encodes (guarded by metaMu).
+	metaFields nodeMeta
+	run        atomic.Bool
+	down       atomic.Bool
 
 	mu      sync.Mutex
 	members map[string]Member
@@ -93,7 +100,8 @@ func New(cfg Config) (*Node, error) {
 		reportSeen: map[string]uint64{},
 		metrics:    newMetrics(cfg.Registerer),
 	}
-	meta, err := marshal(nodeMeta{V: WireVersion, Region: cfg.Region})
+	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region}
+	meta, err := marshal(n.metaFields)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +191,12 @@ func (n *Node) Run(ctx context.Context) error {
 	return nil
 }
 
+// Shutdown stops the node without a graceful leave, as if the process had
+// died (peers declare it dead). It is for a node whose Run never started or
+// must not leave; Run's own shutdown leaves gracefully. Later calls, and Run
+// afterwards, do nothing.
+func (n *Node) Shutdown() { n.stop(false) }
+
 // stop leaves the cluster (gracefully if leave is set, else as if the
 // process died) and shuts memberlist down; later calls do nothing.
 func (n *Node) stop(leave bool) {
@@ -192,8 +206,14 @@ func (n *Node) stop(leave bool) {
 	if leave {
 		// Announce the departure in the metadata first, so peers record
 		// "left" rather than "dead" (memberlist's leave event does not say).
-		if meta, err := marshal(nodeMeta{V: WireVersion, Region: n.cfg.Region, Leaving: true}); err == nil {
+		n.metaMu.Lock()
+		n.metaFields.Leaving = true
+		meta, err := marshal(n.metaFields)
+		if err == nil {
 			n.meta.Store(&meta)
+		}
+		n.metaMu.Unlock()
+		if err == nil {
 			_ = n.ml.UpdateNode(n.cfg.LeaveTimeout / 2)
 		}
 		if err := n.ml.Leave(n.cfg.LeaveTimeout); err != nil {
@@ -506,13 +526,45 @@ func (n *Node) numLive() int {
 	return live
 }
 
+// SetPolicyVersion advertises, in this node's metadata, the revision and
+// content hash of the policy set it enforces, so that every node can show
+// policy-version skew between regions (Member.PolicyRevision, PolicyHash).
+// The update reaches the other nodes with memberlist's next gossip rounds;
+// SetPolicyVersion does not wait for them (it returns at once).
+func (n *Node) SetPolicyVersion(rev uint64, hash string) {
+	n.metaMu.Lock()
+	if n.metaFields.PolicyRev == rev && n.metaFields.PolicyHash == hash {
+		n.metaMu.Unlock()
+		return
+	}
+	n.metaFields.PolicyRev, n.metaFields.PolicyHash = rev, hash
+	meta, err := marshal(n.metaFields)
+	if err != nil || len(meta) > memberlist.MetaMaxSize {
+		n.metaMu.Unlock()
+		return
+	}
+	n.meta.Store(&meta)
+	n.metaMu.Unlock()
+	// Our own entry in Members follows at once.
+	n.mu.Lock()
+	if self, ok := n.members[n.cfg.Node]; ok {
+		self.PolicyRevision, self.PolicyHash = rev, hash
+		n.members[n.cfg.Node] = self
+	}
+	n.mu.Unlock()
+	if !n.down.Load() {
+		go func() { _ = n.ml.UpdateNode(time.Second) }()
+	}
+}
+
 // noteMember records a membership event. memberlist does not fill in
 // Node.State for events, so the state comes from the event itself: join and
 // update mean alive, leave means left if the node announced its departure
 // (leaving flag in its metadata), dead otherwise.
 func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	meta, _ := decodeMeta(mn.Meta)
-	m := Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive}
+	m := Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive,
+		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash}
 	n.mu.Lock()
 	old, known := n.members[m.Node]
 	if m.Region == "" && known {

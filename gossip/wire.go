@@ -218,6 +218,10 @@ type nodeMeta struct {
 	V       uint8  `msgpack:"v"`
 	Region  string `msgpack:"r"`
 	Leaving bool   `msgpack:"l,omitempty"`
+	// PolicyRev and PolicyHash advertise the policy set this node enforces
+	// (SetPolicyVersion), so GET /v1/regions can show version skew.
+	PolicyRev  uint64 `msgpack:"p,omitempty"`
+	PolicyHash string `msgpack:"h,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, bool) {

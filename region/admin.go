@@ -117,6 +117,7 @@ func (d *Daemon) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
+	d.policiesChanged()
 	w.Header().Set("ETag", etag(out.Version))
 	status := http.StatusOK
 	if out.Version == 1 {
@@ -185,6 +186,7 @@ func (d *Daemon) handleRollback(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
+	d.policiesChanged()
 	w.Header().Set("ETag", etag(out.Version))
 	writeJSON(w, http.StatusOK, out)
 }
@@ -250,6 +252,9 @@ type Usage struct {
 	Subject  string         `json:"subject"`
 	Tier     string         `json:"tier"`
 	Policies []PolicyResult `json:"policies"`
+	// GlobalShares gives each global-scope policy's division among the
+	// regions (multi-region daemons only).
+	GlobalShares []GlobalShares `json:"global_shares,omitempty"`
 }
 
 // handleUsage peeks at a subject's state. {subject} is a subject as checks
@@ -329,5 +334,6 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 			fill(&out.Policies[j], o.Results[j-start])
 		}
 	}
+	out.GlobalShares = d.globalShares(subject, out.Policies)
 	writeJSON(w, http.StatusOK, out)
 }

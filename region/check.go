@@ -242,7 +242,7 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			if !(scale > 0) || scale > 1 {
 				scale = 1
 			}
-			track = true
+			track = d.cl != nil // only a coordinator drains usage
 		}
 		c := engine.Check{Policy: p.ID, Limit: a.Limit, Cost: cost, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure)}
 		v.Policies[i] = PolicyResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Cost: cost, Override: a.Override, Allowed: true}

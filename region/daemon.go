@@ -72,8 +72,11 @@ type Config struct {
 	// (pub/sub notifies sooner).
 	PolicyRefresh time.Duration
 	// Shares gives global-scope policies their regional share; nil is
-	// WholeShare.
+	// WholeShare. Ignored when Gossip is set: the coordinator gives them.
 	Shares ShareSource
+	// Gossip, if set, makes the daemon a node of a multi-region cluster
+	// (GossipConfig); nil runs it single-region.
+	Gossip *GossipConfig
 }
 
 // DefaultConfig returns the documented defaults: listen on 127.0.0.1:8080,
@@ -124,6 +127,7 @@ type Daemon struct {
 	closers []func() error
 	ident   quota.IdentityConfig
 	shares  ShareSource
+	cl      *cluster // nil when single-region
 	m       *metrics
 	gather  prometheus.Gatherer
 	token   [32]byte // SHA-256 of the admin token
@@ -225,6 +229,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 	if err := d.loadPolicies(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.Gossip != nil {
+		gc := *cfg.Gossip
+		if err := d.newCluster(&gc, reg); err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, func() error { d.cl.g.Shutdown(); return nil })
+	}
 	d.routes = d.routeTable()
 	ok = true
 	return d, nil
@@ -321,6 +332,7 @@ func (d *Daemon) routeTable() []Route {
 		{"DELETE", "/v1/overrides/{id}", true, d.handleDeleteOverride},
 		{"PUT", "/v1/keys/{api_key}", true, d.handlePutKey},
 		{"GET", "/v1/keys/{subject}/usage", true, d.handleUsage},
+		{"GET", "/v1/regions", true, d.handleRegions},
 	}
 }
 
@@ -514,6 +526,11 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 	}
 	if d.watcher != nil {
 		g.Go(func() error { return d.watcher.Run(gctx) })
+	}
+	if d.cl != nil {
+		g.Go(func() error { return d.cl.g.Run(gctx) })
+		g.Go(func() error { return d.cl.c.Run(gctx) })
+		g.Go(func() error { return d.runPolicySync(gctx) })
 	}
 	d.ready.Store(true)
 	g.Go(func() error {

@@ -17,6 +17,7 @@ type metrics struct {
 	badRequests  *prometheus.CounterVec
 	panics       prometheus.Counter
 	policyReload *prometheus.CounterVec
+	policySync   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, lim *engine.Limiter) *metrics {
@@ -46,11 +47,15 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter) *metrics {
 			Name: "sluice_policy_reloads_total",
 			Help: "Policy sets loaded from a shared policy store, by result (applied, unchanged, error).",
 		}, []string{"result"}),
+		policySync: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_policy_sync_total",
+			Help: "Policy sets exchanged with other regions over gossip, by result (sent, applied, invalid, error).",
+		}, []string{"result"}),
 	}
 	stat := func(name, help string, f func(engine.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(lim.Stats())) })
 	}
-	reg.MustRegister(m.checks, m.duration, m.wouldReject, m.badRequests, m.panics, m.policyReload,
+	reg.MustRegister(m.checks, m.duration, m.wouldReject, m.badRequests, m.panics, m.policyReload, m.policySync,
 		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s engine.Stats) uint64 { return s.StoreCalls }),
 		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s engine.Stats) uint64 { return s.StoreErrors }),
 		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s engine.Stats) uint64 { return s.DenyCacheHits }),

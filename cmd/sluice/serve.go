@@ -30,12 +30,18 @@ func newServeCmd() *cobra.Command {
 		trusted      []string
 		configFile   string
 		logLevel     string
+		mr           multiRegionFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the gateway-facing daemon: check API, forward-auth, admin API",
 		Long: `Run the region daemon. With no flags it listens on 127.0.0.1:8080 with the
 in-process memory store and the built-in default policies.
+
+With --region the daemon joins a multi-region cluster over memberlist
+(--gossip-listen, --join) and enforces global-scope policies at its region's
+share; gossip is encrypted with the AES key of --gossip-key-file (16, 24 or 32
+bytes, raw or base64), required unless --dev.
 
 Precedence: command-line flag > SLUICE_<FLAG> environment variable >
 --config file > default. The admin token comes from --admin-token-file or
@@ -51,6 +57,11 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
+			gc, err := mr.config(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			cfg.Gossip = gc
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			for _, s := range trusted {
 				s = strings.TrimSpace(s)
@@ -118,6 +129,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.DurationVar(&cfg.PolicyRefresh, "policy-refresh", def.PolicyRefresh, "full refresh interval of policies shared through Redis (changes arrive at once by pub/sub)")
 	f.StringVar(&configFile, "config", "", "JSON file of flag values, e.g. {\"listen\": \":8080\", \"trusted-proxies\": [\"10.0.0.0/8\"]}")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	mr.register(f)
 	return cmd
 }
 

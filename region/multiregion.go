@@ -1,0 +1,485 @@
+package region
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/quota/redispolicy"
+	"github.com/sluice-rl/sluice/region/globalshare"
+	"github.com/sluice-rl/sluice/share"
+)
+
+// GossipConfig turns a daemon into one node of a multi-region cluster: it
+// joins the memberlist cluster, exchanges usage reports every Interval,
+// enforces global-scope policies at its region's share and keeps one policy
+// set in every region. A nil Config.Gossip runs the daemon single-region.
+type GossipConfig struct {
+	// Region names the region this daemon serves; Node is its stable node
+	// id (never an address).
+	Region, Node string
+	// Listen is the memberlist address, "host:port" (UDP and TCP); port 0
+	// picks a free one.
+	Listen string
+	// Advertise, if set, is the "host:port" other nodes dial.
+	Advertise string
+	// Join lists "host:port" seeds.
+	Join []string
+	// Interval is the report interval; the allocation's other timings
+	// scale with it (ShareConfig).
+	Interval time.Duration
+	// SecretKey (16, 24 or 32 bytes) encrypts and authenticates gossip;
+	// required unless Dev.
+	SecretKey []byte
+	Dev       bool
+	// Preset is memberlist's timing profile: "lan", "wan" or "local".
+	Preset string
+	// Share, if its Interval is set, replaces ShareConfig(Interval).
+	Share share.Config
+}
+
+// ShareConfig returns share.DefaultConfig with its timings scaled to
+// interval: Recent = interval/5, Settle = interval/4, RaiseDelay =
+// interval/10 (the defaults at 10 s), so a compressed interval (1 s in tests
+// and the live simulation) keeps the same proportions.
+func ShareConfig(interval time.Duration) share.Config {
+	sc := share.DefaultConfig()
+	if interval <= 0 {
+		return sc
+	}
+	sc.Interval = interval
+	sc.Recent = interval / 5
+	sc.Settle = interval / 4
+	sc.RaiseDelay = interval / 10
+	return sc
+}
+
+func (g *GossipConfig) gossipConfig(log *slog.Logger, reg prometheus.Registerer) (gossip.Config, error) {
+	host, port, err := splitHostPort(g.Listen, "gossip listen")
+	if err != nil {
+		return gossip.Config{}, err
+	}
+	gc := gossip.Config{Node: g.Node, Region: g.Region, BindAddr: host, BindPort: port, Join: g.Join,
+		Interval: g.Interval, SecretKey: g.SecretKey, Dev: g.Dev, Preset: g.Preset, Logger: log, Registerer: reg}
+	if g.Advertise != "" {
+		if gc.AdvertiseAddr, gc.AdvertisePort, err = splitHostPort(g.Advertise, "gossip advertise"); err != nil {
+			return gossip.Config{}, err
+		}
+	}
+	return gc, gc.Validate()
+}
+
+func splitHostPort(s, what string) (string, int, error) {
+	host, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, fmt.Errorf("%s address %q: want HOST:PORT", what, s)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%s address %q: bad port", what, s)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, port, nil
+}
+
+// cluster is the multi-region part of a daemon.
+type cluster struct {
+	g     *gossip.Node
+	c     *globalshare.Coordinator
+	log   *slog.Logger
+	dirty chan struct{}            // a local policy change to broadcast
+	in    chan gossip.PolicyUpdate // newest received update (buffer 1)
+
+	mu   sync.Mutex
+	rev  uint64 // revision of the policy set in force here
+	hash string // its content hash
+	from string // node the revision came from
+}
+
+// newCluster creates the gossip node and the coordinator (before either
+// runs, so the handlers are in place when messages arrive).
+func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error {
+	if gcfg.Interval <= 0 {
+		gcfg.Interval = gossip.DefaultInterval
+	}
+	cfg, err := gcfg.gossipConfig(d.log.With("component", "gossip"), reg)
+	if err != nil {
+		return err
+	}
+	g, err := gossip.New(cfg)
+	if err != nil {
+		return err
+	}
+	sc := gcfg.Share
+	if sc.Interval == 0 {
+		sc = ShareConfig(gcfg.Interval)
+	}
+	c, err := globalshare.New(globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
+		Limit: d.globalLimit, Logger: d.log.With("component", "globalshare"), Registerer: reg})
+	if err != nil {
+		return err
+	}
+	cl := &cluster{g: g, c: c, log: d.log, dirty: make(chan struct{}, 1), in: make(chan gossip.PolicyUpdate, 1)}
+	g.OnPolicy(cl.receive)
+	d.cl = cl
+	d.shares = c
+	return nil
+}
+
+// globalLimit is L_global of a global-scope policy in units per second:
+// the bucket rate, or count/window for the window algorithms.
+func (d *Daemon) globalLimit(id string) (float64, bool) {
+	p, ok := d.reg.Get(id)
+	if !ok || p.Scope != quota.ScopeGlobal {
+		return 0, false
+	}
+	l := p.Limit()
+	if l.Rate > 0 {
+		return l.Rate, true
+	}
+	if l.Window > 0 && l.Count > 0 {
+		return l.Count / l.Window.Seconds(), true
+	}
+	return 0, false
+}
+
+// Gossip returns the daemon's gossip node, nil when single-region.
+func (d *Daemon) Gossip() *gossip.Node {
+	if d.cl == nil {
+		return nil
+	}
+	return d.cl.g
+}
+
+// Coordinator returns the daemon's global-share coordinator, nil when
+// single-region.
+func (d *Daemon) Coordinator() *globalshare.Coordinator {
+	if d.cl == nil {
+		return nil
+	}
+	return d.cl.c
+}
+
+// policiesChanged notes a local policy change (admin API) for broadcast to
+// the other regions. It never blocks.
+func (d *Daemon) policiesChanged() {
+	if d.cl == nil {
+		return
+	}
+	select {
+	case d.cl.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// receive runs on the gossip decoder goroutine: keep the newest, return.
+func (cl *cluster) receive(u gossip.PolicyUpdate) {
+	for {
+		select {
+		case cl.in <- u:
+			return
+		default:
+		}
+		select {
+		case old := <-cl.in:
+			if old.Version > u.Version {
+				u = old
+			}
+		default:
+		}
+	}
+}
+
+// policySet is the payload of a gossip.PolicyUpdate: the policies in force
+// (the newest version of each), as JSON so that a newer build's fields
+// survive.
+type policySet struct {
+	Origin   string         `json:"origin"`
+	Policies []quota.Policy `json:"policies"`
+}
+
+// revision numbers are hybrid logical clocks: the high 48 bits are
+// milliseconds since the Unix epoch, advanced past every revision seen, and
+// the low 16 bits a hash of the node that made the change, so revisions made
+// anywhere are totally ordered, a later change (by wall clock, or causally
+// after one it has seen) is larger, and two changes made in the same
+// millisecond are ordered by node.
+func nextRevision(now time.Time, last uint64, node string) uint64 {
+	ms := uint64(now.UnixMilli())
+	if prev := last >> 16; ms <= prev {
+		ms = prev + 1
+	}
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	return ms<<16 | uint64(h.Sum32()&0xffff)
+}
+
+// policyHash is a short content hash of a policy set, independent of the
+// per-region version numbers the registries assign.
+func policyHash(ps []quota.Policy) string {
+	ps = slices.Clone(ps)
+	slices.SortFunc(ps, func(a, b quota.Policy) int {
+		if a.ID < b.ID {
+			return -1
+		}
+		if a.ID > b.ID {
+			return 1
+		}
+		return 0
+	})
+	h := sha256.New()
+	for _, p := range ps {
+		p.Version = 0
+		b, _ := json.Marshal(p)
+		h.Write(b)
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:6])
+}
+
+func samePolicy(a, b quota.Policy) bool {
+	a.Version, b.Version = 0, 0
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
+}
+
+// run broadcasts local changes, applies remote ones and keeps the node's
+// advertised policy revision and hash current, until ctx ends.
+func (d *Daemon) runPolicySync(ctx context.Context) error {
+	cl := d.cl
+	cl.mu.Lock()
+	cl.hash = policyHash(d.reg.List(""))
+	cl.mu.Unlock()
+	cl.g.SetPolicyVersion(0, cl.hash)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-cl.dirty:
+			d.broadcastPolicies(ctx)
+		case u := <-cl.in:
+			d.applyPolicies(ctx, u)
+		case <-tick.C:
+			// A change that arrived through the region's shared store
+			// (Redis pub/sub from a sibling daemon) changes the content;
+			// the sibling broadcasts it, this node only advertises it.
+			h := policyHash(d.reg.List(""))
+			cl.mu.Lock()
+			cl.hash = h
+			rev := cl.rev
+			cl.mu.Unlock()
+			cl.g.SetPolicyVersion(rev, h)
+		}
+	}
+}
+
+func (d *Daemon) broadcastPolicies(ctx context.Context) {
+	cl := d.cl
+	ps := d.reg.List("")
+	data, err := json.Marshal(policySet{Origin: cl.g.Name(), Policies: ps})
+	if err != nil {
+		cl.log.Error("policy sync: encode", "err", err)
+		return
+	}
+	cl.mu.Lock()
+	rev := nextRevision(time.Now(), cl.rev, cl.g.Name())
+	cl.rev, cl.hash, cl.from = rev, policyHash(ps), cl.g.Name()
+	h := cl.hash
+	cl.mu.Unlock()
+	cl.g.SetPolicyVersion(rev, h)
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cl.g.BroadcastPolicy(bctx, gossip.PolicyUpdate{Version: rev, Data: data}); err != nil {
+		cl.log.Warn("policy sync: broadcast", "revision", rev, "err", err)
+		return
+	}
+	d.m.policySync.WithLabelValues("sent").Inc()
+	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(ps))
+}
+
+// applyPolicies makes the local registry hold exactly the policies of u if
+// u is newer than the revision in force: changed policies are Put (a new
+// local version), missing ones deleted, identical ones left alone, so
+// applying the same set twice, or on several daemons sharing one Redis,
+// changes nothing the second time.
+func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
+	cl := d.cl
+	cl.mu.Lock()
+	stale := u.Version <= cl.rev
+	cl.mu.Unlock()
+	if stale {
+		return
+	}
+	var set policySet
+	if err := json.Unmarshal(u.Data, &set); err != nil {
+		d.m.policySync.WithLabelValues("invalid").Inc()
+		cl.log.Warn("policy sync: undecodable policy set", "revision", u.Version, "err", err)
+		return
+	}
+	for i := range set.Policies {
+		if err := set.Policies[i].Validate(); err != nil {
+			d.m.policySync.WithLabelValues("invalid").Inc()
+			cl.log.Warn("policy sync: invalid policy in set", "revision", u.Version, "policy", set.Policies[i].ID, "err", err)
+			return
+		}
+	}
+	who := "gossip:" + set.Origin
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if err = d.syncRegistry(actx, who, set.Policies); err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
+			break
+		}
+		// A sibling daemon on the same Redis applied it first: reload
+		// and compare again.
+		if lerr := d.reg.Load(actx); lerr != nil && !errors.Is(lerr, quota.ErrNoSnapshot) {
+			err = lerr
+			break
+		}
+	}
+	if err != nil {
+		d.m.policySync.WithLabelValues("error").Inc()
+		cl.log.Error("policy sync: apply", "revision", u.Version, "from", set.Origin, "err", err)
+		return
+	}
+	h := policyHash(d.reg.List(""))
+	cl.mu.Lock()
+	cl.rev, cl.hash, cl.from = u.Version, h, set.Origin
+	cl.mu.Unlock()
+	cl.g.SetPolicyVersion(u.Version, h)
+	d.m.policySync.WithLabelValues("applied").Inc()
+	cl.log.Info("policy sync: applied", "revision", u.Version, "from", set.Origin, "hash", h, "policies", len(set.Policies))
+}
+
+func (d *Daemon) syncRegistry(ctx context.Context, who string, want []quota.Policy) error {
+	keep := map[string]bool{}
+	for _, p := range want {
+		keep[p.ID] = true
+		if cur, ok := d.reg.Get(p.ID); ok && samePolicy(cur, p) {
+			continue
+		}
+		if _, err := d.reg.Put(ctx, who, p, nil); err != nil {
+			return fmt.Errorf("policy %s: %w", p.ID, err)
+		}
+	}
+	for _, p := range d.reg.List("") {
+		if !keep[p.ID] {
+			if err := d.reg.Delete(ctx, who, p.ID, nil); err != nil && !errors.Is(err, quota.ErrNotFound) {
+				return fmt.Errorf("policy %s: %w", p.ID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// RegionsStatus is the body of GET /v1/regions.
+type RegionsStatus struct {
+	// MultiRegion is false when the daemon runs single-region (no
+	// --region); the rest is then empty.
+	MultiRegion bool `json:"multi_region"`
+	globalshare.Status
+	// IntervalS is the report interval in seconds.
+	IntervalS float64 `json:"interval_s"`
+	// PolicyRevision and PolicyHash are this node's policy set: the
+	// cluster-wide revision it last made or applied (0: the seed set) and a
+	// hash of its content.
+	PolicyRevision uint64 `json:"policy_revision"`
+	PolicyHash     string `json:"policy_hash"`
+	// PolicySkew is true while the live nodes do not all advertise the
+	// same policy hash; PolicyRevisions lists each region's revisions.
+	PolicySkew      bool                `json:"policy_skew"`
+	PolicyRevisions map[string][]uint64 `json:"policy_revisions"`
+	Members         []gossip.Member     `json:"members"`
+}
+
+func (d *Daemon) handleRegions(w http.ResponseWriter, r *http.Request) {
+	if d.cl == nil {
+		writeJSON(w, http.StatusOK, RegionsStatus{Members: []gossip.Member{}, PolicyRevisions: map[string][]uint64{}})
+		return
+	}
+	st := RegionsStatus{MultiRegion: true, Status: d.cl.c.Status(), Members: d.cl.g.Members(), PolicyRevisions: map[string][]uint64{}}
+	st.IntervalS = st.Interval.Seconds()
+	d.cl.mu.Lock()
+	st.PolicyRevision, st.PolicyHash = d.cl.rev, d.cl.hash
+	d.cl.mu.Unlock()
+	hashes := map[string]bool{}
+	for _, m := range st.Members {
+		if !m.State.Live() {
+			continue
+		}
+		hashes[m.PolicyHash] = true
+		if revs := st.PolicyRevisions[m.Region]; !slices.Contains(revs, m.PolicyRevision) {
+			st.PolicyRevisions[m.Region] = append(revs, m.PolicyRevision)
+		}
+	}
+	for _, revs := range st.PolicyRevisions {
+		slices.Sort(revs)
+	}
+	st.PolicySkew = len(hashes) > 1
+	if st.Regions == nil {
+		st.Regions = []globalshare.RegionInfo{}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// GlobalShares is one global policy's division among regions for a
+// subject, in GET /v1/keys/{subject}/usage.
+type GlobalShares struct {
+	Policy string `json:"policy"`
+	// LimitPerSec is L_global in units per second.
+	LimitPerSec float64 `json:"limit_per_sec"`
+	// Coordinated is true when the regions negotiated shares for the key;
+	// otherwise every live region runs at the default 1/n.
+	Coordinated bool `json:"coordinated"`
+	// Share is this region's fraction now; Regions every region's.
+	Share   float64            `json:"share"`
+	Regions map[string]float64 `json:"regions"`
+}
+
+func (d *Daemon) globalShares(subject string, ps []PolicyResult) []GlobalShares {
+	if d.cl == nil {
+		return nil
+	}
+	out := []GlobalShares{}
+	seen := map[string]bool{}
+	for _, p := range ps {
+		if p.Scope != quota.ScopeGlobal || seen[p.ID] {
+			continue
+		}
+		seen[p.ID] = true
+		l, _ := d.globalLimit(p.ID)
+		gs := GlobalShares{Policy: p.ID, LimitPerSec: l, Share: d.cl.c.Share(p.ID, subject)}
+		if rs := d.cl.c.RegionShares(p.ID, subject); rs != nil {
+			gs.Coordinated, gs.Regions = true, rs
+		} else {
+			def := d.cl.c.Table().Default()
+			gs.Regions = map[string]float64{}
+			for r := range d.cl.g.Regions() {
+				gs.Regions[r] = def
+			}
+		}
+		out = append(out, gs)
+	}
+	return out
+}
