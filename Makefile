@@ -42,5 +42,9 @@ fuzz:
 	  done; \
 	done
 
+# docs/simulation-results.md from every built-in scenario (seed 1).
+sim-report:
+	$(GO) run ./simulator/cmd/simreport
+
 clean:
 	rm -rf bin out
