@@ -26,3 +26,7 @@ BEGIN {
   add("BenchmarkCheckP99/redis_down_breaker_open", "p99-us", "check_p99_us_redis_down_breaker_open", "us")
   add("BenchmarkXTimeRateKeyedAllow", "ns/op", "xtime_rate_keyed_ns_per_allow", "ns")
 }
+BEGIN {
+  add("BenchmarkHotKeyIsolation/alone", "p99-us", "check_p99_us_redis_others_alone", "us")
+  add("BenchmarkHotKeyIsolation/with_hot_key", "p99-us", "check_p99_us_redis_others_with_hot_key", "us")
+}

@@ -80,3 +80,41 @@ func init() {
 	// benchmark output parseable.
 	redis.SetLogger(RedisLogger{slog.New(slog.DiscardHandler)})
 }
+
+// BenchmarkHotKeyIsolation measures other subjects' p99 check latency on a
+// real Redis, alone and while one subject is hammered at about 100x its
+// limit (paced like network arrivals). The ratio of the two is the
+// hot-key isolation figure.
+func BenchmarkHotKeyIsolation(b *testing.B) {
+	for _, withHot := range []bool{false, true} {
+		name := "alone"
+		if withHot {
+			name = "with_hot_key"
+		}
+		b.Run(name, func(b *testing.B) {
+			srv := redistest.Start(b)
+			lim := redisLimiter(b, "redis://"+srv.Addr(), LimiterConfig{})
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if !withHot {
+					return
+				}
+				hot := Request{Subject: "hot", Checks: []Check{{Policy: "q", Limit: Limit{Algorithm: TokenBucket, Rate: 20, Burst: 20}, Cost: 1}}}
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					lim.Check(context.Background(), hot)
+					time.Sleep(500 * time.Microsecond)
+				}
+			}()
+			benchP99(b, lim)
+			close(stop)
+			<-done
+		})
+	}
+}
