@@ -52,35 +52,45 @@ type Result struct {
 func Decide(now time.Time, st State, l Limit, cost int64) (State, Result) {
 	us := now.UnixMicro()
 	if l.Algorithm == SlidingWindowLog {
-		r, drop := decideLog(us, st.Log, l, float64(cost))
+		r, drop := decideLog(us, st.Log, &l, float64(cost))
 		if r.Allowed {
 			st.Log = commitLog(append([]int64(nil), st.Log...), drop, us, cost)
 		}
 		return st, r
 	}
-	next, r := decide(us, st, l, float64(cost))
+	next := counters{a: st.A, b: st.B, t: st.T}
+	var r Result
+	decide(us, &next, &l, float64(cost), &r)
 	if !r.Allowed {
 		return st, r
 	}
-	return next, r
+	return State{A: next.a, B: next.b, T: next.t}, r
 }
 
-// decide handles every algorithm but the log. It returns the state as it
-// would be after the check; when the check is rejected the caller keeps the
-// old state. Every floating-point operation here is mirrored, in the same
-// order, by the Redis store's Lua script (see redis.lua): change both.
-func decide(now int64, st State, l Limit, cost float64) (State, Result) {
+// counters is the state of every algorithm but the log, as the deciding
+// functions update it in place: small, and free of the log's slice, so
+// the hot path copies nothing it does not need.
+type counters struct {
+	a, b float64
+	t    int64
+}
+
+// decide handles every algorithm but the log. It updates st to the state
+// after the check and fills r; when the check is rejected the caller keeps
+// the old state. Every floating-point operation here is mirrored, in the
+// same order, by the Redis store's Lua script (see redis.lua): change both.
+func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
+	*r = Result{}
 	switch l.Algorithm {
 	case TokenBucket:
-		return tokenBucket(now, st, l, cost)
+		tokenBucket(now, st, l, cost, r)
 	case LeakyBucket:
-		return leakyBucket(now, st, l, cost)
+		leakyBucket(now, st, l, cost, r)
 	case FixedWindow:
-		return fixedWindow(now, st, l, cost)
+		fixedWindow(now, st, l, cost, r)
 	case SlidingWindowCounter:
-		return slidingCounter(now, st, l, cost)
+		slidingCounter(now, st, l, cost, r)
 	}
-	return st, Result{}
 }
 
 const usPerSec = 1e6
@@ -106,20 +116,22 @@ func floorUnits(v float64) int64 {
 	return int64(math.Floor(v))
 }
 
-func tokenBucket(now int64, st State, l Limit, cost float64) (State, Result) {
+func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	rate, burst := l.Rate, l.Burst
 	tokens := burst
 	t := now
-	if st.T != 0 {
-		tokens = st.A
-		t = st.T
+	if st.t != 0 {
+		tokens = st.a
+		t = st.t
 		if now > t {
 			tokens = tokens + (float64(now-t)*rate)/usPerSec
 			t = now
 		}
-		tokens = math.Min(burst, tokens)
+		if tokens > burst {
+			tokens = burst
+		}
 	}
-	r := Result{Limit: floorUnits(burst)}
+	r.Limit = floorUnits(burst)
 	if cost <= tokens {
 		r.Allowed = true
 		tokens = tokens - cost
@@ -133,24 +145,24 @@ func tokenBucket(now int64, st State, l Limit, cost float64) (State, Result) {
 	}
 	r.Remaining = floorUnits(tokens)
 	r.ResetAfter = usToDuration(ceilUs((burst - tokens) * usPerSec / rate))
-	return State{A: tokens, T: t}, r
+	st.a, st.t = tokens, t
 }
 
 // leakyBucket is the leaky bucket as a meter: each admitted unit raises a
 // level that drains at Rate; a check that would overflow Burst is rejected.
-func leakyBucket(now int64, st State, l Limit, cost float64) (State, Result) {
+func leakyBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	rate, burst := l.Rate, l.Burst
 	level := 0.0
 	t := now
-	if st.T != 0 {
-		level = st.A
-		t = st.T
+	if st.t != 0 {
+		level = st.a
+		t = st.t
 		if now > t {
 			level = math.Max(0, level-(float64(now-t)*rate)/usPerSec)
 			t = now
 		}
 	}
-	r := Result{Limit: floorUnits(burst)}
+	r.Limit = floorUnits(burst)
 	if level+cost <= burst {
 		r.Allowed = true
 		level = level + cost
@@ -163,21 +175,21 @@ func leakyBucket(now int64, st State, l Limit, cost float64) (State, Result) {
 	}
 	r.Remaining = floorUnits(burst - level)
 	r.ResetAfter = usToDuration(ceilUs(level * usPerSec / rate))
-	return State{A: level, T: t}, r
+	st.a, st.t = level, t
 }
 
-func windowUs(l Limit) int64 { return int64(l.Window / time.Microsecond) }
+func windowUs(l *Limit) int64 { return int64(l.Window / time.Microsecond) }
 
-func fixedWindow(now int64, st State, l Limit, cost float64) (State, Result) {
+func fixedWindow(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	w := windowUs(l)
 	start := now - now%w
-	count := st.A
-	t := st.T
-	if st.T == 0 || start > st.T {
+	count := st.a
+	t := st.t
+	if st.t == 0 || start > st.t {
 		count, t = 0, start
 	}
 	end := t + w
-	r := Result{Limit: floorUnits(l.Count), ResetAfter: usToDuration(end - now)}
+	r.Limit, r.ResetAfter = floorUnits(l.Count), usToDuration(end-now)
 	if count+cost <= l.Count {
 		r.Allowed = true
 		count = count + cost
@@ -187,27 +199,27 @@ func fixedWindow(now int64, st State, l Limit, cost float64) (State, Result) {
 		r.RetryAfter = usToDuration(end - now + w)
 	}
 	r.Remaining = floorUnits(l.Count - count)
-	return State{A: count, T: t}, r
+	st.a, st.t = count, t
 }
 
 // slidingCounter estimates the count over the last window as the current
 // window's count plus the previous one's weighted by how much of it still
 // overlaps: n_curr + n_prev × (w − e)/w.
-func slidingCounter(now int64, st State, l Limit, cost float64) (State, Result) {
+func slidingCounter(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	w := windowUs(l)
 	start := now - now%w
-	cur, prev, t := st.A, st.B, st.T
+	cur, prev, t := st.a, st.b, st.t
 	switch {
-	case st.T == 0:
+	case st.t == 0:
 		cur, prev, t = 0, 0, start
-	case start == st.T+w:
-		cur, prev, t = 0, st.A, start
-	case start > st.T:
+	case start == st.t+w:
+		cur, prev, t = 0, st.a, start
+	case start > st.t:
 		cur, prev, t = 0, 0, start
 	}
 	e := max(now-t, 0)
 	est := estimate(cur, prev, w, e)
-	r := Result{Limit: floorUnits(l.Count)}
+	r.Limit = floorUnits(l.Count)
 	if est+cost <= l.Count {
 		r.Allowed = true
 		cur = cur + cost
@@ -222,7 +234,7 @@ func slidingCounter(now int64, st State, l Limit, cost float64) (State, Result) 
 	case prev > 0:
 		r.ResetAfter = usToDuration(t + w - now)
 	}
-	return State{A: cur, B: prev, T: t}, r
+	st.a, st.b, st.t = cur, prev, t
 }
 
 func estimate(cur, prev float64, w, e int64) float64 {
@@ -254,7 +266,7 @@ func slidingRetry(cur, prev float64, w, e int64, limit, cost float64) int64 {
 
 // decideLog decides for the sliding window log without changing it; drop
 // is how many expired timestamps a commit removes from the front.
-func decideLog(now int64, log []int64, l Limit, cost float64) (Result, int) {
+func decideLog(now int64, log []int64, l *Limit, cost float64) (Result, int) {
 	w := windowUs(l)
 	drop := 0
 	for drop < len(log) && log[drop] <= now-w {
@@ -307,20 +319,20 @@ func commitLog(log []int64, drop int, now, cost int64) []int64 {
 // than its TTL assumed, and one that expires restarts empty. No finite
 // TTL covers a share that may shrink towards zero; the allocation's floor
 // keeps it from doing so.
-func ttl(now int64, st State, l Limit, f float64) int64 {
+func ttl(now int64, st *counters, log []int64, l *Limit, f float64) int64 {
 	const slack = usPerSec
 	switch l.Algorithm {
 	case TokenBucket:
-		return ceilUs((l.Burst/f-st.A)*usPerSec/(l.Rate/f)) + slack
+		return ceilUs((l.Burst/f-st.a)*usPerSec/(l.Rate/f)) + slack
 	case LeakyBucket:
-		return ceilUs(st.A*usPerSec/l.Rate) + slack
+		return ceilUs(st.a*usPerSec/l.Rate) + slack
 	case FixedWindow:
-		return st.T + windowUs(l) - now + slack
+		return st.t + windowUs(l) - now + slack
 	case SlidingWindowCounter:
-		return st.T + 2*windowUs(l) - now + slack
+		return st.t + 2*windowUs(l) - now + slack
 	case SlidingWindowLog:
-		if n := len(st.Log); n > 0 {
-			return st.Log[n-1] + windowUs(l) - now + slack
+		if n := len(log); n > 0 {
+			return log[n-1] + windowUs(l) - now + slack
 		}
 	}
 	return slack

@@ -80,7 +80,8 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (Decision, error) {
 	sh, sub := s.shardFor(req.Subject)
 	var d Decision
 	d.N = len(req.Checks)
-	var next [MaxChecks]State
+	var next [MaxChecks]counters
+	var lims [MaxChecks]Limit
 	var idx [MaxChecks]int32
 	var keys [MaxChecks]uint64
 	var drops [MaxChecks]int
@@ -89,23 +90,24 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (Decision, error) {
 	sh.mu.Lock()
 	for i := range req.Checks {
 		c := &req.Checks[i]
-		l := c.effective()
+		l := &lims[i]
+		*l = c.effective()
 		keys[i] = s.key(sub, c.Policy)
 		idx[i], stale[i] = sh.lookup(keys[i], now, s.base, l.Algorithm)
-		var st State
-		if idx[i] >= 0 && !stale[i] {
-			e := &sh.entries[idx[i]]
-			st = State{A: e.a, B: e.b, T: e.t}
-			if l.Algorithm == SlidingWindowLog {
-				st.Log = sh.logs[idx[i]]
-			}
-		}
+		live := idx[i] >= 0 && !stale[i]
 		if l.Algorithm == SlidingWindowLog {
-			d.Results[i], drops[i] = decideLog(now, st.Log, l, float64(c.Cost))
-			next[i] = st
-		} else {
-			next[i], d.Results[i] = decide(now, st, l, float64(c.Cost))
+			var log []int64
+			if live {
+				log = sh.logs[idx[i]]
+			}
+			d.Results[i], drops[i] = decideLog(now, log, l, float64(c.Cost))
+			continue
 		}
+		if live {
+			e := &sh.entries[idx[i]]
+			next[i] = counters{a: e.a, b: e.b, t: e.t}
+		}
+		decide(now, &next[i], l, float64(c.Cost), &d.Results[i])
 	}
 	d.finish(req.Checks)
 	if d.Allowed {
@@ -121,24 +123,25 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (Decision, error) {
 			if c.Cost == 0 {
 				continue
 			}
-			l := c.effective()
+			l := &lims[i]
 			if idx[i] < 0 {
 				idx[i] = sh.insert(keys[i], &s.evictions)
 			}
-			st := next[i]
+			var log []int64
 			if l.Algorithm == SlidingWindowLog {
 				old := sh.logs[idx[i]]
 				if stale[i] {
 					old = old[:0]
 				}
-				st.Log = commitLog(old, drops[i], now, c.Cost)
-				sh.logs[idx[i]] = st.Log
+				log = commitLog(old, drops[i], now, c.Cost)
+				sh.logs[idx[i]] = log
 			} else if stale[i] {
 				delete(sh.logs, idx[i])
 			}
 			e := &sh.entries[idx[i]]
-			e.a, e.b, e.t, e.alg = st.A, st.B, st.T, uint8(l.Algorithm)
-			e.exp = expirySeconds(now+ttl(now, st, l, c.scale()), s.base)
+			st := &next[i]
+			e.a, e.b, e.t, e.alg = st.a, st.b, st.t, uint8(l.Algorithm)
+			e.exp = expirySeconds(now+ttl(now, st, log, l, c.scale()), s.base)
 			sh.touch(idx[i])
 		}
 	}

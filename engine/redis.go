@@ -158,7 +158,7 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 			strconv.Itoa(int(l.Algorithm)),
 			strconv.FormatFloat(p1, 'g', -1, 64),
 			strconv.FormatFloat(p2, 'g', -1, 64),
-			strconv.FormatInt(windowUs(l), 10),
+			strconv.FormatInt(windowUs(&l), 10),
 			strconv.FormatInt(c.Cost, 10),
 			strconv.FormatFloat(c.scale(), 'g', -1, 64))
 	}
