@@ -360,3 +360,23 @@ func TestScaledStateOutlivesItsScaledTTL(t *testing.T) {
 		})
 	}
 }
+
+// TestLeakyMeterEqualsTokenBucket pins down what docs/algorithms.md tells
+// users: the leaky bucket as a meter admits exactly what a token bucket
+// of the same rate and burst admits (its level is the bucket's missing
+// tokens); only the way one thinks of it differs.
+func TestLeakyMeterEqualsTokenBucket(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock})
+	tb := Limit{Algorithm: TokenBucket, Rate: 7, Burst: 15}
+	lb := Limit{Algorithm: LeakyBucket, Rate: 7, Burst: 15}
+	for i := range 5000 {
+		cost := int64(1 + i%4)
+		a := mustCheck(t, s, one("tb", "p", tb, cost))
+		b := mustCheck(t, s, one("lb", "p", lb, cost))
+		if a.Allowed != b.Allowed {
+			t.Fatalf("check %d: token bucket allowed=%v, leaky bucket allowed=%v", i, a.Allowed, b.Allowed)
+		}
+		clock.Advance(time.Duration(i%97) * time.Millisecond)
+	}
+}
