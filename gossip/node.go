@@ -68,6 +68,7 @@ type Node struct {
 	bq      *memberlist.TransmitLimitedQueue
 	metrics *metrics
 	meta    atomic.Pointer[[]byte]
+	addr    string // host:port others reach this node at
 	metaMu  sync.Mutex
 	// metaFields is what meta encodes (guarded by metaMu).
 	metaFields nodeMeta
@@ -119,15 +120,16 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("gossip: start memberlist: %w", err)
 	}
 	n.ml = ml
+	// Read once: LocalNode's fields change under memberlist's lock on
+	// every UpdateNode (SetPolicyVersion), the address never does.
+	ln := ml.LocalNode()
+	n.addr = net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port)))
 	return n, nil
 }
 
 // Addr returns the address other nodes reach this one at (host:port), for
 // the Join lists of tests and tools.
-func (n *Node) Addr() string {
-	ln := n.ml.LocalNode()
-	return net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port)))
-}
+func (n *Node) Addr() string { return n.addr }
 
 // Name returns the node id.
 func (n *Node) Name() string { return n.cfg.Node }

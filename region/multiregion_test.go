@@ -1,0 +1,183 @@
+package region
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-rl/sluice/quota"
+)
+
+func TestNextRevisionOrders(t *testing.T) {
+	t0 := time.UnixMilli(1_800_000_000_000)
+	tests := []struct {
+		name      string
+		now       time.Time
+		last      uint64
+		node      string
+		wantAbove uint64
+	}{
+		{"first change", t0, 0, "a1", 0},
+		{"later wall clock", t0.Add(time.Millisecond), nextRevision(t0, 0, "z9"), "a1", nextRevision(t0, 0, "z9")},
+		{"clock behind what was seen", t0.Add(-time.Hour), nextRevision(t0, 0, "b1"), "a1", nextRevision(t0, 0, "b1")},
+		{"same millisecond as seen", t0, nextRevision(t0, 0, "b1"), "a1", nextRevision(t0, 0, "b1")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := nextRevision(tt.now, tt.last, tt.node); got <= tt.wantAbove {
+				t.Errorf("nextRevision(%v, %d, %q) = %d, want > %d", tt.now, tt.last, tt.node, got, tt.wantAbove)
+			}
+		})
+	}
+	if a, b := nextRevision(t0, 0, "a1"), nextRevision(t0, 0, "b1"); a == b {
+		t.Errorf("two nodes changing in the same millisecond got the same revision %d", a)
+	}
+}
+
+func TestPolicyHashIgnoresVersionsAndOrder(t *testing.T) {
+	p := quota.Policy{ID: "g", Algorithm: "token_bucket", RatePerSec: 10, Burst: 5, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}
+	q := quota.Policy{ID: "h", Algorithm: "token_bucket", RatePerSec: 1, Burst: 1, Mode: quota.ModeEnforce}
+	p2 := p
+	p2.Version = 7
+	if policyHash([]quota.Policy{p, q}) != policyHash([]quota.Policy{q, p2}) {
+		t.Error("policyHash depends on order or version numbers")
+	}
+	p2.RatePerSec = 11
+	if policyHash([]quota.Policy{p, q}) == policyHash([]quota.Policy{p2, q}) {
+		t.Error("policyHash does not see a changed rate")
+	}
+}
+
+type liveDaemon struct {
+	d      *Daemon
+	base   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startRegionDaemon(t *testing.T, regionName, node, join string, pols []quota.Policy) *liveDaemon {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.AdminToken = testToken
+	cfg.Policies = pols
+	cfg.Listen = "127.0.0.1:0"
+	cfg.ShutdownTimeout = time.Second
+	cfg.Gossip = &GossipConfig{Region: regionName, Node: node, Listen: "127.0.0.1:0", Interval: time.Second, Dev: true, Preset: "local"}
+	if join != "" {
+		cfg.Gossip.Join = []string{join}
+	}
+	reg := prometheus.NewRegistry()
+	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), reg, reg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ld := &liveDaemon{d: d, base: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { ld.done <- d.Serve(ctx, ln, nil) }()
+	t.Cleanup(func() { cancel(); <-ld.done })
+	return ld
+}
+
+func (l *liveDaemon) admin(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, l.base+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+func (l *liveDaemon) regions(t *testing.T) RegionsStatus {
+	t.Helper()
+	code, body := l.admin(t, "GET", "/v1/regions", "")
+	var st RegionsStatus
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil {
+		t.Fatalf("GET /v1/regions = %d %s", code, body)
+	}
+	return st
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+}
+
+// TestPolicySyncNewestWins: a change in one region reaches the other over
+// gossip, /v1/regions shows the skew until it has, and two conflicting
+// changes made at once in two regions converge on one of them everywhere.
+func TestPolicySyncNewestWins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist on loopback; skipped under -short")
+	}
+	pol := func(rate float64) string {
+		return fmt.Sprintf(`{"algorithm":"token_bucket","rate_per_sec":%g,"burst":10,"mode":"enforce","scope":"global"}`, rate)
+	}
+	seed := []quota.Policy{{ID: "g", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}}
+	a := startRegionDaemon(t, "a", "a1", "", seed)
+	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), seed)
+	eventually(t, "two regions", 10*time.Second, func() bool {
+		st := a.regions(t)
+		return len(st.Members) == 2 && !st.PolicySkew
+	})
+
+	rate := func(l *liveDaemon) float64 {
+		p, _ := l.d.Registry().Get("g")
+		return p.RatePerSec
+	}
+	if code, body := a.admin(t, "PUT", "/v1/policies/g", pol(20)); code != 200 {
+		t.Fatalf("PUT = %d %s", code, body)
+	}
+	if st := a.regions(t); st.PolicyRevision == 0 {
+		t.Errorf("after a local change, policy_revision = 0")
+	}
+	eventually(t, "the change to reach b", 5*time.Second, func() bool { return rate(b) == 20 })
+	eventually(t, "no skew", 5*time.Second, func() bool { st := b.regions(t); return !st.PolicySkew && st.PolicyRevision == a.regions(t).PolicyRevision })
+
+	// Conflicting changes at once: the larger revision wins everywhere.
+	ca := make(chan int)
+	go func() { code, _ := a.admin(t, "PUT", "/v1/policies/g", pol(30)); ca <- code }()
+	if code, body := b.admin(t, "PUT", "/v1/policies/g", pol(40)); code != 200 {
+		t.Fatalf("PUT in b = %d %s", code, body)
+	}
+	if code := <-ca; code != 200 {
+		t.Fatalf("PUT in a = %d", code)
+	}
+	eventually(t, "both regions to agree", 5*time.Second, func() bool {
+		sa, sb := a.regions(t), b.regions(t)
+		return rate(a) == rate(b) && sa.PolicyHash == sb.PolicyHash && sa.PolicyRevision == sb.PolicyRevision && !sa.PolicySkew
+	})
+	t.Logf("conflict resolved to rate %g", rate(a))
+
+	// Key usage shows every region's share of the global policy.
+	code, body := b.admin(t, "GET", "/v1/keys/k1/usage", "")
+	var u Usage
+	if code != 200 || json.Unmarshal([]byte(body), &u) != nil || len(u.GlobalShares) != 1 || len(u.GlobalShares[0].Regions) != 2 {
+		t.Errorf("GET usage = %d %s, want the shares of regions a and b", code, body)
+	}
+}
