@@ -128,6 +128,7 @@ type Daemon struct {
 	ident   quota.IdentityConfig
 	shares  ShareSource
 	cl      *cluster // nil when single-region
+	redis   redisKV  // nil on the memory store
 	m       *metrics
 	gather  prometheus.Gatherer
 	token   [32]byte // SHA-256 of the admin token
@@ -204,6 +205,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 			return nil, err
 		}
 		d.closers = append(d.closers, client.Close)
+		d.redis = client
 		store = engine.NewRedisStore(client, engine.RedisConfig{Timeout: cfg.StoreTimeout})
 		ps := redispolicy.New(client, redispolicy.Config{}, log)
 		pstore = ps

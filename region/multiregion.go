@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/quota"
@@ -131,8 +132,12 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 	if sc.Interval == 0 {
 		sc = ShareConfig(gcfg.Interval)
 	}
-	c, err := globalshare.New(globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
-		Limit: d.globalLimit, Logger: d.log.With("component", "globalshare"), Registerer: reg})
+	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
+		Limit: d.globalLimit, Logger: d.log.With("component", "globalshare"), Registerer: reg}
+	if d.redis != nil {
+		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
+	}
+	c, err := globalshare.New(gsc)
 	if err != nil {
 		return err
 	}
@@ -141,6 +146,42 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 	d.cl = cl
 	d.shares = c
 	return nil
+}
+
+// redisKV is what the share store needs from a go-redis client.
+type redisKV interface {
+	Get(ctx context.Context, key string) *redis.StringCmd
+	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
+}
+
+// redisShares keeps a region's shares in its own Redis, one JSON value per
+// region under {sluice-shares}:<region>, expiring after the window in which
+// restoring them is still useful.
+type redisShares struct {
+	c   redisKV
+	ttl time.Duration
+}
+
+func sharesKey(region string) string { return "{sluice-shares}:" + region }
+
+func (r *redisShares) LoadShares(ctx context.Context, region string) (globalshare.Saved, error) {
+	var s globalshare.Saved
+	b, err := r.c.Get(ctx, sharesKey(region)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return s, nil
+	}
+	if err != nil {
+		return s, err
+	}
+	return s, json.Unmarshal(b, &s)
+}
+
+func (r *redisShares) SaveShares(ctx context.Context, s globalshare.Saved) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return r.c.Set(ctx, sharesKey(s.Region), b, r.ttl).Err()
 }
 
 // globalLimit is L_global of a global-scope policy in units per second:

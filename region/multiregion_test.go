@@ -14,7 +14,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/region/globalshare"
+	"github.com/sluice-rl/sluice/share"
 )
 
 func TestNextRevisionOrders(t *testing.T) {
@@ -157,7 +161,10 @@ func TestPolicySyncNewestWins(t *testing.T) {
 		t.Errorf("after a local change, policy_revision = 0")
 	}
 	eventually(t, "the change to reach b", 5*time.Second, func() bool { return rate(b) == 20 })
-	eventually(t, "no skew", 5*time.Second, func() bool { st := b.regions(t); return !st.PolicySkew && st.PolicyRevision == a.regions(t).PolicyRevision })
+	eventually(t, "no skew", 5*time.Second, func() bool {
+		st := b.regions(t)
+		return !st.PolicySkew && st.PolicyRevision == a.regions(t).PolicyRevision
+	})
 
 	// Conflicting changes at once: the larger revision wins everywhere.
 	ca := make(chan int)
@@ -179,5 +186,30 @@ func TestPolicySyncNewestWins(t *testing.T) {
 	var u Usage
 	if code != 200 || json.Unmarshal([]byte(body), &u) != nil || len(u.GlobalShares) != 1 || len(u.GlobalShares[0].Regions) != 2 {
 		t.Errorf("GET usage = %d %s, want the shares of regions a and b", code, body)
+	}
+}
+
+func TestRedisSharesRoundTrip(t *testing.T) {
+	srv := redistest.Start(t)
+	client, err := engine.NewRedisClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	st := &redisShares{c: client, ttl: time.Minute}
+	ctx := context.Background()
+	if got, err := st.LoadShares(ctx, "eu"); err != nil || len(got.Shares) != 0 {
+		t.Fatalf("LoadShares(empty) = %+v, %v; want nothing, nil", got, err)
+	}
+	want := globalshare.Saved{Region: "eu", Epoch: 42, Shares: []globalshare.SavedShare{{Key: share.Key{Policy: "g", Subject: "k"}, Share: 0.7}}}
+	if err := st.SaveShares(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.LoadShares(ctx, "eu")
+	if err != nil || got.Epoch != 42 || len(got.Shares) != 1 || got.Shares[0] != want.Shares[0] {
+		t.Errorf("LoadShares = %+v, %v; want %+v", got, err, want)
+	}
+	if other, _ := st.LoadShares(ctx, "us"); len(other.Shares) != 0 {
+		t.Errorf("LoadShares(us) = %+v, want nothing (shares are per region)", other)
 	}
 }

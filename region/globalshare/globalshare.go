@@ -22,8 +22,14 @@
 // regional Redis: see the gossip package documentation for why.
 //
 // Share is lock-free (an atomic pointer to an immutable share.Table) and is
-// what the engine's check path calls. Shares are not persisted in Redis yet:
-// a restarted region starts from the default 1/n and converges in a few
+// what the engine's check path calls.
+//
+// With a Store (the region's Redis), every node saves the shares its region
+// enforces after each raise, and a node starting restores them when they are
+// at most PartitionIntervals epochs old: the other regions hold a silent
+// region's last shares that long, so until its first rebalance a restarted
+// region enforces the shares the others still reserve for it instead of 1/n.
+// Without a Store a restarted region starts from 1/n and converges in a few
 // intervals.
 package globalshare
 
@@ -84,10 +90,34 @@ type Config struct {
 	// Collect is how long after the epoch boundary node usage from the
 	// region's other nodes is awaited (default Settle/3).
 	Collect time.Duration
+	// Store, if set, persists this region's shares (see the package
+	// documentation); nil keeps them in memory only.
+	Store Store
 	// Clock drives the timers; nil means real time.
 	Clock      Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+}
+
+// Store persists one region's shares, e.g. in the region's Redis. Calls are
+// made from Run's goroutine with a deadline of a quarter interval.
+type Store interface {
+	LoadShares(ctx context.Context, region string) (Saved, error)
+	SaveShares(ctx context.Context, s Saved) error
+}
+
+// Saved is a region's shares as persisted: the epoch they were computed
+// for and this region's fraction of L_global per coordinated key.
+type Saved struct {
+	Region string       `json:"region"`
+	Epoch  uint64       `json:"epoch"`
+	Shares []SavedShare `json:"shares"`
+}
+
+// SavedShare is one key's share in Saved.
+type SavedShare struct {
+	share.Key
+	Share float64 `json:"share"`
 }
 
 // Coordinator runs the per-interval exchange for one daemon.
@@ -114,6 +144,8 @@ type Coordinator struct {
 	coordKeys int
 	known     []string     // regions known to the allocator
 	own       share.Report // this region's last report
+
+	restored map[share.Key]float64 // shares loaded from Store (Run's goroutine)
 }
 
 type regionShares struct {
@@ -292,6 +324,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.cfg.Store != nil {
+		c.restore(ctx)
+	}
 	c.cfg.Usage() // discard usage of unknown duration from before the start
 	lastDrain := now
 	for {
@@ -340,6 +375,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		}
 		c.table.Store(alloc.Table(c.clock.Now()))
 		c.raised.Store(epoch)
+		if c.cfg.Store != nil {
+			c.persist(ctx, epoch)
+		}
 	}
 }
 
@@ -356,9 +394,55 @@ func (c *Coordinator) sleepUntil(ctx context.Context, t time.Time) bool {
 			if !c.balanced {
 				// Until the first rebalance every key runs at 1/n of the
 				// live regions; n changes as the node joins.
-				c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), nil))
+				c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), c.restored))
 			}
 		}
+	}
+}
+
+// restore loads the region's saved shares if they are recent enough and
+// publishes them (with the default 1/n for every other key) until the first
+// rebalance.
+func (c *Coordinator) restore(ctx context.Context) {
+	sc := c.cfg.Share
+	lctx, cancel := context.WithTimeout(ctx, sc.Interval/4)
+	defer cancel()
+	saved, err := c.cfg.Store.LoadShares(lctx, c.self)
+	if err != nil {
+		c.log.Warn("globalshare: load saved shares", "err", err)
+		return
+	}
+	cur := sc.Epoch(c.clock.Now())
+	if len(saved.Shares) == 0 || saved.Region != c.self || saved.Epoch+uint64(sc.PartitionIntervals) < cur {
+		return
+	}
+	m := make(map[share.Key]float64, len(saved.Shares))
+	for _, s := range saved.Shares {
+		if s.Share > 0 && s.Share <= 1 {
+			m[s.Key] = s.Share
+		}
+	}
+	c.restored = m
+	c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), m))
+	c.log.Info("globalshare: restored saved shares", "epoch", saved.Epoch, "keys", len(m))
+}
+
+// persist saves the shares this region enforces for epoch.
+func (c *Coordinator) persist(ctx context.Context, epoch uint64) {
+	p := c.shares.Load()
+	if p == nil {
+		return
+	}
+	saved := Saved{Region: c.self, Epoch: epoch, Shares: make([]SavedShare, 0, len(*p))}
+	for k, rs := range *p {
+		if i := slices.Index(rs.regions, c.self); i >= 0 {
+			saved.Shares = append(saved.Shares, SavedShare{Key: k, Share: rs.shares[i]})
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, c.cfg.Share.Interval/4)
+	defer cancel()
+	if err := c.cfg.Store.SaveShares(sctx, saved); err != nil {
+		c.log.Warn("globalshare: save shares", "epoch", epoch, "err", err)
 	}
 }
 

@@ -331,3 +331,66 @@ func hasReport(c *Coordinator, e uint64, region string) bool {
 	_, ok := c.reports[e][region]
 	return ok
 }
+
+type memStore struct {
+	mu    sync.Mutex
+	saved map[string]Saved
+	saves int
+}
+
+func (m *memStore) LoadShares(_ context.Context, region string) (Saved, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.saved[region], nil
+}
+
+func (m *memStore) SaveShares(_ context.Context, s Saved) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.saved[s.Region] = s
+	m.saves++
+	return nil
+}
+
+// TestSavedSharesRestored: a coordinator starting with recent saved shares
+// enforces them (other keys at 1/n) until its first rebalance, ignores saved
+// shares older than PartitionIntervals epochs, and saves after each raise.
+func TestSavedSharesRestored(t *testing.T) {
+	sc := testShareConfig()
+	for _, tt := range []struct {
+		name string
+		age  uint64 // epochs
+		want float64
+	}{
+		{"recent", 1, 0.8},
+		{"too old", uint64(sc.PartitionIntervals) + 1, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := gossip.New(gossip.Config{Node: "eu1", Region: "eu", BindAddr: "127.0.0.1", Dev: true, Preset: gossip.PresetLocal})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := &memStore{saved: map[string]Saved{"eu": {Region: "eu", Epoch: sc.Epoch(time.Now()) - tt.age,
+				Shares: []SavedShare{{Key: share.Key{Policy: policy, Subject: "hot"}, Share: 0.8}}}}}
+			c, err := New(Config{Share: sc, Gossip: n, Store: st,
+				Usage: func() map[engine.UsageKey]engine.Usage { return nil },
+				Limit: func(string) (float64, bool) { return limit, true }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			wg.Go(func() { _ = n.Run(ctx) })
+			wg.Go(func() { _ = c.Run(ctx) })
+			defer func() { cancel(); wg.Wait() }()
+			waitFor(t, 2*time.Second, "the saved shares to be restored", func() bool {
+				return c.Share(policy, "hot") == tt.want && c.Share(policy, "cold") == 1
+			})
+			waitFor(t, 4*time.Second, "a save after a raise", func() bool {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				return st.saves > 0 && st.saved["eu"].Epoch >= sc.Epoch(time.Now())-2
+			})
+		})
+	}
+}
