@@ -395,9 +395,11 @@ func (n *Node) SendNodeUsage(ctx context.Context, u NodeUsage) error {
 	return n.send(ctx, u, KindNodeUsage, func(m Member) bool { return m.Region == n.cfg.Region }, false)
 }
 
-// BroadcastPolicy sends a policy set to every node. Receivers deliver it to
-// OnPolicy only if its version is newer than any they have seen; a node
-// joining later gets the newest one by push/pull.
+// BroadcastPolicy sends a policy set to every live node over the reliable
+// path and, when it fits in a packet, also through the gossip queue (each
+// receiver relays it once), so a node the direct send missed still gets it.
+// Receivers deliver it to OnPolicy only if its version is newer than any
+// they have seen; a node joining later gets the newest one by push/pull.
 func (n *Node) BroadcastPolicy(ctx context.Context, p PolicyUpdate) error {
 	b, err := Encode(n.cfg.Node, n.cfg.Region, p)
 	if err != nil {
@@ -406,7 +408,11 @@ func (n *Node) BroadcastPolicy(ctx context.Context, p PolicyUpdate) error {
 	if !n.notePolicy(p.Version, b) {
 		return fmt.Errorf("gossip: policy version %d is not newer than %d", p.Version, n.policyVer)
 	}
-	return n.sendEncoded(ctx, b, KindPolicy, func(Member) bool { return true }, true)
+	all := func(Member) bool { return true }
+	if len(b) <= MaxPacketPayload {
+		_ = n.sendEncoded(ctx, b, KindPolicy, all, true)
+	}
+	return n.sendEncoded(ctx, b, KindPolicy, all, false)
 }
 
 func (n *Node) send(ctx context.Context, payload any, kind Kind, to func(Member) bool, queue bool) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -211,5 +212,56 @@ func TestRedisSharesRoundTrip(t *testing.T) {
 	}
 	if other, _ := st.LoadShares(ctx, "us"); len(other.Shares) != 0 {
 		t.Errorf("LoadShares(us) = %+v, want nothing (shares are per region)", other)
+	}
+}
+
+// TestGarbageOnGossipPortKeepsServing feeds random bytes to a daemon's
+// gossip port (UDP and TCP) and requires it to keep answering checks and
+// its cluster status.
+func TestGarbageOnGossipPortKeepsServing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist on loopback; skipped under -short")
+	}
+	seed := []quota.Policy{{ID: "g", Algorithm: "token_bucket", RatePerSec: 1000, Burst: 1000, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}}
+	a := startRegionDaemon(t, "a", "a1", "", seed)
+	addr := a.d.Gossip().Addr()
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	junk := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	u, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	for i := range 500 {
+		u.Write(junk(1 + i%1400))
+	}
+	for i := range 20 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(junk(1 + i*500))
+		c.Close()
+	}
+	for i := range 20 {
+		req, _ := http.NewRequest("POST", a.base+"/v1/check", strings.NewReader(`{"subject":"k","route":"/x"}`))
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("check %d after garbage: %v", i, err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("check %d after garbage = %d, want 200", i, res.StatusCode)
+		}
+	}
+	if st := a.regions(t); !st.MultiRegion || len(st.Members) != 1 {
+		t.Errorf("GET /v1/regions after garbage = %+v", st)
 	}
 }

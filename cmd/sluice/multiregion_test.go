@@ -315,6 +315,17 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 	}
 	_, body = ds["r1"][0].regions()
 	t.Logf("GET /v1/regions on r1-n0 at the end: %s", body)
+	// Gossip traffic, for the bandwidth arithmetic in docs/architecture.md.
+	for _, d := range []*daemon{ds["r1"][0], ds["r1"][1], ds["r2"][0]} {
+		m := d.do("GET", "/metrics", "")
+		var lines []string
+		for _, l := range strings.Split(m.body, "\n") {
+			if strings.HasPrefix(l, "sluice_gossip_sent") || strings.HasPrefix(l, "sluice_gossip_received") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("gossip metrics of %s after %v: %s", d.addr, time.Since(time.Unix(t1, 0)).Round(time.Second), strings.Join(lines, "; "))
+	}
 
 	// One policy set everywhere: a change made in r2 reaches r1 over gossip
 	// within a few intervals, and /v1/regions shows no skew once it has.
@@ -323,7 +334,13 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 		t.Fatalf("PUT policy in r2 = %d %s", r.status, r.body)
 	}
 	changed := time.Now()
-	waitFor(t, "the policy change to reach r1 with no skew", 5*time.Second, func() bool {
+	defer func() {
+		if t.Failed() {
+			_, b := ds["r1"][1].regions()
+			t.Logf("r1-n1 regions: %s\nr1-n0 policies: %s\nr2-n1 log:\n%s", b, ds["r1"][0].admin("GET", "/v1/policies", "").body, ds["r2"][1].log())
+		}
+	}()
+	waitFor(t, "the policy change to reach r1 with no skew", 8*time.Second, func() bool {
 		r := ds["r1"][0].admin("GET", "/v1/policies", "")
 		if !strings.Contains(r.body, fmt.Sprintf(`"rate_per_sec":%g`, 2*limit)) {
 			return false
