@@ -70,10 +70,14 @@ type Node struct {
 	meta    atomic.Pointer[[]byte]
 	addr    string // host:port others reach this node at
 	metaMu  sync.Mutex
-	// metaFields is what meta encodes (guarded by metaMu).
-	metaFields nodeMeta
-	run        atomic.Bool
-	down       atomic.Bool
+	// metaFields is what meta encodes (guarded by metaMu); metaChanged
+	// and metaSent are when it last changed and was last announced.
+	metaFields  nodeMeta
+	metaChanged time.Time
+	metaSent    time.Time
+	updMu       sync.Mutex // serializes UpdateNode
+	run         atomic.Bool
+	down        atomic.Bool
 
 	mu      sync.Mutex
 	members map[string]Member
@@ -537,12 +541,22 @@ func (n *Node) numLive() int {
 // SetPolicyVersion advertises, in this node's metadata, the revision and
 // content hash of the policy set it enforces, so that every node can show
 // policy-version skew between regions (Member.PolicyRevision, PolicyHash).
-// The update reaches the other nodes with memberlist's next gossip rounds;
-// SetPolicyVersion does not wait for them (it returns at once).
+// It returns at once; memberlist spreads the update by gossip. Gossip is
+// best effort (a round may go only to dead nodes), so callers should call it
+// periodically: for metaRepeat after a change, an unchanged call announces
+// the metadata again (at most once a second).
 func (n *Node) SetPolicyVersion(rev uint64, hash string) {
 	n.metaMu.Lock()
+	now := time.Now()
 	if n.metaFields.PolicyRev == rev && n.metaFields.PolicyHash == hash {
+		repeat := now.Sub(n.metaChanged) < metaRepeat && now.Sub(n.metaSent) >= time.Second
+		if repeat {
+			n.metaSent = now
+		}
 		n.metaMu.Unlock()
+		if repeat {
+			n.announceMeta()
+		}
 		return
 	}
 	n.metaFields.PolicyRev, n.metaFields.PolicyHash = rev, hash
@@ -552,6 +566,7 @@ func (n *Node) SetPolicyVersion(rev uint64, hash string) {
 		return
 	}
 	n.meta.Store(&meta)
+	n.metaChanged, n.metaSent = now, now
 	n.metaMu.Unlock()
 	// Our own entry in Members follows at once.
 	n.mu.Lock()
@@ -560,9 +575,28 @@ func (n *Node) SetPolicyVersion(rev uint64, hash string) {
 		n.members[n.cfg.Node] = self
 	}
 	n.mu.Unlock()
-	if !n.down.Load() {
-		go func() { _ = n.ml.UpdateNode(time.Second) }()
+	n.announceMeta()
+}
+
+// metaRepeat is how long after a metadata change SetPolicyVersion keeps
+// announcing it again.
+const metaRepeat = 10 * time.Second
+
+// announceMeta has memberlist gossip our current metadata, off the
+// caller's goroutine. Announcements are serialized: UpdateNode reads the
+// metadata before taking a new incarnation, so two at once could send the
+// older metadata with the newer incarnation.
+func (n *Node) announceMeta() {
+	if n.down.Load() {
+		return
 	}
+	go func() {
+		n.updMu.Lock()
+		defer n.updMu.Unlock()
+		if !n.down.Load() {
+			_ = n.ml.UpdateNode(time.Second)
+		}
+	}()
 }
 
 // noteMember records a membership event. memberlist does not fill in

@@ -146,6 +146,11 @@ type Coordinator struct {
 	own       share.Report // this region's last report
 
 	restored map[share.Key]float64 // shares loaded from Store (Run's goroutine)
+
+	// Membership-driven reclaim (Run's goroutine only).
+	alloc       *share.Allocator
+	dead        []string  // regions membership has declared dead
+	deadRaiseAt time.Time // republish the table then (raises after SetDead)
 }
 
 type regionShares struct {
@@ -324,6 +329,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.alloc = alloc
 	if c.cfg.Store != nil {
 		c.restore(ctx)
 	}
@@ -382,6 +388,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 }
 
 func (c *Coordinator) sleepUntil(ctx context.Context, t time.Time) bool {
+	poll := min(max(c.cfg.Share.Interval/10, 50*time.Millisecond), time.Second)
 	for {
 		d := t.Sub(c.clock.Now())
 		if d <= 0 {
@@ -390,12 +397,67 @@ func (c *Coordinator) sleepUntil(ctx context.Context, t time.Time) bool {
 		select {
 		case <-ctx.Done():
 			return false
-		case <-c.clock.After(d):
+		case <-c.clock.After(min(d, poll)):
+			c.checkMembership()
 			if !c.balanced {
 				// Until the first rebalance every key runs at 1/n of the
 				// live regions; n changes as the node joins.
 				c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), c.restored))
 			}
+		}
+	}
+}
+
+// deadRegions are the other regions membership has declared dead: every
+// node of theirs it knows is dead (a crash or a partition), none is live, and
+// not all of them left gracefully (a leave is SetMembers' business).
+func (c *Coordinator) deadRegions() []string {
+	live, dead := map[string]bool{}, map[string]bool{}
+	for _, m := range c.cfg.Gossip.Members() {
+		if m.Region == "" || m.Region == c.self {
+			continue
+		}
+		if m.State.Live() {
+			live[m.Region] = true
+		} else if m.State == gossip.StateDead {
+			dead[m.Region] = true
+		}
+	}
+	var out []string
+	for r := range dead {
+		if !live[r] {
+			out = append(out, r)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkMembership tells the allocator when membership declares a region
+// dead (or alive again), so that a crashed region's shares are reclaimed
+// (and an isolated region cuts) as soon as memberlist knows, instead of
+// after K+1 missed reports: share.Allocator.SetDead. The cut table is
+// published at once and the raised one RaiseDelay later.
+func (c *Coordinator) checkMembership() {
+	if c.alloc == nil {
+		return
+	}
+	now := c.clock.Now()
+	dead := c.deadRegions()
+	if !slices.Equal(dead, c.dead) {
+		c.dead = dead
+		c.alloc.SetDead(now, dead)
+		c.log.Info("globalshare: membership declared regions dead", "dead", dead, "isolated", c.alloc.Isolated())
+		if c.balanced {
+			c.table.Store(c.alloc.Table(now))
+			c.deadRaiseAt = now.Add(c.cfg.Share.RaiseDelay)
+		}
+		return
+	}
+	if !c.deadRaiseAt.IsZero() && !now.Before(c.deadRaiseAt) {
+		c.deadRaiseAt = time.Time{}
+		if c.balanced {
+			c.table.Store(c.alloc.Table(now))
 		}
 	}
 }
