@@ -19,7 +19,12 @@ type Slot struct {
 	State  SlotState
 	Demand float64 // smoothed demand D (Reported)
 	Recent float64 // recent rate x (Reported)
-	Last   float64 // last share (Held)
+	// RecentHigh, if above Recent, is an upper confidence bound of the
+	// recent rate; the cap then applies to it instead of Recent, so that a
+	// region whose few recent arrivals happened to be fewer than usual is
+	// not capped below its demand (see Config.NoiseZ). Zero means Recent.
+	RecentHigh float64
+	Last       float64 // last share (Held)
 }
 
 // Allocate computes the shares (fractions of L_global summing to 1) of one
@@ -29,7 +34,7 @@ type Slot struct {
 //
 // Held regions keep Last; Down regions get Config.Safe; reporting regions
 // get the floor plus a water-fill of the rest proportional to Demand and
-// capped at CapFactor·Recent, any remainder spread in proportion to Demand.
+// capped at CapFactor·max(Recent, RecentHigh), any remainder spread in proportion to Demand.
 // If held and reserved shares leave less than a floor for each reporter,
 // they are scaled down first so that Σ = 1 always holds.
 func Allocate(cfg Config, slots []Slot, out []float64) {
@@ -101,7 +106,7 @@ func Allocate(cfg Config, slots []Slot, out []float64) {
 			if s.State != Reported || capped[i] {
 				continue
 			}
-			room := max(f, cfg.CapFactor*pos(s.Recent)) - out[i]
+			room := max(f, cfg.CapFactor*max(pos(s.Recent), pos(s.RecentHigh))) - out[i]
 			if rem*pos(s.Demand)/active >= room {
 				if room > 0 {
 					out[i] += room

@@ -144,10 +144,19 @@ func (a *Allocator) Report(epoch uint64, usage []Usage) Report {
 		seen[u.Key] = true
 		d, ok := a.demand[u.Key]
 		switch {
-		case !ok || u.Recent > u.Offered:
-			d = max(u.Offered, u.Recent)
+		case a.cfg.risen(u.Offered, u.Recent):
+			// A rise beyond counting noise: follow it at once.
+			d = u.Recent
+		case !ok:
+			d = u.Offered
 		default:
-			d = a.cfg.Smoothing*u.Offered + (1-a.cfg.Smoothing)*d
+			// An interval rate within counting noise of the demand is
+			// mostly noise: average it in more slowly.
+			w := a.cfg.Smoothing
+			if a.cfg.NoiseSmoothing > 0 && a.cfg.withinNoise(d, u.Offered) {
+				w = a.cfg.NoiseSmoothing
+			}
+			d = w*u.Offered + (1-w)*d
 		}
 		a.demand[u.Key] = d
 		own := a.next.Share(u.Policy, u.Subject)
@@ -292,7 +301,8 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 			kr := krs[i]
 			switch {
 			case kr != nil:
-				slots[i] = Slot{State: Reported, Demand: kr.Demand / ks.limit, Recent: kr.Recent / ks.limit}
+				slots[i] = Slot{State: Reported, Demand: kr.Demand / ks.limit, Recent: kr.Recent / ks.limit,
+					RecentHigh: a.cfg.recentHigh(kr.Recent) / ks.limit}
 				if max(kr.Offered, kr.Recent) > a.cfg.Pressure*def*ks.limit {
 					pressured = true
 				}

@@ -3,6 +3,7 @@ package share
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -62,6 +63,25 @@ type Config struct {
 	// share away from where the next burst lands (default 40: ten
 	// arrivals per 250 ms).
 	BorrowMinRate float64
+	// NoiseZ is how many standard deviations of Poisson counting noise a
+	// rate measured over Recent must stand out by before the allocation
+	// acts on it (default 3; zero trusts every measurement as §3 does).
+	// Counting noise is √count: a key offered 4/s in a region has about 8
+	// arrivals in the 2 s recent window, ±35%, and taking those 8 at face
+	// value moved shares of a steady key by a third from one interval to
+	// the next. With NoiseZ the demand jumps to the recent rate only when
+	// it exceeds the interval rate by more than NoiseZ standard deviations,
+	// and the cap applies to an upper bound of the recent rate rather than
+	// the count itself (Slot.RecentHigh). For keys with hundreds of
+	// arrivals per window the bound is a few percent above the count.
+	NoiseZ float64
+	// NoiseSmoothing replaces Smoothing as the weight of the new interval
+	// rate when that rate is within NoiseZ standard deviations of the
+	// smoothed demand (default 0.3; zero always uses Smoothing). A steady
+	// key's demand then averages over about three intervals instead of
+	// one and a half, while a real change, beyond the noise, is followed at
+	// Smoothing's pace (or at once by the recent-rate jump).
+	NoiseSmoothing float64
 }
 
 // DefaultConfig returns the recommended settings (share-algorithms.md §3).
@@ -80,6 +100,8 @@ func DefaultConfig() Config {
 		BorrowEvery:        time.Second,
 		LendFraction:       1,
 		BorrowMinRate:      40,
+		NoiseZ:             3,
+		NoiseSmoothing:     0.3,
 	}
 }
 
@@ -110,6 +132,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("share: borrow horizon must be ≥ 0 and borrow period in [0, interval], got %v, %v", c.BorrowHorizon, c.BorrowEvery)
 	case !(c.LendFraction >= 0 && c.LendFraction <= 1):
 		return fmt.Errorf("share: lend fraction must be in [0, 1], got %v", c.LendFraction)
+	case !(c.NoiseZ >= 0):
+		return fmt.Errorf("share: noise z must be ≥ 0, got %v", c.NoiseZ)
+	case !(c.NoiseSmoothing >= 0 && c.NoiseSmoothing <= 1):
+		return fmt.Errorf("share: noise smoothing must be in [0, 1], got %v", c.NoiseSmoothing)
 	}
 	return nil
 }
@@ -149,4 +175,38 @@ func (c Config) Epoch(t time.Time) uint64 {
 // EpochStart returns the time epoch e begins.
 func (c Config) EpochStart(e uint64) time.Time {
 	return time.Unix(0, int64(e)*int64(c.Interval))
+}
+
+// recentHigh is an upper confidence bound of a rate measured as recent
+// units/s over Config.Recent: the count plus NoiseZ Poisson standard
+// deviations (√(count+1), so that a count of zero still has room for the
+// arrival that did not happen to land in the window).
+func (c Config) recentHigh(recent float64) float64 {
+	if !(c.NoiseZ > 0) || !(recent >= 0) {
+		return recent
+	}
+	rs := c.Recent.Seconds()
+	return recent + c.NoiseZ*math.Sqrt(recent*rs+1)/rs
+}
+
+// risen reports whether the recent rate is above the interval rate by more
+// than NoiseZ standard deviations of the recent count under the interval
+// rate (any rise at all when NoiseZ is zero).
+func (c Config) risen(offered, recent float64) bool {
+	if !(recent > offered) {
+		return false
+	}
+	rs := c.Recent.Seconds()
+	return recent-offered > c.NoiseZ*math.Sqrt(max(offered, 0)*rs)/rs
+}
+
+// withinNoise reports whether an interval rate offered differs from the
+// smoothed demand d by no more than NoiseZ standard deviations of the
+// interval count under d.
+func (c Config) withinNoise(d, offered float64) bool {
+	if !(c.NoiseZ > 0) {
+		return false
+	}
+	ts := c.Interval.Seconds()
+	return math.Abs(offered-d) <= c.NoiseZ*math.Sqrt(max(d, 0)*ts)/ts
 }

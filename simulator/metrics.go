@@ -180,7 +180,7 @@ func (m *metrics) closeWindow(s *sim, t int64) {
 			if float64(m.offK[k]) > 0.5*m.lint {
 				hot++
 			}
-			if m.offK[k] > m.admK[k] || m.offK[k] > m.orcK[k] {
+			if (m.offK[k] > m.admK[k] || m.offK[k] > m.orcK[k]) && float64(m.winStart-startNS) >= float64(s.sc.Warmup.D()) {
 				m.keyErrs = append(m.keyErrs, math.Abs(float64(m.admK[k]-m.orcK[k]))/m.lint*100)
 			}
 			m.offK[k], m.admK[k], m.orcK[k] = 0, 0, 0
