@@ -77,8 +77,8 @@ type Config struct {
 	NoiseZ float64
 	// NoiseSmoothing replaces Smoothing as the weight of the new interval
 	// rate when that rate is within NoiseZ standard deviations of the
-	// smoothed demand (default 0.3; zero always uses Smoothing). A steady
-	// key's demand then averages over about three intervals instead of
+	// smoothed demand (default 0.5; zero always uses Smoothing). A steady
+	// key's demand then averages over about two intervals instead of
 	// one and a half, while a real change, beyond the noise, is followed at
 	// Smoothing's pace (or at once by the recent-rate jump).
 	NoiseSmoothing float64
@@ -101,7 +101,7 @@ func DefaultConfig() Config {
 		LendFraction:       1,
 		BorrowMinRate:      40,
 		NoiseZ:             3,
-		NoiseSmoothing:     0.3,
+		NoiseSmoothing:     0.5,
 	}
 }
 
