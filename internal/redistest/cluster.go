@@ -1,12 +1,15 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,17 +23,29 @@ const (
 	clusterTimeout = 30 * time.Second
 )
 
-// clusterArgs configure a node for tests: a one-second node timeout so a
-// killed primary fails over in a few seconds, no delay before a replica's
-// first full sync, and no replica migration to move replicas between tests'
-// assumptions.
+const (
+	// startNodeTimeout is the cluster-node-timeout while the cluster forms,
+	// in ms. It is also how long a node keeps trying a handshake, so it is
+	// generous, for a loaded machine.
+	startNodeTimeout = "5000"
+	// runNodeTimeout is the cluster-node-timeout once the cluster has
+	// formed, in ms: short, so a killed primary fails over in a few seconds.
+	runNodeTimeout = "1000"
+	// remeetInterval is how long create lets a CLUSTER MEET work before
+	// repeating it.
+	remeetInterval = 2 * time.Second
+)
+
+// clusterArgs configure a node for tests: a node timeout for forming the
+// cluster (StartCluster shortens it afterwards), no delay before a replica's
+// first full sync, and no replica migration to move replicas away from the
+// primary a test expects them under.
 var clusterArgs = []string{
 	"--cluster-enabled", "yes",
 	"--cluster-config-file", "nodes.conf",
-	"--cluster-node-timeout", "1000",
+	"--cluster-node-timeout", startNodeTimeout,
 	"--cluster-allow-replica-migration", "no",
 	"--repl-diskless-sync-delay", "0",
-	"--loglevel", "debug",
 }
 
 // Cluster is a Redis Cluster of redis-server processes on loopback ports,
@@ -64,25 +79,117 @@ func StartCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 		c.nodes = append(c.nodes, startServer(t, bin, clusterArgs, func() (int, error) { return pp.pick(true) }))
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
-	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", strconv.Itoa(replicasPerPrimary), "--cluster-yes")
-	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("redistest: redis-cli %s: %v\n%s\n%s", strings.Join(args, " "), err, out, c.describe())
-	}
+	began := time.Now()
+	c.create(cli)
+	created := time.Now()
 
 	deadline := time.Now().Add(clusterTimeout)
 	for {
 		err := c.formed()
 		if err == nil {
-			return c
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("redistest: cluster not ready after %v: %v\n%s", clusterTimeout, err, c.describe())
 		}
 		<-time.After(pollInterval)
 	}
+	for _, s := range c.nodes {
+		if _, err := doString(s.Addr(), probeTimeout, "CONFIG", "SET", "cluster-node-timeout", runNodeTimeout); err != nil {
+			t.Fatalf("redistest: %s: CONFIG SET cluster-node-timeout: %v", s.Addr(), err)
+		}
+		// Restart passes the arguments again; the later value wins.
+		s.args = slices.Concat(s.args, []string{"--cluster-node-timeout", runNodeTimeout})
+	}
+	t.Logf("redistest: cluster of %d nodes: redis-cli took %v, replicas attached %v later",
+		len(c.nodes), created.Sub(began).Round(time.Millisecond), time.Since(created).Round(time.Millisecond))
+	return c
+}
+
+// create runs redis-cli --cluster create. redis-cli sends each node a
+// single CLUSTER MEET and then waits, without a deadline, until all nodes
+// agree; if a handshake is lost (a node stalled past the handshake timeout
+// on a loaded machine) it would wait forever. So once redis-cli is waiting,
+// create repeats the MEET for any node that does not yet know every other.
+func (c *Cluster) create(cli string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(c.replicas), "--cluster-yes")
+	cmd := exec.CommandContext(ctx, cli, args...)
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("redistest: redis-cli: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	var lastMeet time.Time // zero until redis-cli starts waiting
+	for {
+		select {
+		case err := <-done:
+			if err != nil && ctx.Err() != nil {
+				err = fmt.Errorf("still running after %v: %w", clusterTimeout, err)
+			}
+			if err != nil {
+				c.t.Fatalf("redistest: redis-cli %s: %v\n%s\n%s", strings.Join(args, " "), err, out.String(), c.describe())
+			}
+			return
+		case <-time.After(remeetInterval / 4):
+		}
+		switch {
+		case lastMeet.IsZero():
+			if strings.Contains(out.String(), "Waiting for the cluster to join") {
+				lastMeet = time.Now()
+			}
+		case time.Since(lastMeet) >= remeetInterval:
+			c.remeet()
+			lastMeet = time.Now()
+		}
+	}
+}
+
+// remeet sends CLUSTER MEET for the first node to each node that does not
+// know all the others yet. Errors are ignored: it is only a nudge, and
+// create's caller reports a cluster that never forms.
+func (c *Cluster) remeet() {
+	first := c.nodes[0]
+	for _, s := range c.nodes[1:] {
+		nodes, err := doString(s.Addr(), probeTimeout, "CLUSTER", "NODES")
+		if err != nil {
+			continue
+		}
+		known := 0
+		for line := range strings.Lines(nodes) {
+			if f := strings.Fields(line); len(f) >= 3 && !strings.Contains(f[2], "handshake") {
+				known++
+			}
+		}
+		if known < len(c.nodes) {
+			_, _ = doString(s.Addr(), probeTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(first.port))
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that redis-cli's output copier and create
+// can use at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // formed returns nil once every node agrees the cluster is whole: state ok,
@@ -238,11 +345,14 @@ func (c *Cluster) KillPrimaryAndWaitFailover(key string) (killed, promoted *Serv
 	}
 	killed = c.PrimaryForKey(key)
 	killed.Kill()
+	began := time.Now()
 
 	deadline := time.Now().Add(clusterTimeout)
 	for {
 		promoted, err = c.failedOver(slot, killed)
 		if err == nil {
+			c.t.Logf("redistest: slot %d failed over from %s to %s in %v",
+				slot, killed.Addr(), promoted.Addr(), time.Since(began).Round(time.Millisecond))
 			return killed, promoted
 		}
 		if time.Now().After(deadline) {

@@ -129,7 +129,9 @@ func TestPause(t *testing.T) {
 func TestCleanupKillsServer(t *testing.T) {
 	t.Parallel()
 	var pid int
-	t.Run("start", func(t *testing.T) { pid = redistest.Start(t).PID() })
+	if !t.Run("start", func(t *testing.T) { pid = redistest.Start(t).PID() }) || pid == 0 {
+		return // skipped or failed: nothing to check
+	}
 	if alive(pid) {
 		t.Fatalf("redis-server pid %d still alive after its test's cleanup", pid)
 	}
