@@ -374,9 +374,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		if !c.sleepUntil(ctx, boundary.Add(sc.Settle)) {
 			return nil
 		}
-		c.rebalance(alloc, epoch)
+		at := c.rebalance(alloc, epoch)
 
-		if !c.sleepUntil(ctx, boundary.Add(sc.Settle+sc.RaiseDelay)) {
+		// Raises take effect RaiseDelay after the rebalance itself (which
+		// runs a little after boundary+Settle): waking at
+		// boundary+Settle+RaiseDelay would still get the cut table and
+		// leave the raise for the next epoch.
+		if !c.sleepUntil(ctx, at.Add(sc.RaiseDelay)) {
 			return nil
 		}
 		c.table.Store(alloc.Table(c.clock.Now()))
@@ -626,8 +630,9 @@ func (c *Coordinator) report(ctx context.Context, alloc *share.Allocator, epoch 
 	c.mu.Unlock()
 }
 
-// rebalance computes epoch's shares and publishes the cut table.
-func (c *Coordinator) rebalance(alloc *share.Allocator, epoch uint64) {
+// rebalance computes epoch's shares and publishes the cut table; it
+// returns the time it rebalanced at.
+func (c *Coordinator) rebalance(alloc *share.Allocator, epoch uint64) time.Time {
 	known := c.knownRegions()
 	alloc.SetMembers(epoch, known)
 	c.mu.Lock()
@@ -686,6 +691,7 @@ func (c *Coordinator) rebalance(alloc *share.Allocator, epoch uint64) {
 		iso = 1
 	}
 	c.m.isolated.Set(iso)
+	return now
 }
 
 type metrics struct {
