@@ -135,6 +135,16 @@ func TestClusterMembershipAndReports(t *testing.T) {
 	if err := n1.BroadcastReport(ctx, small); err != nil {
 		t.Fatal(err)
 	}
+	// A receiver keeps only the newest epoch per region, and two reports
+	// travel on two TCP streams handled concurrently: let the first land
+	// before sending the second, or a loaded machine may deliver 101 first
+	// and rightly drop 100 as stale.
+	for _, n := range nodes[1:] {
+		waitFor(t, 10*time.Second, n.Name()+" to receive the small report", func() bool {
+			_, ok := n.in.findReport("eu", 100)
+			return ok
+		})
+	}
 	big := testReport("eu", 101, 5000)
 	if err := n1.BroadcastReport(ctx, big); err != nil {
 		t.Fatal(err)
