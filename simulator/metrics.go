@@ -39,19 +39,31 @@ type RegionWindow struct {
 	OracleErrorPct float64 `json:"oracle_error_pct"`
 }
 
-type regAcc struct {
-	off0, adm0  int64
-	allowed0    float64
-	shareInt    float64
-	offAll      int64
-	admAll      int64
-	offSec0     int64
-	allowedSec0 float64
-	expected0   float64 // Σ over seconds of min(offered, allowed)
-}
+// A Recorder computes a run's Result (its windows, summary and targets, by
+// the definitions of docs/simulator.md) from what happened in the run: the
+// limit and each region's share of key 0 over time, every arrival with the
+// region's and the oracle's decisions, and the share traffic sent. The
+// virtual-time simulator feeds one every tick; simulator/live feeds one the
+// arrivals and share samples of a run against real daemons, so that both
+// report the same figures by the same code.
+//
+// Time is scenario time since the start of the run and moves only with
+// Shares. Each Shares call starts an interval that lasts until the next
+// call (or, for the last, until the scenario's Duration), and every
+// Arrival belongs to the interval begun by the last Shares call. A second
+// ends at the first Shares call at least 1 s after its start, a 10 s window
+// at the first call at least 10 s after its start: call Shares at the start
+// of every tick, or at least at every whole second.
+//
+// A Recorder is not safe for concurrent use.
+type Recorder struct {
+	sc     Scenario
+	now    time.Duration // start of the current interval
+	limit  float64       // L over the current interval, units/s
+	shares []float64     // per region, over the current interval
+	sent   int64         // bytes of share traffic
 
-type metrics struct {
-	winStart int64
+	winStart time.Duration
 	lint     float64 // ∫ L dt, units
 	off, adm int64
 	orc      int64
@@ -65,7 +77,7 @@ type metrics struct {
 	keyErrs          []float64
 
 	// Per key, per second (false rejections).
-	secStart   int64
+	secStart   time.Duration
 	offS, rejS []int32
 	touchedS   []int32
 	falseRej   int64
@@ -74,89 +86,120 @@ type metrics struct {
 	windows []Window
 }
 
-func newMetrics(s *sim) *metrics {
-	m := &metrics{winStart: startNS, secStart: startNS, regs: make([]regAcc, len(s.regions))}
-	m.offS = make([]int32, s.sc.Keys)
-	m.rejS = make([]int32, s.sc.Keys)
-	if s.sc.Keys > 1 {
-		m.offK = make([]int32, s.sc.Keys)
-		m.admK = make([]int32, s.sc.Keys)
-		m.orcK = make([]int32, s.sc.Keys)
+type regAcc struct {
+	off0, adm0  int64
+	allowed0    float64
+	shareInt    float64
+	offAll      int64
+	admAll      int64
+	offSec0     int64
+	allowedSec0 float64
+	expected0   float64 // Σ over seconds of min(offered, allowed)
+}
+
+// NewRecorder returns a Recorder for sc (with the simulator's defaults
+// filled in) at time 0, with every share zero until the first Shares call.
+func NewRecorder(sc Scenario) *Recorder {
+	sc = sc.withDefaults()
+	m := &Recorder{sc: sc, limit: sc.Limit.Rate, shares: make([]float64, sc.Regions), regs: make([]regAcc, sc.Regions)}
+	m.offS = make([]int32, sc.Keys)
+	m.rejS = make([]int32, sc.Keys)
+	if sc.Keys > 1 {
+		m.offK = make([]int32, sc.Keys)
+		m.admK = make([]int32, sc.Keys)
+		m.orcK = make([]int32, sc.Keys)
 	}
 	return m
 }
 
-func (m *metrics) tickShares(s *sim, dt float64) {
-	m.lint += s.lrate * dt
-	for i, r := range s.regions {
-		if r.crashed {
-			continue
+// Shares ends the current interval at at (not before it) and starts the
+// next: from at on, the limit of every key is limit units per second, and
+// region i enforces shares[i] of it for key 0 (zero for a crashed region).
+// shares has one entry per region; the Recorder keeps a copy.
+func (m *Recorder) Shares(at time.Duration, limit float64, shares []float64) {
+	m.advance(at)
+	m.limit = limit
+	copy(m.shares, shares)
+}
+
+// advance integrates the current interval up to at and closes the second
+// and the window if at ends them.
+func (m *Recorder) advance(at time.Duration) {
+	if at > m.now {
+		dt := float64(at-m.now) / 1e9
+		m.lint += m.limit * dt
+		for i, sh := range m.shares {
+			m.regs[i].shareInt += sh * dt
+			m.regs[i].allowed0 += sh * m.limit * dt
+			m.regs[i].allowedSec0 += sh * m.limit * dt
 		}
-		sh := r.table.Share(policy, s.subs[0])
-		m.regs[i].shareInt += sh * dt
-		m.regs[i].allowed0 += sh * s.lrate * dt
-		m.regs[i].allowedSec0 += sh * s.lrate * dt
+		m.now = at
+	}
+	if at-m.secStart >= time.Second {
+		m.closeSecond(at)
+	}
+	if at-m.winStart >= windowLen {
+		m.closeWindow(at)
 	}
 }
 
-func (m *metrics) arrival(s *sim, r *region, k int, ok, oracleOK bool) {
+// Arrival records one arrival of key (0 ≤ key < Keys) in region, admitted
+// or not by the region and by the oracle (a central limiter at the full
+// limit fed every arrival).
+func (m *Recorder) Arrival(region, key int, admitted, oracle bool) {
 	m.off++
 	m.totalOff++
-	ra := &m.regs[r.idx]
+	ra := &m.regs[region]
 	ra.offAll++
-	if ok {
+	if admitted {
 		m.adm++
 		ra.admAll++
 	}
-	if oracleOK {
+	if oracle {
 		m.orc++
 	}
-	if k == 0 {
+	if key == 0 {
 		m.off0++
 		ra.off0++
 		ra.offSec0++
-		if ok {
+		if admitted {
 			ra.adm0++
 		}
-		if oracleOK {
+		if oracle {
 			m.orc0++
 		}
 	}
-	if m.offS[k] == 0 {
-		m.touchedS = append(m.touchedS, int32(k))
+	if m.offS[key] == 0 {
+		m.touchedS = append(m.touchedS, int32(key))
 	}
-	m.offS[k]++
-	if !ok {
-		m.rejS[k]++
+	m.offS[key]++
+	if !admitted {
+		m.rejS[key]++
 	}
 	if m.offK != nil {
-		if m.offK[k] == 0 {
-			m.touchedK = append(m.touchedK, int32(k))
+		if m.offK[key] == 0 {
+			m.touchedK = append(m.touchedK, int32(key))
 		}
-		m.offK[k]++
-		if ok {
-			m.admK[k]++
+		m.offK[key]++
+		if admitted {
+			m.admK[key]++
 		}
-		if oracleOK {
-			m.orcK[k]++
+		if oracle {
+			m.orcK[key]++
 		}
 	}
 }
 
-func (m *metrics) endTick(s *sim, t int64) {
-	if t-m.secStart >= int64(time.Second) {
-		m.closeSecond(s, t)
-	}
-	if t-m.winStart >= int64(windowLen) {
-		m.closeWindow(s, t)
-	}
-}
+// Sent records bytes of share traffic (reports, borrow requests, loans)
+// sent by any region to any peer; report_bytes_per_s_per_region is their
+// sum over the Duration and the regions.
+func (m *Recorder) Sent(bytes int) { m.sent += int64(bytes) }
 
-func (m *metrics) closeSecond(s *sim, t int64) {
+func (m *Recorder) closeSecond(t time.Duration) {
 	secs := float64(t-m.secStart) / 1e9
 	for _, k := range m.touchedS {
 		// Rejections while the key's global demand was under its limit.
-		if float64(m.offS[k]) <= s.lrate*secs {
+		if float64(m.offS[k]) <= m.limit*secs {
 			m.falseRej += int64(m.rejS[k])
 		}
 		m.offS[k], m.rejS[k] = 0, 0
@@ -170,8 +213,8 @@ func (m *metrics) closeSecond(s *sim, t int64) {
 	}
 }
 
-func (m *metrics) closeWindow(s *sim, t int64) {
-	w := Window{StartS: float64(m.winStart-startNS) / 1e9, Limit: m.lint,
+func (m *Recorder) closeWindow(t time.Duration) {
+	w := Window{StartS: float64(m.winStart) / 1e9, Limit: m.lint,
 		Offered: m.off, Admitted: m.adm, Oracle: m.orc}
 	denom := m.lint
 	if m.offK != nil {
@@ -180,7 +223,7 @@ func (m *metrics) closeWindow(s *sim, t int64) {
 			if float64(m.offK[k]) > 0.5*m.lint {
 				hot++
 			}
-			if (m.offK[k] > m.admK[k] || m.offK[k] > m.orcK[k]) && float64(m.winStart-startNS) >= float64(s.sc.Warmup.D()) {
+			if (m.offK[k] > m.admK[k] || m.offK[k] > m.orcK[k]) && float64(m.winStart) >= float64(m.sc.Warmup.D()) {
 				m.keyErrs = append(m.keyErrs, math.Abs(float64(m.admK[k]-m.orcK[k]))/m.lint*100)
 			}
 			m.offK[k], m.admK[k], m.orcK[k] = 0, 0, 0
@@ -189,8 +232,8 @@ func (m *metrics) closeWindow(s *sim, t int64) {
 		w.HotKeys = hot
 		denom *= float64(max(1, hot))
 	}
-	if s.sc.Quota != nil {
-		denom = float64(s.sc.Quota.Limit)
+	if m.sc.Quota != nil {
+		denom = float64(m.sc.Quota.Limit)
 	}
 	w.ErrorPct = float64(m.adm-m.orc) / denom * 100
 	ratio := 1.0
@@ -201,7 +244,7 @@ func (m *metrics) closeWindow(s *sim, t int64) {
 		ra := &m.regs[i]
 		secs := float64(t-m.winStart) / 1e9
 		rw := RegionWindow{Offered: ra.off0, Admitted: ra.adm0, Allowed: ra.allowed0, Share: ra.shareInt / secs}
-		if s.sc.Quota == nil {
+		if m.sc.Quota == nil {
 			rw.ErrorPct = (float64(ra.adm0) - ra.expected0) / m.lint * 100
 		}
 		rw.OracleErrorPct = (float64(ra.adm0) - float64(ra.off0)*ratio) / m.lint * 100
@@ -213,12 +256,16 @@ func (m *metrics) closeWindow(s *sim, t int64) {
 	m.lint, m.off, m.adm, m.orc, m.off0, m.orc0 = 0, 0, 0, 0, 0, 0
 }
 
-func (m *metrics) finish(s *sim, end int64) {
+// finish ends the run at the scenario's Duration: the last second, and the
+// last window if it is at least half a window long.
+func (m *Recorder) finish() {
+	end := m.sc.Duration.D()
+	m.advance(end)
 	if end > m.secStart {
-		m.closeSecond(s, end)
+		m.closeSecond(end)
 	}
-	if end-m.winStart >= int64(windowLen)/2 {
-		m.closeWindow(s, end)
+	if end-m.winStart >= windowLen/2 {
+		m.closeWindow(end)
 	}
 }
 

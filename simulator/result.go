@@ -87,10 +87,15 @@ const (
 
 func round(v float64) float64 { return math.Round(v*1e4) / 1e4 }
 
-func (m *metrics) result(s *sim) Result {
-	sc := s.sc
+// Result ends the run at the scenario's Duration (its last interval runs
+// until then; a Shares call past it ends the run there instead) and returns
+// its figures. Seed, Checks and WallTime are the caller's to fill in. Call
+// it once, last.
+func (m *Recorder) Result() Result {
+	m.finish()
+	sc := m.sc
 	res := Result{Scenario: sc.Name, Description: sc.Description, Regions: sc.Regions, Limit: sc.Limit.Rate,
-		DurationS: sc.Duration.D().Seconds(), Windows: m.windows, Checks: s.checks}
+		DurationS: sc.Duration.D().Seconds(), Windows: m.windows}
 	warm := sc.Warmup.D().Seconds()
 	var errs, abs, regs []float64
 	var sum float64
@@ -186,11 +191,7 @@ func (m *metrics) result(s *sim) Result {
 	if m.totalOff > 0 {
 		sm.FalseRejectionPct = float64(m.falseRej) / float64(m.totalOff) * 100
 	}
-	var bytes int64
-	for _, r := range s.regions {
-		bytes += r.reportBytes
-	}
-	sm.ReportBytesPerS = float64(bytes) / sc.Duration.D().Seconds() / float64(sc.Regions)
+	sm.ReportBytesPerS = float64(m.sent) / sc.Duration.D().Seconds() / float64(sc.Regions)
 	n := 0
 	for i := range regOff {
 		if regOff[i] > 0 {

@@ -77,8 +77,6 @@ type region struct {
 	// Offered-rate estimate per key: rate[k]·exp(−(now−rateAt[k])/τ), units/s.
 	rate   []float64
 	rateAt []int64
-
-	reportBytes int64
 }
 
 // sim is one run's state.
@@ -95,7 +93,8 @@ type sim struct {
 	limit   engine.Limit
 	lrate   float64 // current L
 	checks  int64
-	m       *metrics
+	m       *Recorder
+	shares  []float64 // each region's share of key 0, for m
 	subIdx  map[string]int
 	loans   int64 // loans accepted
 }
@@ -114,8 +113,9 @@ func Run(ctx context.Context, sc Scenario, opt Options) (Result, error) {
 	if err := s.run(ctx, opt.Progress); err != nil {
 		return Result{}, err
 	}
-	res := s.m.result(s)
+	res := s.m.Result()
 	res.Seed = opt.Seed
+	res.Checks = s.checks
 	res.WallTime = time.Since(wall)
 	return res, nil
 }
@@ -215,7 +215,8 @@ func newSim(sc Scenario, seed uint64) (*sim, error) {
 			return nil, err
 		}
 	}
-	s.m = newMetrics(s)
+	s.m = NewRecorder(sc)
+	s.shares = make([]float64, sc.Regions)
 	return s, nil
 }
 
@@ -254,7 +255,9 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 	carry := make([]float64, len(s.regions))
 	rates := make([]float64, len(s.regions))
 	var lastProgress int64
-	for t0 := startNS; t0 < end; t0 += tick {
+	crashed := func(i int) bool { return s.regions[i].crashed }
+	t0 := startNS
+	for ; t0 < end; t0 += tick {
 		if t0-lastProgress >= int64(10*time.Second) {
 			lastProgress = t0
 			if err := ctx.Err(); err != nil {
@@ -266,7 +269,7 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 		}
 		s.now = t0
 		s.events(t0)
-		s.offeredRates(time.Duration(t0-startNS), rates)
+		s.sc.Traffic.Rates(time.Duration(t0-startNS), crashed, rates)
 		total := 0
 		dt := float64(tick) / 1e9
 		for i, r := range rates {
@@ -280,7 +283,13 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 			}
 			total += counts[i]
 		}
-		s.m.tickShares(s, dt)
+		for i, r := range s.regions {
+			s.shares[i] = 0
+			if !r.crashed {
+				s.shares[i] = r.table.Share(policy, s.subs[0])
+			}
+		}
+		s.m.Shares(time.Duration(t0-startNS), s.lrate, s.shares)
 		remaining := total
 		for j := range total {
 			s.now = t0 + int64((float64(j)+0.5)*float64(tick)/float64(total))
@@ -302,9 +311,9 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 			}
 			s.arrive(s.regions[ri], k)
 		}
-		s.m.endTick(s, t0+tick)
 	}
-	s.m.finish(s, end)
+	// End the last tick, past the Duration if the tick does not divide it.
+	s.m.Shares(time.Duration(t0-startNS), s.lrate, s.shares)
 	return nil
 }
 
@@ -364,7 +373,7 @@ func (s *sim) arrive(r *region, k int) {
 	if ok {
 		r.admitted[k]++
 	}
-	s.m.arrival(s, r, k, ok, od.Allowed)
+	s.m.Arrival(r.idx, k, ok, od.Allowed)
 }
 
 // bump counts one arrival of key k at now and returns the rate estimate.
@@ -389,7 +398,7 @@ func (s *sim) send(r, q *region, t int64, m mail, size int) {
 	if q.crashed || s.partitioned(r.idx, q.idx, t) {
 		return
 	}
-	r.reportBytes += int64(size)
+	s.m.Sent(size)
 	if s.sc.Gossip.Loss > 0 && s.rng.Float64() < s.sc.Gossip.Loss {
 		return
 	}
@@ -582,7 +591,7 @@ func (s *sim) publish(r *region, t int64) {
 		if q == r || q.crashed || s.partitioned(r.idx, q.idx, t) {
 			continue
 		}
-		r.reportBytes += int64(size)
+		s.m.Sent(size)
 		if s.sc.Gossip.Loss > 0 && s.rng.Float64() < s.sc.Gossip.Loss {
 			continue
 		}
@@ -624,82 +633,6 @@ func (s *sim) partitioned(a, b int, t int64) bool {
 		}
 	}
 	return false
-}
-
-// offeredRates fills rates (multiples of L per region) at relative time t.
-func (s *sim) offeredRates(t time.Duration, rates []float64) {
-	tr := s.sc.Traffic
-	rate, split := tr.Rate, tr.Split
-	for _, st := range tr.Steps {
-		if t >= st.At.D() {
-			if st.Rate != 0 {
-				rate = st.Rate
-			}
-			if st.Split != nil {
-				split = st.Split
-			}
-		}
-	}
-	n := len(rates)
-	fill(rates, split, rate)
-	if d := tr.Diurnal; d != nil && d.Period > 0 {
-		var sum float64
-		for i := range rates {
-			w := 1 + d.Depth*math.Cos(2*math.Pi*(t.Seconds()/d.Period.D().Seconds()-float64(i)/float64(n)))
-			rates[i] *= math.Max(0, w)
-			sum += rates[i]
-		}
-		if sum > 0 {
-			for i := range rates {
-				rates[i] *= rate / sum
-			}
-		}
-	}
-	if b := tr.Bursts; b != nil && b.Every > 0 && t%b.Every.D() < b.Length.D() {
-		extra := make([]float64, n)
-		fill(extra, b.Split, b.Rate)
-		for i := range rates {
-			rates[i] += extra[i]
-		}
-	}
-	// A crashed region's clients fail over evenly to the others.
-	var lost float64
-	live := 0
-	for i, r := range s.regions {
-		if r.crashed {
-			lost += rates[i]
-			rates[i] = 0
-		} else {
-			live++
-		}
-	}
-	if lost > 0 && live > 0 {
-		for i, r := range s.regions {
-			if !r.crashed {
-				rates[i] += lost / float64(live)
-			}
-		}
-	}
-}
-
-func fill(out, split []float64, rate float64) {
-	if len(split) == 0 {
-		for i := range out {
-			out[i] = rate / float64(len(out))
-		}
-		return
-	}
-	var sum float64
-	for _, v := range split {
-		sum += v
-	}
-	for i := range out {
-		if sum > 0 {
-			out[i] = rate * split[i] / sum
-		} else {
-			out[i] = 0
-		}
-	}
 }
 
 // poisson draws a Poisson(mean) count.

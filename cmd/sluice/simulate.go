@@ -19,6 +19,8 @@ func newSimulateCmd() *cobra.Command {
 		name, file, out string
 		seed            uint64
 		asJSON, list    bool
+		live            bool
+		liveStore       string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -33,6 +35,12 @@ func newSimulateCmd() *cobra.Command {
 					fmt.Fprintf(stdout, "%s\t%s\n", sc.Name, sc.Description)
 				}
 				return nil
+			}
+			if live {
+				if file != "" || name == "" {
+					return fmt.Errorf("--live runs a built-in scenario: give --scenario NAME")
+				}
+				return runLive(cmd, name, seed, asJSON, liveStore)
 			}
 			var sc simulator.Scenario
 			switch {
@@ -76,6 +84,8 @@ func newSimulateCmd() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	f.StringVar(&out, "out", "", "directory to write the JSON result, SVG charts and a self-contained report.html into")
 	f.BoolVar(&list, "list", false, "list built-in scenarios, one a line, name first")
+	f.BoolVar(&live, "live", false, "run the scenario against real daemons on loopback (real memberlist and HTTP checks, interval compressed to 1 s)")
+	f.StringVar(&liveStore, "live-store", "memory", "with --live: memory, or redis (starts one redis-server per region)")
 	return cmd
 }
 

@@ -88,3 +88,17 @@ func TestSimulateUnknownScenario(t *testing.T) {
 		t.Errorf("simulate --scenario nope = %v, want unknown scenario", err)
 	}
 }
+
+func TestSimulateLiveNeedsScenario(t *testing.T) {
+	for _, args := range [][]string{{"--live"}, {"--live", "--file", "x.json"}} {
+		cmd := newSimulateCmd()
+		var out, errb bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&errb)
+		cmd.SetArgs(args)
+		err := cmd.ExecuteContext(context.Background())
+		if want := "--live runs a built-in scenario: give --scenario NAME"; err == nil || err.Error() != want {
+			t.Errorf("simulate %v = %v, want %q", args, err, want)
+		}
+	}
+}

@@ -325,6 +325,9 @@ type player struct {
 	m      *recorder
 }
 
+// crashed says whether region r's daemons have been stopped.
+func (p *player) crashed(r int) bool { return p.cl.crashed[r].Load() }
+
 func newPlayer(sc simulator.Scenario, opt Options, f float64, cl *cluster) *player {
 	p := &player{sc: sc, opt: opt, f: f, cl: cl, rng: mrand.New(mrand.NewPCG(opt.Seed, 0x5eed)),
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
@@ -340,81 +343,6 @@ func newPlayer(sc simulator.Scenario, opt Options, f float64, cl *cluster) *play
 	p.olimit = engine.Limit{Algorithm: engine.TokenBucket, Rate: opt.Limit * f, Burst: liveBurst(sc, opt, f)}
 	p.m = newRecorder(sc, f, opt.Limit)
 	return p
-}
-
-// rates fills the offered rate of each region at scenario time t, as
-// multiples of L (the simulator's Traffic semantics).
-func (p *player) rates(t time.Duration, out []float64) {
-	tr := p.sc.Traffic
-	rate, split := tr.Rate, tr.Split
-	for _, st := range tr.Steps {
-		if t >= st.At.D() {
-			if st.Rate != 0 {
-				rate = st.Rate
-			}
-			if st.Split != nil {
-				split = st.Split
-			}
-		}
-	}
-	n := len(out)
-	fill(out, split, rate)
-	if d := tr.Diurnal; d != nil && d.Period > 0 {
-		var sum float64
-		for i := range out {
-			w := 1 + d.Depth*math.Cos(2*math.Pi*(t.Seconds()/d.Period.D().Seconds()-float64(i)/float64(n)))
-			out[i] *= math.Max(0, w)
-			sum += out[i]
-		}
-		if sum > 0 {
-			for i := range out {
-				out[i] *= rate / sum
-			}
-		}
-	}
-	if b := tr.Bursts; b != nil && b.Every > 0 && t%b.Every.D() < b.Length.D() {
-		extra := make([]float64, n)
-		fill(extra, b.Split, b.Rate)
-		for i := range out {
-			out[i] += extra[i]
-		}
-	}
-	var lost float64
-	live := 0
-	for i := range out {
-		if p.cl.crashed[i].Load() {
-			lost += out[i]
-			out[i] = 0
-		} else {
-			live++
-		}
-	}
-	if lost > 0 && live > 0 {
-		for i := range out {
-			if !p.cl.crashed[i].Load() {
-				out[i] += lost / float64(live)
-			}
-		}
-	}
-}
-
-func fill(out, split []float64, rate float64) {
-	if len(split) == 0 {
-		for i := range out {
-			out[i] = rate / float64(len(out))
-		}
-		return
-	}
-	var sum float64
-	for _, v := range split {
-		sum += v
-	}
-	for i := range out {
-		out[i] = 0
-		if sum > 0 && i < len(split) {
-			out[i] = rate * split[i] / sum
-		}
-	}
 }
 
 // play generates arrivals in scenario-time order on the live clock, decides
@@ -463,7 +391,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 	next := make([]time.Duration, sc.Regions)
 	rr := make([]int, sc.Regions)
 	gap := func(r int, t time.Duration) time.Duration {
-		p.rates(t, rates)
+		p.sc.Traffic.Rates(t, p.crashed, rates)
 		lam := rates[r] * p.opt.Limit * p.f // arrivals per scenario second
 		if lam <= 0 {
 			return 100 * time.Millisecond // look again later
@@ -507,7 +435,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 			p.opt.Progress(t, total)
 			lastProgress = time.Now()
 		}
-		p.rates(t, rates)
+		p.sc.Traffic.Rates(t, p.crashed, rates)
 		if rates[r] > 0 && !p.cl.crashed[r].Load() {
 			k := 0
 			if sc.Keys > 1 {
@@ -537,7 +465,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 	}
 	wg.Wait()
 	stopShares()
-	res := p.m.result(p.cl)
+	res := p.m.result()
 	p.m.mu.Lock()
 	errs, drops, offered := p.m.errs, p.m.drops, p.m.checks/2
 	p.m.mu.Unlock()
