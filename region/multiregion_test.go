@@ -158,9 +158,10 @@ func TestPolicySyncNewestWins(t *testing.T) {
 	if code, body := a.admin(t, "PUT", "/v1/policies/g", pol(20)); code != 200 {
 		t.Fatalf("PUT = %d %s", code, body)
 	}
-	if st := a.regions(t); st.PolicyRevision == 0 {
-		t.Errorf("after a local change, policy_revision = 0")
-	}
+	// The change is stamped and broadcast by a goroutine, not by the PUT.
+	eventually(t, "a revision for the local change", 5*time.Second, func() bool {
+		return a.regions(t).PolicyRevision != 0
+	})
 	eventually(t, "the change to reach b", 5*time.Second, func() bool { return rate(b) == 20 })
 	eventually(t, "no skew", 5*time.Second, func() bool {
 		st := b.regions(t)
