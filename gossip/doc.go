@@ -57,6 +57,16 @@
 // push/pull state, so a node that (re)joins catches up. Larger policy sets go
 // over the reliable path to every node.
 //
+// Borrow requests (share.BorrowRequest, KindBorrow) go to every node of the
+// other regions and loans (share.Loan, KindLoan) to the lender's other nodes
+// first, then to the borrower region's nodes (SendLoan), both over the
+// reliable path: they are about 100 bytes, but a lost loan wastes the
+// lender's cut until the next rebalance. Their layouts carry their own
+// version (share.BorrowVersion); an unknown one is dropped ("version"), and
+// a request or loan whose region does not match its sender, without a key,
+// or with an amount that is not a finite positive fraction is dropped
+// ("invalid"). Duplicates are harmless: share applies a loan once.
+//
 // # One regional view (issue 5, item 3)
 //
 // Several daemons serve a region, and the region's demand for a key must be

@@ -399,6 +399,40 @@ func (n *Node) SendNodeUsage(ctx context.Context, u NodeUsage) error {
 	return n.send(ctx, u, KindNodeUsage, func(m Member) bool { return m.Region == n.cfg.Region }, false)
 }
 
+// SendBorrowRequest sends this region's borrow request to every live node of
+// the other regions over the reliable path (any of them may be its region's
+// lender; the receivers decide which one answers). A lost request costs the
+// borrower one BorrowEvery; a duplicate is answered at most once per
+// borrower and key (share.Allocator.Lend supersedes the pending one).
+func (n *Node) SendBorrowRequest(ctx context.Context, r share.BorrowRequest) error {
+	if r.Region != n.cfg.Region {
+		return fmt.Errorf("gossip: borrow request of region %q from a node of %q", r.Region, n.cfg.Region)
+	}
+	return n.send(ctx, r, KindBorrow, func(m Member) bool { return m.Region != n.cfg.Region }, false)
+}
+
+// SendLoan sends this region's loan over the reliable path, first to the
+// other live nodes of this (the lender's) region, which must cut as this
+// node already has, and only when those sends have finished to the live
+// nodes of the borrower's region: the lender's nodes have the cut in hand
+// before any borrower node can raise. A lost loan leaves the lender's share
+// cut and the borrower's unraised until the next rebalance (under-service,
+// never overshoot); a duplicate is applied once (share.Loan.Seq). If the
+// sends to this region fail the loan is not sent to the borrower.
+func (n *Node) SendLoan(ctx context.Context, l share.Loan) error {
+	if l.Lender != n.cfg.Region {
+		return fmt.Errorf("gossip: loan of region %q from a node of %q", l.Lender, n.cfg.Region)
+	}
+	b, err := Encode(n.cfg.Node, n.cfg.Region, l)
+	if err != nil {
+		return err
+	}
+	if err := n.sendEncoded(ctx, b, KindLoan, func(m Member) bool { return m.Region == n.cfg.Region }, false); err != nil {
+		return err
+	}
+	return n.sendEncoded(ctx, b, KindLoan, func(m Member) bool { return m.Region == l.Borrower }, false)
+}
+
 // BroadcastPolicy sends a policy set to every live node over the reliable
 // path and, when it fits in a packet, also through the gossip queue (each
 // receiver relays it once), so a node the direct send missed still gets it.

@@ -26,6 +26,8 @@ type inbox struct {
 	reports  []share.Report
 	policies []PolicyUpdate
 	usage    []NodeUsage
+	borrows  []share.BorrowRequest
+	loans    []share.Loan
 }
 
 func (b *inbox) findReport(region string, epoch uint64) (share.Report, bool) {
@@ -64,6 +66,16 @@ func startNode(t *testing.T, name, region string, key []byte, join ...string) *t
 	n.OnReport(func(r share.Report) { in.mu.Lock(); in.reports = append(in.reports, r); in.mu.Unlock() })
 	n.OnPolicy(func(p PolicyUpdate) { in.mu.Lock(); in.policies = append(in.policies, p); in.mu.Unlock() })
 	n.OnNodeUsage(func(u NodeUsage) { in.mu.Lock(); in.usage = append(in.usage, u); in.mu.Unlock() })
+	n.OnMessage(func(m Message) {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		switch m.Kind {
+		case KindBorrow:
+			in.borrows = append(in.borrows, m.Borrow)
+		case KindLoan:
+			in.loans = append(in.loans, m.Loan)
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	tn := &testNode{Node: n, in: in, reg: reg, cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -205,6 +217,75 @@ func TestClusterMembershipAndReports(t *testing.T) {
 	})
 	if err := n3.BroadcastPolicy(ctx, PolicyUpdate{Version: 1, Data: []byte("v1")}); err == nil {
 		t.Error("BroadcastPolicy of an older version succeeded")
+	}
+}
+
+// TestBorrowRouting: a borrow request reaches every node of the other
+// regions and none of its own; a loan reaches the lender's other nodes and
+// the borrower's nodes, not a third region.
+func TestBorrowRouting(t *testing.T) {
+	t.Parallel()
+	eu1 := startNode(t, "eu1", "eu", keyA)
+	eu2 := startNode(t, "eu2", "eu", keyA, eu1.Addr())
+	us1 := startNode(t, "us1", "us", keyA, eu1.Addr())
+	us2 := startNode(t, "us2", "us", keyA, eu1.Addr())
+	ap1 := startNode(t, "ap1", "ap", keyA, eu1.Addr())
+	nodes := []*testNode{eu1, eu2, us1, us2, ap1}
+	waitFor(t, 10*time.Second, "5 nodes to see each other", func() bool {
+		for _, n := range nodes {
+			if n.NumLive() != 5 {
+				return false
+			}
+		}
+		return true
+	})
+	count := func(n *testNode) (borrows, loans int) {
+		n.in.mu.Lock()
+		defer n.in.mu.Unlock()
+		return len(n.in.borrows), len(n.in.loans)
+	}
+	ctx := context.Background()
+	req := testBorrow("us")
+	if err := us1.SendBorrowRequest(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	loan := testLoan("eu", "us")
+	if err := eu1.SendLoan(ctx, loan); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the request and the loan delivered", func() bool {
+		for _, c := range []struct {
+			n             *testNode
+			borrow, loans int
+		}{{eu1, 1, 0}, {eu2, 1, 1}, {us1, 0, 1}, {us2, 0, 1}, {ap1, 1, 0}} {
+			if b, l := count(c.n); b < c.borrow || l < c.loans {
+				return false
+			}
+		}
+		return true
+	})
+	// Anything misrouted would have travelled alongside: check the exact counts.
+	for _, c := range []struct {
+		n             *testNode
+		borrow, loans int
+	}{{eu1, 1, 0}, {eu2, 1, 1}, {us1, 0, 1}, {us2, 0, 1}, {ap1, 1, 0}} {
+		if b, l := count(c.n); b != c.borrow || l != c.loans {
+			t.Errorf("%s received %d requests and %d loans, want %d and %d", c.n.Name(), b, l, c.borrow, c.loans)
+		}
+	}
+	eu2.in.mu.Lock()
+	if got := eu2.in.borrows[0]; got != req {
+		t.Errorf("eu2 received %+v, want %+v", got, req)
+	}
+	if got := eu2.in.loans[0]; got != loan {
+		t.Errorf("eu2 received %+v, want %+v", got, loan)
+	}
+	eu2.in.mu.Unlock()
+	if err := eu1.SendBorrowRequest(ctx, req); err == nil {
+		t.Error("SendBorrowRequest of another region's request succeeded")
+	}
+	if err := us1.SendLoan(ctx, loan); err == nil {
+		t.Error("SendLoan of another region's loan succeeded")
 	}
 }
 

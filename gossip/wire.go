@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/sluice-rl/sluice/share"
 	"github.com/vmihailenco/msgpack/v5"
@@ -35,6 +36,13 @@ const (
 	// KindPolicy carries a PolicyUpdate: the policy set, newest version
 	// wins.
 	KindPolicy Kind = 3
+	// KindBorrow carries a share.BorrowRequest: a region asking the other
+	// regions for part of their unused share of one key (share.Allocator.Borrow).
+	KindBorrow Kind = 4
+	// KindLoan carries a share.Loan: a lender region's answer, sent to the
+	// borrower region's nodes and to the lender region's other nodes, which
+	// must cut as their region's acting node already has.
+	KindLoan Kind = 5
 )
 
 func (k Kind) String() string {
@@ -45,6 +53,10 @@ func (k Kind) String() string {
 		return "node_usage"
 	case KindPolicy:
 		return "policy"
+	case KindBorrow:
+		return "borrow"
+	case KindLoan:
+		return "loan"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -92,9 +104,11 @@ type Message struct {
 	Region  string // sending node's region
 	Size    int    // encoded size in bytes
 
-	Report share.Report // KindReport
-	Usage  NodeUsage    // KindNodeUsage
-	Policy PolicyUpdate // KindPolicy
+	Report share.Report        // KindReport
+	Usage  NodeUsage           // KindNodeUsage
+	Policy PolicyUpdate        // KindPolicy
+	Borrow share.BorrowRequest // KindBorrow
+	Loan   share.Loan          // KindLoan
 }
 
 // Drop reasons (the "reason" label of sluice_gossip_dropped_total).
@@ -120,8 +134,9 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 
 func decodeErr(reason string, err error) error { return &DecodeError{Reason: reason, Err: err} }
 
-// Encode returns the wire form of payload (a share.Report, NodeUsage or
-// PolicyUpdate, by value) sent by node from in region.
+// Encode returns the wire form of payload (a share.Report, NodeUsage,
+// PolicyUpdate, share.BorrowRequest or share.Loan, by value) sent by node
+// from in region.
 func Encode(from, region string, payload any) ([]byte, error) {
 	var kind Kind
 	switch payload.(type) {
@@ -131,6 +146,10 @@ func Encode(from, region string, payload any) ([]byte, error) {
 		kind = KindNodeUsage
 	case PolicyUpdate:
 		kind = KindPolicy
+	case share.BorrowRequest:
+		kind = KindBorrow
+	case share.Loan:
+		kind = KindLoan
 	default:
 		return nil, fmt.Errorf("gossip: cannot encode %T", payload)
 	}
@@ -204,6 +223,18 @@ func Decode(b []byte, maxSize int) (m Message, err error) {
 		}
 	case KindPolicy:
 		err = unmarshal(env.Payload, &m.Policy)
+	case KindBorrow:
+		if err = unmarshal(env.Payload, &m.Borrow); err == nil {
+			if e := checkBorrow(m.Borrow, env.Region); e != nil {
+				return Message{}, e
+			}
+		}
+	case KindLoan:
+		if err = unmarshal(env.Payload, &m.Loan); err == nil {
+			if e := checkLoan(m.Loan, env.Region); e != nil {
+				return Message{}, e
+			}
+		}
 	default:
 		return Message{}, decodeErr(ReasonKind, fmt.Errorf("unknown kind %d", env.Kind))
 	}
@@ -211,6 +242,41 @@ func Decode(b []byte, maxSize int) (m Message, err error) {
 		return Message{}, decodeErr(ReasonMalformed, err)
 	}
 	return m, nil
+}
+
+// checkBorrow validates a decoded BorrowRequest sent from region. The
+// layout's own version (share.BorrowVersion) must be one this build knows:
+// fields are only added under a version, so an unknown one is a change this
+// build would misread.
+func checkBorrow(r share.BorrowRequest, region string) error {
+	switch {
+	case r.Version < 1 || r.Version > share.BorrowVersion:
+		return decodeErr(ReasonVersion, fmt.Errorf("borrow request version %d not in [1,%d]", r.Version, share.BorrowVersion))
+	case r.Region != region:
+		return decodeErr(ReasonInvalid, fmt.Errorf("borrow request of region %q sent from region %q", r.Region, region))
+	case r.Policy == "" || r.Subject == "":
+		return decodeErr(ReasonInvalid, errors.New("borrow request without key"))
+	case !(r.Want > 0) || math.IsInf(r.Want, 0): // NaN fails too; above 1 is a region offered more than L
+		return decodeErr(ReasonInvalid, fmt.Errorf("borrow request wants %v of the limit", r.Want))
+	}
+	return nil
+}
+
+// checkLoan validates a decoded Loan sent from region (the lender's).
+func checkLoan(l share.Loan, region string) error {
+	switch {
+	case l.Version < 1 || l.Version > share.BorrowVersion:
+		return decodeErr(ReasonVersion, fmt.Errorf("loan version %d not in [1,%d]", l.Version, share.BorrowVersion))
+	case l.Lender != region:
+		return decodeErr(ReasonInvalid, fmt.Errorf("loan of region %q sent from region %q", l.Lender, region))
+	case l.Borrower == "" || l.Borrower == l.Lender:
+		return decodeErr(ReasonInvalid, fmt.Errorf("loan from %q to %q", l.Lender, l.Borrower))
+	case l.Policy == "" || l.Subject == "":
+		return decodeErr(ReasonInvalid, errors.New("loan without key"))
+	case !(l.Amount > 0 && l.Amount <= 1):
+		return decodeErr(ReasonInvalid, fmt.Errorf("loan of %v of the limit", l.Amount))
+	}
+	return nil
 }
 
 // nodeMeta is the memberlist node metadata: at most 512 bytes.

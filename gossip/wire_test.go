@@ -3,6 +3,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"testing"
 
@@ -35,6 +36,8 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		{"node usage", NodeUsage{Node: "n1", Region: "eu", Epoch: 7, Keys: []KeyUsage{{Key: share.Key{Policy: "p", Subject: "s"}, Limit: 10, Offered: 4, Recent: 5, Admitted: 3}}},
 			func(m Message) any { return m.Usage }},
 		{"policy", PolicyUpdate{Version: 9, Data: []byte(`{"policies":[]}`)}, func(m Message) any { return m.Policy }},
+		{"borrow", testBorrow("eu"), func(m Message) any { return m.Borrow }},
+		{"loan", testLoan("eu", "us"), func(m Message) any { return m.Loan }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,6 +57,16 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			}
 		})
 	}
+}
+
+func testBorrow(region string) share.BorrowRequest {
+	return share.BorrowRequest{Version: share.BorrowVersion, Region: region, Epoch: 177_000_123,
+		Key: share.Key{Policy: "api-global", Subject: "key_00000000deadbeef"}, Want: 1.37}
+}
+
+func testLoan(lender, borrower string) share.Loan {
+	return share.Loan{Version: share.BorrowVersion, Lender: lender, Borrower: borrower, Epoch: 177_000_123,
+		Key: share.Key{Policy: "api-global", Subject: "key_00000000deadbeef"}, Amount: 0.4137, Seq: 12}
 }
 
 // The layouts an older build wrote: fewer fields. A current decoder must
@@ -138,6 +151,22 @@ func TestDecodeDrops(t *testing.T) {
 		{"region mismatch", env(envelope{V: WireVersion, Kind: KindReport, From: "n", Region: "us", Payload: payload}), 0, ReasonInvalid},
 		{"payload wrong type", env(envelope{V: WireVersion, Kind: KindReport, From: "n", Region: "eu", Payload: mustMarshal(t, "str")}), 0, ReasonMalformed},
 		{"payload missing", env(envelope{V: WireVersion, Kind: KindPolicy, From: "n", Region: "eu"}), 0, ReasonMalformed},
+		{"borrow newer layout", borrowEnv(func(r *share.BorrowRequest) { r.Version = share.BorrowVersion + 1 }), 0, ReasonVersion},
+		{"borrow layout zero", borrowEnv(func(r *share.BorrowRequest) { r.Version = 0 }), 0, ReasonVersion},
+		{"borrow region mismatch", borrowEnv(func(r *share.BorrowRequest) { r.Region = "us" }), 0, ReasonInvalid},
+		{"borrow no key", borrowEnv(func(r *share.BorrowRequest) { r.Subject = "" }), 0, ReasonInvalid},
+		{"borrow NaN", borrowEnv(func(r *share.BorrowRequest) { r.Want = math.NaN() }), 0, ReasonInvalid},
+		{"borrow +Inf", borrowEnv(func(r *share.BorrowRequest) { r.Want = math.Inf(1) }), 0, ReasonInvalid},
+		{"borrow negative", borrowEnv(func(r *share.BorrowRequest) { r.Want = -0.1 }), 0, ReasonInvalid},
+		{"borrow wrong type", env(envelope{V: WireVersion, Kind: KindBorrow, From: "n", Region: "eu", Payload: mustMarshal(t, []int{1})}), 0, ReasonMalformed},
+		{"loan newer layout", loanEnv(func(l *share.Loan) { l.Version = share.BorrowVersion + 1 }), 0, ReasonVersion},
+		{"loan lender mismatch", loanEnv(func(l *share.Loan) { l.Lender = "ap" }), 0, ReasonInvalid},
+		{"loan to itself", loanEnv(func(l *share.Loan) { l.Borrower = "eu" }), 0, ReasonInvalid},
+		{"loan no borrower", loanEnv(func(l *share.Loan) { l.Borrower = "" }), 0, ReasonInvalid},
+		{"loan above the limit", loanEnv(func(l *share.Loan) { l.Amount = 1.5 }), 0, ReasonInvalid},
+		{"loan NaN", loanEnv(func(l *share.Loan) { l.Amount = math.NaN() }), 0, ReasonInvalid},
+		{"loan zero", loanEnv(func(l *share.Loan) { l.Amount = 0 }), 0, ReasonInvalid},
+		{"loan truncated", func() []byte { b := loanEnv(func(*share.Loan) {}); return b[:len(b)-3] }(), 0, ReasonMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,8 +179,49 @@ func TestDecodeDrops(t *testing.T) {
 	}
 }
 
+// borrowEnv and loanEnv encode a valid message from eu after edit.
+func borrowEnv(edit func(*share.BorrowRequest)) []byte {
+	r := testBorrow("eu")
+	edit(&r)
+	p, _ := msgpack.Marshal(r)
+	b, _ := msgpack.Marshal(envelope{V: WireVersion, Kind: KindBorrow, From: "n", Region: "eu", Payload: p})
+	return b
+}
+
+func loanEnv(edit func(*share.Loan)) []byte {
+	l := testLoan("eu", "us")
+	edit(&l)
+	p, _ := msgpack.Marshal(l)
+	b, _ := msgpack.Marshal(envelope{V: WireVersion, Kind: KindLoan, From: "n", Region: "eu", Payload: p})
+	return b
+}
+
+// TestBorrowSize: borrow messages fit in one UDP packet with room to spare
+// and stay within share's own size estimates.
+func TestBorrowSize(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		payload  any
+		estimate int
+	}{
+		{"borrow", testBorrow("eu-west"), testBorrow("eu-west").EncodedSizeEstimate()},
+		{"loan", testLoan("eu-west", "us-east"), testLoan("eu-west", "us-east").EncodedSizeEstimate()},
+	} {
+		b, err := Encode("node-a", "eu-west", c.payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := marshal(c.payload)
+		t.Logf("%s: %d bytes (payload %d, share's estimate %d)", c.name, len(b), len(p), c.estimate)
+		if len(p) > c.estimate || len(b) > MaxPacketPayload/4 {
+			t.Errorf("%s: payload %d bytes (estimate %d), message %d bytes", c.name, len(p), c.estimate, len(b))
+		}
+	}
+}
+
 func FuzzDecode(f *testing.F) {
-	for _, p := range []any{testReport("eu", 3, 2), NodeUsage{Node: "a", Region: "eu", Epoch: 1, Keys: []KeyUsage{{Limit: 1}}}, PolicyUpdate{Version: 1, Data: []byte("{}")}} {
+	for _, p := range []any{testReport("eu", 3, 2), NodeUsage{Node: "a", Region: "eu", Epoch: 1, Keys: []KeyUsage{{Limit: 1}}}, PolicyUpdate{Version: 1, Data: []byte("{}")},
+		testBorrow("eu"), testLoan("eu", "us")} {
 		b, _ := Encode("a", "eu", p)
 		f.Add(b)
 		f.Add(b[:len(b)/2])
@@ -169,6 +239,16 @@ func FuzzDecode(f *testing.F) {
 		}
 		if m.From == "" || m.Region == "" || m.Version < MinWireVersion || m.Version > WireVersion {
 			t.Fatalf("Decode accepted %+v", m)
+		}
+		switch m.Kind {
+		case KindBorrow:
+			if r := m.Borrow; r.Region != m.Region || !(r.Want > 0) || math.IsInf(r.Want, 0) || r.Version != share.BorrowVersion {
+				t.Fatalf("Decode accepted borrow request %+v from %s", r, m.Region)
+			}
+		case KindLoan:
+			if l := m.Loan; l.Lender != m.Region || l.Borrower == "" || l.Borrower == l.Lender || !(l.Amount > 0 && l.Amount <= 1) || l.Version != share.BorrowVersion {
+				t.Fatalf("Decode accepted loan %+v from %s", l, m.Region)
+			}
 		}
 	})
 }

@@ -72,6 +72,8 @@ type Gossip interface {
 	OnMessage(func(gossip.Message))
 	BroadcastReport(ctx context.Context, r share.Report) error
 	SendNodeUsage(ctx context.Context, u gossip.NodeUsage) error
+	SendBorrowRequest(ctx context.Context, r share.BorrowRequest) error
+	SendLoan(ctx context.Context, l share.Loan) error
 }
 
 // Config wires a Coordinator.
@@ -93,6 +95,11 @@ type Config struct {
 	// Store, if set, persists this region's shares (see the package
 	// documentation); nil keeps them in memory only.
 	Store Store
+	// BorrowTick is how often the coordinator measures each key's offered
+	// rate and bucket level and asks for or serves loans (default 250 ms,
+	// the simulator's rate time constant). Borrowing is off when
+	// Share.BorrowEvery is zero.
+	BorrowTick time.Duration
 	// Clock drives the timers; nil means real time.
 	Clock      Clock
 	Logger     *slog.Logger
@@ -130,7 +137,7 @@ type Coordinator struct {
 	split bool // drain twice per interval to measure the recent rate
 	// balanced is set after the first rebalance (Run's goroutine only).
 	balanced bool
-	table    atomic.Pointer[share.Table]
+	view     atomic.Pointer[view]
 	shares   atomic.Pointer[map[share.Key]regionShares]
 	m        *metrics
 	raised   atomic.Uint64 // epoch whose raises were last published
@@ -151,6 +158,17 @@ type Coordinator struct {
 	alloc       *share.Allocator
 	dead        []string  // regions membership has declared dead
 	deadRaiseAt time.Time // republish the table then (raises after SetDead)
+
+	b borrowState // Run's goroutine only
+	// Borrow messages received, filed by receive (under mu) for Run's
+	// goroutine, which wake tells to look.
+	inReq  []share.BorrowRequest
+	inLoan []inLoan
+	wake   chan struct{}
+	out    chan outMsg // to sendLoop
+	// Counters of borrow traffic (for tests and metrics): enqueued to send,
+	// and received and processed.
+	reqSent, loansSent, reqIn, loansIn atomic.Int64
 }
 
 type regionShares struct {
@@ -183,6 +201,12 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Collect == 0 {
 		cfg.Collect = cfg.Share.Settle / 3
 	}
+	if cfg.BorrowTick < 0 {
+		return nil, fmt.Errorf("globalshare: BorrowTick %v must not be negative", cfg.BorrowTick)
+	}
+	if cfg.BorrowTick == 0 {
+		cfg.BorrowTick = 250 * time.Millisecond
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = realClock{}
 	}
@@ -201,20 +225,25 @@ func New(cfg Config) (*Coordinator, error) {
 		reports:  map[uint64]map[string]share.Report{},
 		nodeUse:  map[uint64]map[string]gossip.NodeUsage{},
 		lastSeen: map[string]reportInfo{},
+		wake:     make(chan struct{}, 1),
+		out:      make(chan outMsg, outboxSize),
 	}
-	c.table.Store(share.NewTable(1/float64(max(1, len(cfg.Gossip.Regions()))), nil))
+	c.view.Store(&view{t: share.NewTable(1/float64(max(1, len(cfg.Gossip.Regions()))), nil)})
 	cfg.Gossip.OnMessage(c.receive)
 	return c, nil
 }
 
 // Share returns the fraction of L_global this region enforces now for a
-// global policy and subject: the engine's scale factor. Lock-free.
+// global policy and subject, loans included and at most 1: the engine's
+// scale factor. Lock-free.
 func (c *Coordinator) Share(policy, subject string) float64 {
-	return c.table.Load().Share(policy, subject)
+	return c.view.Load().share(policy, subject)
 }
 
-// Table returns the current table (immutable).
-func (c *Coordinator) Table() *share.Table { return c.table.Load() }
+// Table returns the allocator's current table (immutable). On a node other
+// than its region's acting node, Share also subtracts what the acting node
+// lent this generation, which the table does not know.
+func (c *Coordinator) Table() *share.Table { return c.view.Load().t }
 
 // RegionShares returns every region's share of a coordinated key as this
 // region computed them at the last rebalance, or nil if the key is not
@@ -277,7 +306,7 @@ func (c *Coordinator) Status() Status {
 		names[r] = true
 	}
 	st := Status{Region: c.self, Node: c.node, Interval: c.cfg.Share.Interval, Epoch: c.epoch,
-		Isolated: c.isolated, CoordinatedKeys: c.coordKeys, DefaultShare: c.table.Load().Default()}
+		Isolated: c.isolated, CoordinatedKeys: c.coordKeys, DefaultShare: c.view.Load().t.Default()}
 	for _, r := range slices.Sorted(maps.Keys(names)) {
 		ri := RegionInfo{Region: r, Nodes: live[r], Live: len(live[r]) > 0}
 		if s, ok := c.lastSeen[r]; ok {
@@ -312,6 +341,25 @@ func (c *Coordinator) receive(m gossip.Message) {
 			c.nodeUse[u.Epoch] = map[string]gossip.NodeUsage{}
 		}
 		c.nodeUse[u.Epoch][u.Node] = u
+	case gossip.KindBorrow:
+		if m.Region == c.self || len(c.inReq) >= maxMail {
+			return
+		}
+		c.inReq = append(c.inReq, m.Borrow)
+		c.poke()
+	case gossip.KindLoan:
+		if len(c.inLoan) >= maxMail {
+			return
+		}
+		c.inLoan = append(c.inLoan, inLoan{from: m.From, loan: m.Loan})
+		c.poke()
+	}
+}
+
+func (c *Coordinator) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -330,6 +378,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return err
 	}
 	c.alloc = alloc
+	c.b.init(now)
+	var wg sync.WaitGroup
+	wg.Go(func() { c.sendLoop(ctx) })
+	defer wg.Wait()
 	if c.cfg.Store != nil {
 		c.restore(ctx)
 	}
@@ -346,7 +398,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 				if !c.sleepUntil(ctx, at) {
 					return nil
 				}
-				first = c.cfg.Usage()
+				first = c.drain()
 				now := c.clock.Now()
 				firstDur, lastDrain = now.Sub(lastDrain), now
 			}
@@ -354,7 +406,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		if !c.sleepUntil(ctx, boundary) {
 			return nil
 		}
-		last := c.cfg.Usage()
+		last := c.drain()
 		now := c.clock.Now()
 		lastDur := now.Sub(lastDrain)
 		lastDrain = now
@@ -383,7 +435,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		if !c.sleepUntil(ctx, at.Add(sc.RaiseDelay)) {
 			return nil
 		}
-		c.table.Store(alloc.Table(c.clock.Now()))
+		c.publish(c.clock.Now())
 		c.raised.Store(epoch)
 		if c.cfg.Store != nil {
 			c.persist(ctx, epoch)
@@ -391,23 +443,36 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 }
 
+// sleepUntil waits for t on the clock, meanwhile checking membership,
+// running the borrow tick and answering borrow messages as they arrive.
 func (c *Coordinator) sleepUntil(ctx context.Context, t time.Time) bool {
 	poll := min(max(c.cfg.Share.Interval/10, 50*time.Millisecond), time.Second)
+	if c.borrowing() {
+		poll = min(poll, c.cfg.BorrowTick)
+	}
+	var timer <-chan time.Time // one outstanding timer, however often mail wakes us
 	for {
 		d := t.Sub(c.clock.Now())
 		if d <= 0 {
 			return ctx.Err() == nil
 		}
+		if timer == nil {
+			timer = c.clock.After(min(d, poll))
+		}
 		select {
 		case <-ctx.Done():
 			return false
-		case <-c.clock.After(min(d, poll)):
+		case <-c.wake:
+			c.borrowMail()
+		case <-timer:
+			timer = nil
 			c.checkMembership()
 			if !c.balanced {
 				// Until the first rebalance every key runs at 1/n of the
 				// live regions; n changes as the node joins.
-				c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), c.restored))
+				c.view.Store(&view{t: share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), c.restored)})
 			}
+			c.borrowTick()
 		}
 	}
 }
@@ -453,7 +518,7 @@ func (c *Coordinator) checkMembership() {
 		c.alloc.SetDead(now, dead)
 		c.log.Info("globalshare: membership declared regions dead", "dead", dead, "isolated", c.alloc.Isolated())
 		if c.balanced {
-			c.table.Store(c.alloc.Table(now))
+			c.publish(now)
 			c.deadRaiseAt = now.Add(c.cfg.Share.RaiseDelay)
 		}
 		return
@@ -461,7 +526,7 @@ func (c *Coordinator) checkMembership() {
 	if !c.deadRaiseAt.IsZero() && !now.Before(c.deadRaiseAt) {
 		c.deadRaiseAt = time.Time{}
 		if c.balanced {
-			c.table.Store(c.alloc.Table(now))
+			c.publish(now)
 		}
 	}
 }
@@ -489,7 +554,7 @@ func (c *Coordinator) restore(ctx context.Context) {
 		}
 	}
 	c.restored = m
-	c.table.Store(share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), m))
+	c.view.Store(&view{t: share.NewTable(1/float64(max(1, len(c.cfg.Gossip.Regions()))), m)})
 	c.log.Info("globalshare: restored saved shares", "epoch", saved.Epoch, "keys", len(m))
 }
 
@@ -570,11 +635,10 @@ func (c *Coordinator) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.U
 // pressure threshold, some node is above threshold/nodes; halving it catches
 // most of the others' contributions too).
 func (c *Coordinator) filter(alloc *share.Allocator, u gossip.NodeUsage, nodes int) gossip.NodeUsage {
-	table := c.table.Load()
 	out := u
 	out.Keys = nil
 	for _, k := range u.Keys {
-		own := table.Share(k.Policy, k.Subject)
+		own := c.Share(k.Policy, k.Subject)
 		if alloc.Shares(k.Key) != nil || max(k.Offered, k.Recent) > c.cfg.Share.Pressure*own*k.Limit/float64(2*nodes) {
 			out.Keys = append(out.Keys, k)
 		}
@@ -654,9 +718,12 @@ func (c *Coordinator) rebalance(alloc *share.Allocator, epoch uint64) time.Time 
 	c.mu.Unlock()
 
 	now := c.clock.Now()
+	c.expireCuts(now)
 	alloc.Rebalance(now, epoch, reports)
+	c.b.gen = epoch
+	c.b.actorGen = c.isActor()
 	c.balanced = true
-	c.table.Store(alloc.Table(now))
+	c.publish(now)
 
 	// Every region's shares of the keys in play, for RegionShares.
 	regions := alloc.Regions()
@@ -702,6 +769,7 @@ type metrics struct {
 	coordKeys      prometheus.Gauge
 	regions        prometheus.Gauge
 	isolated       prometheus.Gauge
+	borrow         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -720,9 +788,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Regions known to the allocation (failed ones included until reclaimed)."}),
 		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_isolated",
 			Help: "1 while this region cannot reach a majority and runs at the safe share."}),
+		borrow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_borrow_total",
+			Help: "Borrowing events on this node: requested (a borrow request sent), lent (a loan sent, own share cut), " +
+				"accepted (a loan applied), mirrored (another node of this region lent: cut applied here), " +
+				"send_dropped (outbox full), send_failed."}, []string{"event"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.rebalances, m.reportsSent, m.reportsMissing, m.reportKeys, m.coordKeys, m.regions, m.isolated)
+		reg.MustRegister(m.rebalances, m.reportsSent, m.reportsMissing, m.reportKeys, m.coordKeys, m.regions, m.isolated, m.borrow)
 	}
 	return m
 }

@@ -94,6 +94,7 @@ func (tr *traffic) set(m map[string]float64) {
 
 type daemon struct {
 	node      *gossip.Node
+	g         *countingGossip
 	coord     *Coordinator
 	region    string
 	stop      context.CancelFunc
@@ -115,6 +116,11 @@ func testShareConfig() share.Config {
 // whose usage is drawn from tr: demand = rate·dt, admitted = what the
 // region's share allows, split across its nodes by rate.
 func newDaemon(t *testing.T, ctx context.Context, clk *fakeClock, tr *traffic, name, region string, join ...string) *daemon {
+	t.Helper()
+	return newDaemonCfg(t, ctx, clk, tr, testShareConfig(), name, region, join...)
+}
+
+func newDaemonCfg(t *testing.T, ctx context.Context, clk *fakeClock, tr *traffic, sc share.Config, name, region string, join ...string) *daemon {
 	t.Helper()
 	n, err := gossip.New(gossip.Config{Node: name, Region: region, BindAddr: "127.0.0.1", Dev: true,
 		Preset: gossip.PresetLocal, Join: join, LeaveTimeout: 300 * time.Millisecond})
@@ -146,7 +152,8 @@ func newDaemon(t *testing.T, ctx context.Context, clk *fakeClock, tr *traffic, n
 		}
 	}
 	lookup := func(p string) (float64, bool) { return limit, p == policy }
-	d.coord, err = New(Config{Share: testShareConfig(), Gossip: n, Usage: usage, Limit: lookup, Clock: clk,
+	d.g = &countingGossip{Node: n, loans: map[[2]string]int{}}
+	d.coord, err = New(Config{Share: sc, Gossip: d.g, Usage: usage, Limit: lookup, Clock: clk,
 		Collect: 150 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
