@@ -11,10 +11,12 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 )
@@ -63,6 +65,9 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			}
 			cfg.Gossip = gc
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			// go-redis logs every failed dial through a process-wide
+			// logger: one unstructured line per check while Redis is down.
+			redis.SetLogger(engine.RedisLogger{L: log})
 			for _, s := range trusted {
 				s = strings.TrimSpace(s)
 				if s == "" {
