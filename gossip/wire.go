@@ -78,6 +78,12 @@ type NodeUsage struct {
 	Region string     `msgpack:"r"`
 	Epoch  uint64     `msgpack:"e"`
 	Keys   []KeyUsage `msgpack:"k"`
+	// Quotas are this node's own spend on global quotas in their current
+	// window: G-counters with one component, named by the node. Counts are
+	// cumulative over the window, so a lost or late message is made good by
+	// the next one. Added in wire version 1 without a bump: older nodes
+	// ignore the field.
+	Quotas []share.QuotaCounter `msgpack:"q,omitempty"`
 }
 
 // KeyUsage is one key of a NodeUsage (share.Usage with short wire names).

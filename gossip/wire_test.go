@@ -35,6 +35,8 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		{"report", rep, func(m Message) any { return m.Report }},
 		{"node usage", NodeUsage{Node: "n1", Region: "eu", Epoch: 7, Keys: []KeyUsage{{Key: share.Key{Policy: "p", Subject: "s"}, Limit: 10, Offered: 4, Recent: 5, Admitted: 3}}},
 			func(m Message) any { return m.Usage }},
+		{"node usage with quotas", NodeUsage{Node: "n1", Region: "eu", Epoch: 7, Quotas: []share.QuotaCounter{{Key: q.Key, Window: 20000, Counts: []share.RegionCount{{Region: "n1", Count: 5}}}}},
+			func(m Message) any { return m.Usage }},
 		{"policy", PolicyUpdate{Version: 9, Data: []byte(`{"policies":[]}`)}, func(m Message) any { return m.Policy }},
 		{"borrow", testBorrow("eu"), func(m Message) any { return m.Borrow }},
 		{"loan", testLoan("eu", "us"), func(m Message) any { return m.Loan }},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/share"
 )
 
 // ShareSource gives the fraction of a global-scope policy's limit that this
@@ -19,6 +20,34 @@ import (
 // called on every check and must return at once, without I/O.
 type ShareSource interface {
 	Share(policy, subject string) float64
+}
+
+// QuotaSource gives, for a global quota (a scope: global fixed_window
+// policy, e.g. a daily quota across regions), the units spent in window w
+// (share.WindowIndex) that this daemon's engine state does not hold: the
+// other regions' last known counts (and, with a per-daemon store, the
+// region's other daemons'). The check admits while the engine's count plus
+// that plus the cost stay within the limit. QuotaOthers is called on every
+// check and must return at once, without I/O.
+type QuotaSource interface {
+	QuotaOthers(policy, subject string, w int64) uint64
+}
+
+// quotaScale is the Check.Scale that makes the engine's fixed window admit
+// at most count − others units in total: the allowance the other regions
+// have left. Run through the engine, the quota stays all-or-nothing with
+// the request's other policies. An exhausted allowance gets a scale so
+// small that no unit fits (zero would mean the whole limit).
+func quotaScale(count float64, others uint64) float64 {
+	left := count - float64(others)
+	switch {
+	case left <= 0:
+		return 1e-15
+	case left >= count:
+		return 1
+	}
+	// A hair above, so that floating point never rounds a whole unit away.
+	return min((left+1e-6)/count, 1)
 }
 
 // WholeShare is the default ShareSource: every region enforces the whole
@@ -216,6 +245,7 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 
 	var enforced, shadow [engine.MaxChecks]engine.Check
 	var enfIdx, shIdx [engine.MaxChecks]int
+	var quotaAt [engine.MaxChecks]bool // enforced global quotas
 	ne, ns := 0, 0
 	for i, a := range applied {
 		p := a.Policy
@@ -237,10 +267,18 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 		}
 		scale := 1.0
 		track := false
+		isQuota := false
 		if p.Scope == quota.ScopeGlobal {
-			scale = d.shares.Share(p.ID, who.Subject)
-			if !(scale > 0) || scale > 1 {
-				scale = 1
+			if d.quotas != nil && a.Limit.Algorithm == engine.FixedWindow {
+				// A global quota: the G-counter rule, not a share.
+				isQuota = true
+				others := d.quotas.QuotaOthers(p.ID, who.Subject, share.WindowIndex(time.Now(), a.Limit.Window))
+				scale = quotaScale(a.Limit.Count, others)
+			} else {
+				scale = d.shares.Share(p.ID, who.Subject)
+				if !(scale > 0) || scale > 1 {
+					scale = 1
+				}
 			}
 			track = d.cl != nil // only a coordinator drains usage
 		}
@@ -251,6 +289,7 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 		}
 		if p.Mode == quota.ModeEnforce {
 			c.Track = track
+			quotaAt[ne] = isQuota
 			enforced[ne], enfIdx[ne] = c, i
 			ne++
 		} else {
@@ -270,6 +309,13 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 				return verdict{}, newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the request was cancelled before it was decided")
 			}
 			return verdict{}, invalid(t.field, "%v", err)
+		}
+		for j := 0; j < ne; j++ {
+			// A global quota never needs more than its window's end: the
+			// others' counts start again from zero in the next window.
+			if r := &out.Results[j]; quotaAt[j] && !r.Allowed && r.RetryAfter > r.ResetAfter {
+				r.RetryAfter = r.ResetAfter
+			}
 		}
 		v.Source = out.Source.String()
 		v.Degraded = out.Degraded

@@ -127,8 +127,9 @@ type Daemon struct {
 	closers []func() error
 	ident   quota.IdentityConfig
 	shares  ShareSource
-	cl      *cluster // nil when single-region
-	redis   redisKV  // nil on the memory store
+	quotas  QuotaSource // nil when single-region
+	cl      *cluster    // nil when single-region
+	redis   redisKV     // nil on the memory store
 	m       *metrics
 	gather  prometheus.Gatherer
 	token   [32]byte // SHA-256 of the admin token

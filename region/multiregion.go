@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
@@ -133,7 +134,7 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 		sc = ShareConfig(gcfg.Interval)
 	}
 	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
-		Limit: d.globalLimit, Logger: d.log.With("component", "globalshare"), Registerer: reg}
+		Limit: d.globalLimit, Quota: d.globalQuota, NodeLocalStore: d.mem != nil, Logger: d.log.With("component", "globalshare"), Registerer: reg}
 	if d.redis != nil {
 		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
 	}
@@ -145,6 +146,7 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 	g.OnPolicy(cl.receive)
 	d.cl = cl
 	d.shares = c
+	d.quotas = c
 	return nil
 }
 
@@ -199,6 +201,21 @@ func (d *Daemon) globalLimit(id string) (float64, bool) {
 		return l.Count / l.Window.Seconds(), true
 	}
 	return 0, false
+}
+
+// globalQuota is the window of a global quota: a scope: global
+// fixed_window policy, enforced as a G-counter across regions rather than
+// by shares (see QuotaSource).
+func (d *Daemon) globalQuota(id string) (time.Duration, bool) {
+	p, ok := d.reg.Get(id)
+	if !ok || p.Scope != quota.ScopeGlobal {
+		return 0, false
+	}
+	l := p.Limit()
+	if l.Algorithm != engine.FixedWindow || l.Window <= 0 {
+		return 0, false
+	}
+	return l.Window, true
 }
 
 // Gossip returns the daemon's gossip node, nil when single-region.

@@ -152,6 +152,7 @@ func (c *Coordinator) borrowing() bool { return c.cfg.Share.BorrowEvery > 0 }
 // the report (acc) and for the rate (fast).
 func (c *Coordinator) drainTick() {
 	u := c.cfg.Usage()
+	c.countQuotas(u)
 	addUsage(c.b.acc, u)
 	addUsage(c.b.fast, u)
 }

@@ -89,6 +89,17 @@ type Config struct {
 	// Limit returns L_global of a global policy in units per second; ok is
 	// false for policies that are not global (their usage is ignored).
 	Limit func(policy string) (ratePerSec float64, ok bool)
+	// Quota returns the window of a global quota (a scope: global
+	// fixed_window policy, e.g. a daily quota); ok is false for every other
+	// policy. A global quota is not divided into shares: its counts are
+	// exchanged as G-counters (QuotaOthers), and Limit is not consulted for
+	// it. nil means no global quotas.
+	Quota func(policy string) (window time.Duration, ok bool)
+	// NodeLocalStore is set when each daemon keeps its own engine state
+	// (the memory store): the spend of the region's other daemons then
+	// counts in QuotaOthers like another region's. With a regional store
+	// (Redis) the engine state already holds the region's own count.
+	NodeLocalStore bool
 	// Collect is how long after the epoch boundary node usage from the
 	// region's other nodes is awaited (default Settle/3).
 	Collect time.Duration
@@ -160,6 +171,7 @@ type Coordinator struct {
 	deadRaiseAt time.Time // republish the table then (raises after SetDead)
 
 	b borrowState // Run's goroutine only
+	q quotaState  // global quotas: quota.go
 	// Borrow messages received, filed by receive (under mu) for Run's
 	// goroutine, which wake tells to look.
 	inReq  []share.BorrowRequest
@@ -213,6 +225,15 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Quota != nil {
+		limit, quota := cfg.Limit, cfg.Quota
+		cfg.Limit = func(policy string) (float64, bool) {
+			if _, ok := quota(policy); ok {
+				return 0, false // counted as a G-counter, never shared
+			}
+			return limit(policy)
+		}
+	}
 	sc := cfg.Share
 	c := &Coordinator{
 		cfg:      cfg,
@@ -228,6 +249,7 @@ func New(cfg Config) (*Coordinator, error) {
 		wake:     make(chan struct{}, 1),
 		out:      make(chan outMsg, outboxSize),
 	}
+	c.q.init()
 	c.view.Store(&view{t: share.NewTable(1/float64(max(1, len(cfg.Gossip.Regions()))), nil)})
 	cfg.Gossip.OnMessage(c.receive)
 	return c, nil
@@ -324,7 +346,11 @@ func (c *Coordinator) receive(m gossip.Message) {
 	switch m.Kind {
 	case gossip.KindReport:
 		r := m.Report
-		if r.Region == c.self || !c.fresh(r.Epoch) {
+		if r.Region == c.self {
+			return
+		}
+		c.mergeReportQuotas(r) // G-counters: late reports are still good
+		if !c.fresh(r.Epoch) {
 			return
 		}
 		if c.reports[r.Epoch] == nil {
@@ -334,7 +360,11 @@ func (c *Coordinator) receive(m gossip.Message) {
 		c.lastSeen[r.Region] = reportInfo{At: c.clock.Now(), Epoch: r.Epoch, Bytes: m.Size, Keys: len(r.Keys)}
 	case gossip.KindNodeUsage:
 		u := m.Usage
-		if u.Region != c.self || !c.fresh(u.Epoch) {
+		if u.Region != c.self {
+			return
+		}
+		c.mergeNodeQuotas(u) // cumulative: late ones are still good
+		if !c.fresh(u.Epoch) {
 			return
 		}
 		if c.nodeUse[u.Epoch] == nil {
@@ -385,7 +415,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if c.cfg.Store != nil {
 		c.restore(ctx)
 	}
-	c.cfg.Usage() // discard usage of unknown duration from before the start
+	// Discard usage of unknown duration from before the start, but count
+	// what global quotas admitted.
+	c.countQuotas(c.cfg.Usage())
 	lastDrain := now
 	for {
 		boundary := sc.EpochStart(sc.Epoch(c.clock.Now()) + 1)
@@ -413,7 +445,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		own := c.nodeUsage(epoch, first, firstDur, last, lastDur)
 		peers := c.cfg.Gossip.Regions()[c.self]
 		if len(peers) > 1 {
-			if err := c.cfg.Gossip.SendNodeUsage(ctx, c.filter(alloc, own, len(peers))); err != nil {
+			u := c.filter(alloc, own, len(peers))
+			u.Quotas = c.nodeQuotas(epoch)
+			if err := c.cfg.Gossip.SendNodeUsage(ctx, u); err != nil {
 				c.log.Warn("globalshare: send node usage", "err", err)
 			}
 		}
@@ -678,6 +712,7 @@ func (c *Coordinator) report(ctx context.Context, alloc *share.Allocator, epoch 
 		usage = append(usage, *s)
 	}
 	r := alloc.Report(epoch, usage)
+	r.Quotas = c.regionQuotas(epoch)
 	size := r.EncodedSizeEstimate()
 	c.m.reportKeys.Set(float64(len(r.Keys)))
 	publisher := len(live) == 0 || live[0] == c.node
