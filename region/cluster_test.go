@@ -1,23 +1,18 @@
 package region
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/quota"
 )
 
 // startClusterDaemon serves a daemon on the Redis Cluster at url, with its
-// background work (the policy watcher) running, as `sluice serve` does.
+// background work (the policy watcher) running.
 func startClusterDaemon(t *testing.T, url string) *liveDaemon {
 	t.Helper()
 	cfg := DefaultConfig()
@@ -27,20 +22,7 @@ func startClusterDaemon(t *testing.T, url string) *liveDaemon {
 	cfg.StoreTimeout = 100 * time.Millisecond // the test machine is shared
 	cfg.PolicyRefresh = time.Minute           // changes must arrive by pub/sub
 	cfg.ShutdownTimeout = time.Second
-	reg := prometheus.NewRegistry()
-	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), reg, reg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ld := &liveDaemon{d: d, base: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
-	go func() { ld.done <- d.Serve(ctx, ln, nil) }()
-	t.Cleanup(func() { cancel(); <-ld.done })
-	return ld
+	return serveDaemon(t, cfg)
 }
 
 // TestDaemonsOnRedisCluster runs two daemons on one real Redis Cluster

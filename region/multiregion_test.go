@@ -80,6 +80,13 @@ func startRegionDaemon(t *testing.T, regionName, node, join string, pols []quota
 	if join != "" {
 		cfg.Gossip.Join = []string{join}
 	}
+	return serveDaemon(t, cfg)
+}
+
+// serveDaemon starts a daemon on a loopback port with its background work
+// running, as `sluice serve` does, and stops it when the test ends.
+func serveDaemon(t *testing.T, cfg Config) *liveDaemon {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), reg, reg)
 	if err != nil {
