@@ -1,11 +1,9 @@
 package quota
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"regexp"
 	"slices"
@@ -15,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/internal/strictjson"
 )
 
 // MaxPoliciesPerRequest is the most policies that may apply to one request.
@@ -220,38 +219,10 @@ func ParsePolicies(data []byte) ([]Policy, error) {
 // decodeStrict decodes exactly one JSON value, rejecting unknown fields,
 // and reports decoding problems as a *ValidationError with the field path.
 func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("unexpected data after the JSON value")
-		}
+	if e := strictjson.Decode(data, v); e != nil {
+		return &ValidationError{Problems: []FieldError{{Field: e.Field, Reason: e.Reason}}}
 	}
-	if err == nil {
-		return nil
-	}
-	return &ValidationError{Problems: []FieldError{decodeProblem(err)}}
-}
-
-func decodeProblem(err error) FieldError {
-	var (
-		se *json.SyntaxError
-		te *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &se):
-		return FieldError{Reason: fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se.Error())}
-	case errors.As(err, &te):
-		return FieldError{Field: te.Field, Reason: fmt.Sprintf("want %v, got JSON %s", te.Type, te.Value)}
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return FieldError{Reason: "empty or truncated JSON document"}
-	}
-	msg := err.Error()
-	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return FieldError{Field: strings.Trim(f, `"`), Reason: "unknown field"}
-	}
-	return FieldError{Reason: strings.TrimPrefix(msg, "json: ")}
+	return nil
 }
 
 // Normalize returns p with defaults filled in: on_store_failure ("closed"

@@ -1,7 +1,6 @@
 package region
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/sluice-rl/sluice/internal/strictjson"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -42,36 +42,10 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Probl
 
 // decodeBytes is decodeJSON's parser, separate so that it can be fuzzed.
 func decodeBytes(body []byte, v any) *Problem {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("unexpected data after the JSON value")
-		}
+	if e := strictjson.Decode(body, v); e != nil {
+		return invalid(e.Field, "%s", e.Reason)
 	}
-	if err == nil {
-		return nil
-	}
-	var (
-		se *json.SyntaxError
-		te *json.UnmarshalTypeError
-	)
-	switch {
-	case errors.As(err, &se):
-		return invalid("", "malformed JSON at byte %d: %v", se.Offset, se)
-	case errors.As(err, &te):
-		return invalid(te.Field, "want %v, got JSON %s", te.Type, te.Value)
-	case errors.Is(err, io.EOF):
-		return invalid("", "empty body: want a JSON object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return invalid("", "truncated JSON")
-	}
-	msg := err.Error()
-	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return invalid(strings.Trim(f, `"`), "unknown field")
-	}
-	return invalid("", "%s", strings.TrimPrefix(msg, "json: "))
+	return nil
 }
 
 // BatchRequest is the body of POST /v1/check/batch.
