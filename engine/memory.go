@@ -33,10 +33,12 @@ const DefaultMaxKeys = 4 << 20
 // State is partitioned by subject into shards, each behind its own mutex,
 // so all policies of one subject are decided under one lock (atomically)
 // and unrelated subjects rarely contend. Each shard is an open-addressing
-// table of 48-byte entries keyed by a 64-bit hash of (subject, policy),
-// with an intrusive LRU list: no per-key allocation, no pointers for the
-// garbage collector to chase. Two keys colliding in 64 bits would share a
-// state; with a million keys the odds are about one in 10^7.
+// table of 40-byte entries stored inline and keyed by a 64-bit hash of
+// (subject, policy): a check reads one entry, nothing is allocated per
+// key, and there are no pointers for the garbage collector to chase.
+// Eviction past MaxKeys approximates LRU by sampling, as Redis does. Two
+// keys colliding in 64 bits would share a state; with a million keys the
+// odds are about one in 10^7.
 type MemoryStore struct {
 	clock     Clock
 	seed      maphash.Seed
@@ -77,6 +79,7 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 		return Decision{Decider: -1}, err
 	}
 	now := s.clock.Now().UnixMicro()
+	nowSec := expirySeconds(now, s.base)
 	sh, sub := s.shardFor(req.Subject)
 	// d is the named result, filled in place: returning a local copied
 	// its 344 bytes once more per check.
@@ -89,65 +92,72 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	var stale [MaxChecks]bool
 
 	sh.mu.Lock()
+	sh.tick++
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		l := &lims[i]
 		*l = c.effective()
 		keys[i] = s.key(sub, c.Policy)
-		idx[i], stale[i] = sh.lookup(keys[i], now, s.base, l.Algorithm)
+		idx[i], stale[i] = sh.lookup(keys[i], nowSec, l.Algorithm)
 		live := idx[i] >= 0 && !stale[i]
+		if live {
+			// Every check is a use, rejected ones included: the state of a
+			// subject being refused is the last one to give up.
+			sh.tab[idx[i]].used = sh.tick
+		}
 		if l.Algorithm == SlidingWindowLog {
 			var log []int64
 			if live {
-				log = sh.logs[idx[i]]
+				log = sh.logs[keys[i]]
 			}
 			d.Results[i], drops[i] = decideLog(now, log, l, float64(c.Cost))
 			continue
 		}
 		if live {
-			e := &sh.entries[idx[i]]
+			e := &sh.tab[idx[i]]
 			next[i] = counters{a: e.a, b: e.b, t: e.t}
 		}
 		decide(now, &next[i], l, float64(c.Cost), &d.Results[i])
 	}
 	d.finish(req.Checks)
 	if d.Allowed {
-		// Existing states first move to the head of the LRU list, so that
-		// inserting the new ones cannot evict them.
+		// States that exist are written first, while the indexes found
+		// above still hold: inserting may grow the table or evict, and
+		// both move entries.
 		for i := range req.Checks {
-			if idx[i] >= 0 {
-				sh.touch(idx[i])
+			if req.Checks[i].Cost != 0 && idx[i] >= 0 {
+				s.commit(sh, idx[i], keys[i], stale[i], now, &req.Checks[i], &lims[i], &next[i], drops[i])
 			}
 		}
 		for i := range req.Checks {
-			c := &req.Checks[i]
-			if c.Cost == 0 {
-				continue
+			if req.Checks[i].Cost != 0 && idx[i] < 0 {
+				j := sh.insert(keys[i], nowSec, &s.evictions)
+				s.commit(sh, j, keys[i], true, now, &req.Checks[i], &lims[i], &next[i], drops[i])
 			}
-			l := &lims[i]
-			if idx[i] < 0 {
-				idx[i] = sh.insert(keys[i], &s.evictions)
-			}
-			var log []int64
-			if l.Algorithm == SlidingWindowLog {
-				old := sh.logs[idx[i]]
-				if stale[i] {
-					old = old[:0]
-				}
-				log = commitLog(old, drops[i], now, c.Cost)
-				sh.logs[idx[i]] = log
-			} else if stale[i] {
-				delete(sh.logs, idx[i])
-			}
-			e := &sh.entries[idx[i]]
-			st := &next[i]
-			e.a, e.b, e.t, e.alg = st.a, st.b, st.t, uint8(l.Algorithm)
-			e.exp = expirySeconds(now+ttl(now, st, log, l, c.scale()), s.base)
-			sh.touch(idx[i])
 		}
 	}
 	sh.mu.Unlock()
 	return d, nil
+}
+
+// commit stores one policy's new state in entry i. fresh marks an entry
+// whose old contents (stale or just inserted) must not carry over.
+func (s *MemoryStore) commit(sh *memShard, i int32, key uint64, fresh bool, now int64, c *Check, l *Limit, st *counters, drop int) {
+	var log []int64
+	if l.Algorithm == SlidingWindowLog {
+		old := sh.logs[key]
+		if fresh {
+			old = old[:0]
+		}
+		log = commitLog(old, drop, now, c.Cost)
+		sh.logs[key] = log
+	} else if fresh && len(sh.logs) > 0 {
+		delete(sh.logs, key)
+	}
+	e := &sh.tab[i]
+	e.a, e.b, e.t = st.a, st.b, st.t
+	e.meta = packMeta(expirySeconds(now+ttl(now, st, log, l, c.scale()), s.base), l.Algorithm)
+	e.used = sh.tick
 }
 
 // Evictions counts states dropped to respect MaxKeys.
@@ -159,7 +169,7 @@ func (s *MemoryStore) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += sh.n
+		n += int(sh.n)
 		sh.mu.Unlock()
 	}
 	return n
@@ -196,8 +206,8 @@ func (s *MemoryStore) Run(ctx context.Context, interval time.Duration) error {
 
 func (s *MemoryStore) shardFor(subject string) (*memShard, uint64) {
 	h := maphash.String(s.seed, subject)
-	// High bits pick the shard; the tables inside use the low bits.
-	return &s.shards[(h>>40)&s.mask], h
+	// Low bits pick the shard; the tables inside use the high bits.
+	return &s.shards[h&s.mask], h
 }
 
 // key mixes the subject's hash with the policy's into the state's key.
@@ -205,191 +215,215 @@ func (s *MemoryStore) key(sub uint64, policy string) uint64 {
 	p := maphash.String(s.seed, policy)
 	k := sub ^ bits.RotateLeft64(p*0x9E3779B97F4A7C15, 29)
 	if k == 0 {
-		k = 1 // zero marks nothing; keep it out of the table
+		k = 1 // zero marks an empty slot; keep it out of the table
 	}
 	return k
 }
 
-// expirySeconds converts a µs time to whole seconds after base, rounded up.
+// expirySeconds converts a µs time to whole seconds after base, rounded
+// up. It saturates at maxExpiry: a state meant to live longer than that
+// (17 years after the process started) simply never expires.
 func expirySeconds(us, base int64) uint32 {
 	d := us - base
 	if d <= 0 {
 		return 0
 	}
 	sec := (d + usPerSec - 1) / usPerSec
-	if sec > 1<<32-1 {
-		return 1<<32 - 1
+	if sec > maxExpiry {
+		return maxExpiry
 	}
 	return uint32(sec)
 }
 
-// memEntry is one (subject, policy) state: 48 bytes.
+const (
+	algShift  = 29
+	maxExpiry = 1<<algShift - 1
+)
+
+// packMeta puts an expiry (seconds after the store's base) and the
+// algorithm that wrote the state into one word.
+func packMeta(exp uint32, alg Algorithm) uint32 { return exp | uint32(alg)<<algShift }
+
+// memEntry is one (subject, policy) state, stored inline in its shard's
+// table: 40 bytes, no pointers, so a check touches one entry and the
+// garbage collector never looks inside.
 type memEntry struct {
-	key        uint64
-	a, b       float64
-	t          int64
-	prev, next int32 // LRU links; -1 ends the list; next also links free entries
-	exp        uint32
-	alg        uint8
+	key  uint64 // 0 marks an empty slot
+	a, b float64
+	t    int64
+	meta uint32 // expiry in seconds after the store's base | algorithm << algShift
+	used uint32 // the shard's tick at the last check that read this state
 }
 
+func (e *memEntry) expiry() uint32 { return e.meta & maxExpiry }
+
+// evictSample is how many states an eviction compares: it evicts the least
+// recently used of them (an expired one at once). Redis approximates LRU
+// the same way; a shard of at most this many states gets exact LRU.
+const evictSample = 16
+
+// memShard is one lock's worth of states: an open-addressing table with
+// linear probing, indexed by the high bits of the key (multiply-shift, so
+// the table can grow by a quarter at a time and stay between 60% and 75%
+// full), with backward-shift deletion so that no tombstones accumulate.
+// Recency is a per-shard tick rather than a linked list: keeping a list
+// in order wrote to two unrelated entries on every check.
 type memShard struct {
-	mu      sync.Mutex
-	slots   []int32 // entry index + 1; 0 is empty
-	entries []memEntry
-	logs    map[int32][]int64 // sliding window logs, by entry index
-	free    int32             // head of the free list, -1 if none
-	head    int32             // most recently used
-	tail    int32             // least recently used
-	n       int
-	max     int
-	_       [40]byte // keep neighbouring shards' locks off one cache line
+	mu   sync.Mutex
+	tab  []memEntry
+	logs map[uint64][]int64 // sliding window logs, by key
+	n    int32              // states held
+	max  int32              // states allowed before evicting
+	hand int32              // where the next eviction starts looking
+	tick uint32             // counts checks; stamps memEntry.used
+	_    [8]byte            // one cache line per shard: locks do not share lines
 }
+
+const minTable = 8
 
 func (sh *memShard) init(max int) {
-	sh.max = max
-	sh.free, sh.head, sh.tail = -1, -1, -1
-	sh.slots = make([]int32, 8)
-	sh.logs = make(map[int32][]int64)
+	sh.max = int32(min(max, 1<<30))
+	sh.tab = make([]memEntry, minTable)
+	sh.logs = make(map[uint64][]int64)
+}
+
+// home is where key's probe sequence starts.
+func (sh *memShard) home(key uint64) int {
+	hi, _ := bits.Mul64(key, uint64(len(sh.tab)))
+	return int(hi)
 }
 
 // lookup finds the entry for key, or -1. A state that expired or was kept
 // for another algorithm is stale: it reads as a subject never seen, and a
 // commit overwrites it. Nothing is changed here, so a rejected or
-// zero-cost check leaves the entry as it was, as the Redis store does.
-func (sh *memShard) lookup(key uint64, now, base int64, alg Algorithm) (idx int32, stale bool) {
-	mask := uint64(len(sh.slots) - 1)
-	for i := key & mask; ; i = (i + 1) & mask {
-		v := sh.slots[i]
-		if v == 0 {
+// zero-cost check leaves the state as it was, as the Redis store does.
+func (sh *memShard) lookup(key uint64, nowSec uint32, alg Algorithm) (idx int32, stale bool) {
+	tab := sh.tab
+	for i := sh.home(key); ; {
+		e := &tab[i]
+		if e.key == key {
+			return int32(i), e.meta>>algShift != uint32(alg) || e.expiry() < nowSec
+		}
+		if e.key == 0 {
 			return -1, false
 		}
-		e := &sh.entries[v-1]
-		if e.key == key {
-			return v - 1, e.alg != uint8(alg) || e.exp < expirySeconds(now, base)
+		if i++; i == len(tab) {
+			i = 0
 		}
 	}
 }
 
-// insert adds a zeroed entry for key, evicting the least recently used one
-// when the shard is full.
-func (sh *memShard) insert(key uint64, evictions *atomic.Uint64) int32 {
-	if sh.n >= sh.max && sh.tail >= 0 {
-		sh.remove(sh.tail)
+// insert adds an entry for key, which must not be in the table, evicting
+// when the shard is full, and returns its index.
+func (sh *memShard) insert(key uint64, nowSec uint32, evictions *atomic.Uint64) int32 {
+	if sh.n >= sh.max && sh.evict(nowSec) {
 		evictions.Add(1)
 	}
-	if (sh.n+1)*4 > len(sh.slots)*3 {
+	if int(sh.n+1)*4 > len(sh.tab)*3 {
 		sh.grow()
 	}
-	var i int32
-	if sh.free >= 0 {
-		i = sh.free
-		sh.free = sh.entries[i].next
-		sh.entries[i] = memEntry{}
-	} else {
-		sh.entries = append(sh.entries, memEntry{})
-		i = int32(len(sh.entries) - 1)
-	}
-	e := &sh.entries[i]
-	e.key, e.prev, e.next = key, -1, -1
-	sh.place(key, i)
+	i := sh.place(key)
+	sh.tab[i] = memEntry{key: key, used: sh.tick}
 	sh.n++
-	// Link at the head.
-	e.next = sh.head
-	if sh.head >= 0 {
-		sh.entries[sh.head].prev = i
-	}
-	sh.head = i
-	if sh.tail < 0 {
-		sh.tail = i
+	return int32(i)
+}
+
+// place finds the empty slot where key belongs.
+func (sh *memShard) place(key uint64) int {
+	i := sh.home(key)
+	for sh.tab[i].key != 0 {
+		if i++; i == len(sh.tab) {
+			i = 0
+		}
 	}
 	return i
 }
 
-func (sh *memShard) place(key uint64, i int32) {
-	mask := uint64(len(sh.slots) - 1)
-	j := key & mask
-	for sh.slots[j] != 0 {
-		j = (j + 1) & mask
-	}
-	sh.slots[j] = i + 1
-}
-
 func (sh *memShard) grow() {
-	old := sh.slots
-	sh.slots = make([]int32, len(old)*2)
-	for _, v := range old {
-		if v != 0 {
-			sh.place(sh.entries[v-1].key, v-1)
+	old := sh.tab
+	sh.tab = make([]memEntry, len(old)+len(old)/4)
+	for i := range old {
+		if old[i].key != 0 {
+			sh.tab[sh.place(old[i].key)] = old[i]
 		}
 	}
 }
 
-// touch moves entry i to the head of the LRU list.
-func (sh *memShard) touch(i int32) {
-	if sh.head == i {
-		return
+// evict removes one state: the first expired one met, or else the least
+// recently used of evictSample states, never one the current check uses.
+// It reports whether it found one.
+func (sh *memShard) evict(nowSec uint32) bool {
+	victim, oldest, seen := -1, uint32(0), 0
+	i := int(sh.hand)
+	if i >= len(sh.tab) {
+		i = 0
 	}
-	sh.unlink(i)
-	e := &sh.entries[i]
-	e.prev, e.next = -1, sh.head
-	if sh.head >= 0 {
-		sh.entries[sh.head].prev = i
-	}
-	sh.head = i
-	if sh.tail < 0 {
-		sh.tail = i
-	}
-}
-
-func (sh *memShard) unlink(i int32) {
-	e := &sh.entries[i]
-	if e.prev >= 0 {
-		sh.entries[e.prev].next = e.next
-	} else {
-		sh.head = e.next
-	}
-	if e.next >= 0 {
-		sh.entries[e.next].prev = e.prev
-	} else {
-		sh.tail = e.prev
-	}
-}
-
-// remove deletes entry i: it leaves the LRU list and the table (with
-// backward-shift deletion, so probes need no tombstones) and joins the
-// free list.
-func (sh *memShard) remove(i int32) {
-	sh.unlink(i)
-	key := sh.entries[i].key
-	mask := uint64(len(sh.slots) - 1)
-	j := key & mask
-	for sh.slots[j] != i+1 {
-		j = (j + 1) & mask
-	}
-	sh.slots[j] = 0
-	for k := (j + 1) & mask; sh.slots[k] != 0; k = (k + 1) & mask {
-		home := sh.entries[sh.slots[k]-1].key & mask
-		// Move slot k back to the hole at j unless its home lies
-		// cyclically in (j, k].
-		if (k > j && (home <= j || home > k)) || (k < j && home <= j && home > k) {
-			sh.slots[j] = sh.slots[k]
-			sh.slots[k] = 0
-			j = k
+	for range sh.tab {
+		e := &sh.tab[i]
+		if e.key != 0 && e.used != sh.tick {
+			if e.expiry() < nowSec {
+				victim = i
+				break
+			}
+			if age := sh.tick - e.used; victim < 0 || age > oldest {
+				victim, oldest = i, age
+			}
+			if seen++; seen == evictSample {
+				break
+			}
+		}
+		if i++; i == len(sh.tab) {
+			i = 0
 		}
 	}
-	delete(sh.logs, i)
-	sh.entries[i] = memEntry{key: 0, next: sh.free, prev: -1}
-	sh.free = i
+	sh.hand = int32(i)
+	if victim < 0 {
+		return false
+	}
+	sh.remove(victim)
+	return true
+}
+
+// remove deletes entry i and shifts back the entries after it that may
+// move, so every probe sequence stays unbroken without tombstones.
+func (sh *memShard) remove(i int) {
+	if len(sh.logs) > 0 {
+		delete(sh.logs, sh.tab[i].key)
+	}
+	n := len(sh.tab)
+	hole := i
+	for k := i + 1; ; k++ {
+		if k == n {
+			k = 0
+		}
+		e := &sh.tab[k]
+		if e.key == 0 {
+			break
+		}
+		// The entry at k may fill the hole unless its home lies
+		// cyclically in (hole, k].
+		h := sh.home(e.key)
+		var stays bool
+		if hole <= k {
+			stays = hole < h && h <= k
+		} else {
+			stays = hole < h || h <= k
+		}
+		if !stays {
+			sh.tab[hole] = *e
+			hole = k
+		}
+	}
+	sh.tab[hole] = memEntry{}
 	sh.n--
 }
 
 func (sh *memShard) sweep(nowSec uint32) {
-	for i := sh.tail; i >= 0; {
-		prev := sh.entries[i].prev
-		if sh.entries[i].exp < nowSec {
-			sh.remove(i)
+	for i := 0; i < len(sh.tab); {
+		if e := &sh.tab[i]; e.key != 0 && e.expiry() < nowSec {
+			sh.remove(i) // may shift a later entry into i: look again
+			continue
 		}
-		i = prev
+		i++
 	}
 }
