@@ -4,6 +4,8 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,21 +32,29 @@ const DefaultMaxKeys = 4 << 20
 // installed, what the simulator runs on virtual time, and the fallback
 // when Redis is down.
 //
-// State is partitioned by subject into shards, each behind its own mutex,
-// so all policies of one subject are decided under one lock (atomically)
-// and unrelated subjects rarely contend. Each shard is an open-addressing
-// table of 40-byte entries stored inline and keyed by a 64-bit hash of
-// (subject, policy): a check reads one entry, nothing is allocated per
-// key, and there are no pointers for the garbage collector to chase.
-// Eviction past MaxKeys approximates LRU by sampling, as Redis does. Two
-// keys colliding in 64 bits would share a state; with a million keys the
-// odds are about one in 10^7.
+// State is partitioned by subject into shards; each shard is an
+// open-addressing table of 48-byte entries stored inline and keyed by a
+// 64-bit hash of (subject, policy): no allocation per key, no pointers for
+// the garbage collector to chase. Each entry carries its own spin lock, in
+// the cache line that holds its state, and a check locks only the entries
+// of its subject's policies (in table order, so two checks cannot
+// deadlock): all policies of a subject are decided atomically, and a check
+// touches one cache line per policy. A shard-wide lock used to cost a
+// second line, written by every check on every core. The shard's mutex now
+// guards only changes to the table's shape (insertions, growth, eviction,
+// sweeping); those lock every entry they move, and a check that finds the
+// table changed under it retries under the mutex.
+//
+// Eviction past MaxKeys approximates LRU by sampling, as Redis does; the
+// recency it compares has millisecond resolution. Two keys colliding in 64
+// bits would share a state; with a million keys the odds are about one in
+// 10^7.
 type MemoryStore struct {
 	clock     Clock
 	seed      maphash.Seed
 	shards    []memShard
 	mask      uint64 // len(shards) - 1
-	base      int64  // µs; expiry times are stored as seconds after it
+	base      int64  // µs; expiry and use times are stored relative to it
 	evictions atomic.Uint64
 }
 
@@ -73,92 +83,118 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	return s
 }
 
+// pending is one check in flight: what it found and what it will store.
+type pending struct {
+	key   uint64
+	idx   int // entry index, -1 if the key is not in the table
+	stale bool
+	drop  int // expired log timestamps a commit removes
+	lim   Limit
+	next  counters
+}
+
 // Check decides a request: all of its policies or none.
 func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err error) {
 	if err := req.validate(); err != nil {
 		return Decision{Decider: -1}, err
 	}
 	now := s.clock.Now().UnixMicro()
-	nowSec := expirySeconds(now, s.base)
 	sh, sub := s.shardFor(req.Subject)
 	// d is the named result, filled in place: returning a local copied
 	// its 344 bytes once more per check.
 	d.N = len(req.Checks)
-	var next [MaxChecks]counters
-	var lims [MaxChecks]Limit
-	var idx [MaxChecks]int32
-	var keys [MaxChecks]uint64
-	var drops [MaxChecks]int
-	var stale [MaxChecks]bool
-
-	sh.mu.Lock()
-	sh.tick++
+	var ps [MaxChecks]pending
 	for i := range req.Checks {
-		c := &req.Checks[i]
-		l := &lims[i]
-		*l = c.effective()
-		keys[i] = s.key(sub, c.Policy)
-		idx[i], stale[i] = sh.lookup(keys[i], nowSec, l.Algorithm)
-		live := idx[i] >= 0 && !stale[i]
-		if live {
-			// Every check is a use, rejected ones included: the state of a
-			// subject being refused is the last one to give up.
-			sh.tab[idx[i]].used = sh.tick
-		}
-		if l.Algorithm == SlidingWindowLog {
-			var log []int64
-			if live {
-				log = sh.logs[keys[i]]
-			}
-			d.Results[i], drops[i] = decideLog(now, log, l, float64(c.Cost))
-			continue
-		}
-		if live {
-			e := &sh.tab[idx[i]]
-			next[i] = counters{a: e.a, b: e.b, t: e.t}
-		}
-		decide(now, &next[i], l, float64(c.Cost), &d.Results[i])
+		ps[i].key = s.key(sub, req.Checks[i].Policy)
+		ps[i].lim = req.Checks[i].effective()
 	}
-	d.finish(req.Checks)
-	if d.Allowed {
-		// States that exist are written first, while the indexes found
-		// above still hold: inserting may grow the table or evict, and
-		// both move entries.
-		for i := range req.Checks {
-			if req.Checks[i].Cost != 0 && idx[i] >= 0 {
-				s.commit(sh, idx[i], keys[i], stale[i], now, &req.Checks[i], &lims[i], &next[i], drops[i])
-			}
-		}
-		for i := range req.Checks {
-			if req.Checks[i].Cost != 0 && idx[i] < 0 {
-				j := sh.insert(keys[i], nowSec, &s.evictions)
-				s.commit(sh, j, keys[i], true, now, &req.Checks[i], &lims[i], &next[i], drops[i])
-			}
+	p := ps[:len(req.Checks)]
+	if tab, ok := sh.acquire(req.Checks, p); ok {
+		s.decide(sh, tab, now, req.Checks, p, &d)
+		sh.release(tab, p)
+		return d, nil
+	}
+	// Slow path: a state must be created, a log read or written, or the
+	// table changed shape under us. Under the mutex nothing else moves
+	// entries, so the lock order of the fast path is all that remains.
+	sh.mu.Lock()
+	tab := sh.tab.Load()
+	for i := range p {
+		if req.Checks[i].Cost != 0 && tab.find(p[i].key) < 0 {
+			sh.insert(p[i].key, p, s.recency(now), expirySeconds(now, s.base), &s.evictions)
+			tab = sh.tab.Load()
 		}
 	}
+	for i := range p {
+		p[i].idx = tab.find(p[i].key)
+	}
+	tab.lockAll(p)
+	s.decide(sh, tab, now, req.Checks, p, &d)
+	sh.release(tab, p)
 	sh.mu.Unlock()
 	return d, nil
 }
 
-// commit stores one policy's new state in entry i. fresh marks an entry
-// whose old contents (stale or just inserted) must not carry over.
-func (s *MemoryStore) commit(sh *memShard, i int32, key uint64, fresh bool, now int64, c *Check, l *Limit, st *counters, drop int) {
-	var log []int64
-	if l.Algorithm == SlidingWindowLog {
-		old := sh.logs[key]
-		if fresh {
-			old = old[:0]
+// decide runs every policy on its locked entry and commits them all if all
+// allow. The logs map may be touched only on the slow path, which holds
+// the shard's mutex; acquire sends every check that needs it there.
+func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Check, p []pending, d *Decision) {
+	nowSec := expirySeconds(now, s.base)
+	used := s.recency(now)
+	for i := range p {
+		c, q := &checks[i], &p[i]
+		q.stale, q.next = true, counters{}
+		var e *memEntry
+		if q.idx >= 0 {
+			e = &tab.e[q.idx]
+			q.stale = e.meta>>algShift != uint32(q.lim.Algorithm) || e.expiry() < nowSec
+			// Every check is a use, rejected ones included: the state of
+			// a subject being refused is the last one to give up.
+			e.used = used
 		}
-		log = commitLog(old, drop, now, c.Cost)
-		sh.logs[key] = log
-	} else if fresh && len(sh.logs) > 0 {
-		delete(sh.logs, key)
+		if q.lim.Algorithm == SlidingWindowLog {
+			var log []int64
+			if !q.stale {
+				log = sh.logs[q.key]
+			}
+			d.Results[i], q.drop = decideLog(now, log, &q.lim, float64(c.Cost))
+			continue
+		}
+		if !q.stale {
+			q.next = counters{a: e.a, b: e.b, t: e.t}
+		}
+		decide(now, &q.next, &q.lim, float64(c.Cost), &d.Results[i])
 	}
-	e := &sh.tab[i]
-	e.a, e.b, e.t = st.a, st.b, st.t
-	e.meta = packMeta(expirySeconds(now+ttl(now, st, log, l, c.scale()), s.base), l.Algorithm)
-	e.used = sh.tick
+	d.finish(checks)
+	if !d.Allowed {
+		return
+	}
+	for i := range p {
+		c, q := &checks[i], &p[i]
+		if c.Cost == 0 {
+			continue
+		}
+		var log []int64
+		if q.lim.Algorithm == SlidingWindowLog {
+			old := sh.logs[q.key]
+			if q.stale {
+				old = old[:0]
+			}
+			log = commitLog(old, q.drop, now, c.Cost)
+			sh.logs[q.key] = log
+		}
+		e := &tab.e[q.idx]
+		if q.lim.Algorithm != SlidingWindowLog && e.meta>>algShift == uint32(SlidingWindowLog) {
+			delete(sh.logs, q.key) // only on the slow path: acquire refuses logs
+		}
+		e.a, e.b, e.t = q.next.a, q.next.b, q.next.t
+		e.meta = packMeta(expirySeconds(now+ttl(now, &q.next, log, &q.lim, c.scale()), s.base), q.lim.Algorithm)
+	}
 }
+
+// recency is a check's time as stored in memEntry.used: milliseconds after
+// the store's base, wrapping every 49 days.
+func (s *MemoryStore) recency(now int64) uint32 { return uint32((now - s.base) / 1000) }
 
 // Evictions counts states dropped to respect MaxKeys.
 func (s *MemoryStore) Evictions() uint64 { return s.evictions.Load() }
@@ -245,134 +281,255 @@ const (
 func packMeta(exp uint32, alg Algorithm) uint32 { return exp | uint32(alg)<<algShift }
 
 // memEntry is one (subject, policy) state, stored inline in its shard's
-// table: 40 bytes, no pointers, so a check touches one entry and the
-// garbage collector never looks inside.
+// table: 48 bytes, no pointers. key is read without the entry's lock while
+// probing, so it is only ever accessed atomically; it changes only under
+// the shard's mutex with the entry locked. Everything else is guarded by
+// the entry's lock.
 type memEntry struct {
 	key  uint64 // 0 marks an empty slot
 	a, b float64
 	t    int64
 	meta uint32 // expiry in seconds after the store's base | algorithm << algShift
-	used uint32 // the shard's tick at the last check that read this state
+	used uint32 // time of the last check that read this state, see recency
+	mu   uint32 // spin lock: 0 free, 1 held
+	_    uint32
 }
 
 func (e *memEntry) expiry() uint32 { return e.meta & maxExpiry }
+
+func (e *memEntry) lock() {
+	for spins := 0; !atomic.CompareAndSwapUint32(&e.mu, 0, 1); spins++ {
+		// Entries are held for a few dozen nanoseconds; a holder that
+		// does not let go soon has been descheduled.
+		if spins >= 32 {
+			runtime.Gosched()
+		}
+	}
+}
+
+func (e *memEntry) unlock() { atomic.StoreUint32(&e.mu, 0) }
+
+func (e *memEntry) loadKey() uint64 { return atomic.LoadUint64(&e.key) }
+
+// moveFrom copies src's state into e; both are locked.
+func (e *memEntry) moveFrom(src *memEntry) {
+	e.a, e.b, e.t, e.meta, e.used = src.a, src.b, src.t, src.meta, src.used
+	atomic.StoreUint64(&e.key, src.loadKey())
+}
+
+// clear empties e, which is locked.
+func (e *memEntry) clear() {
+	atomic.StoreUint64(&e.key, 0)
+	e.a, e.b, e.t, e.meta, e.used = 0, 0, 0, 0, 0
+}
+
+// memTable is one generation of a shard's table. Growing replaces it
+// whole, so a check that loaded the old one can tell.
+type memTable struct {
+	e []memEntry
+}
+
+// home is where key's probe sequence starts: the high bits of the key,
+// scaled to the table by multiplication, so tables need not be powers of
+// two.
+func (t *memTable) home(key uint64) int {
+	hi, _ := bits.Mul64(key, uint64(len(t.e)))
+	return int(hi)
+}
+
+// find returns key's index, or -1.
+func (t *memTable) find(key uint64) int {
+	for i := t.home(key); ; {
+		switch t.e[i].loadKey() {
+		case key:
+			return i
+		case 0:
+			return -1
+		}
+		if i++; i == len(t.e) {
+			i = 0
+		}
+	}
+}
+
+// lockAll locks the entries of p that exist, in table order.
+func (t *memTable) lockAll(p []pending) {
+	if len(p) == 1 {
+		if p[0].idx >= 0 {
+			t.e[p[0].idx].lock()
+		}
+		return
+	}
+	var order [MaxChecks]int
+	n := 0
+	for i := range p {
+		if p[i].idx >= 0 {
+			order[n] = p[i].idx
+			n++
+		}
+	}
+	slices.Sort(order[:n])
+	for _, j := range order[:n] {
+		t.e[j].lock()
+	}
+}
 
 // evictSample is how many states an eviction compares: it evicts the least
 // recently used of them (an expired one at once). Redis approximates LRU
 // the same way; a shard of at most this many states gets exact LRU.
 const evictSample = 16
 
-// memShard is one lock's worth of states: an open-addressing table with
-// linear probing, indexed by the high bits of the key (multiply-shift, so
-// the table can grow by a quarter at a time and stay between 60% and 75%
-// full), with backward-shift deletion so that no tombstones accumulate.
-// Recency is a per-shard tick rather than a linked list: keeping a list
-// in order wrote to two unrelated entries on every check.
+// memShard is one partition of the states: an open-addressing table with
+// linear probing, growing by a quarter at a time so that it stays between
+// 60% and 75% full, with backward-shift deletion so that no tombstones
+// accumulate.
 type memShard struct {
-	mu   sync.Mutex
-	tab  []memEntry
+	mu   sync.Mutex // changes to the table's shape, and the logs
+	tab  atomic.Pointer[memTable]
 	logs map[uint64][]int64 // sliding window logs, by key
 	n    int32              // states held
 	max  int32              // states allowed before evicting
 	hand int32              // where the next eviction starts looking
-	tick uint32             // counts checks; stamps memEntry.used
-	_    [8]byte            // one cache line per shard: locks do not share lines
+	_    [28]byte           // one cache line per shard
 }
 
 const minTable = 8
 
 func (sh *memShard) init(max int) {
 	sh.max = int32(min(max, 1<<30))
-	sh.tab = make([]memEntry, minTable)
+	sh.tab.Store(&memTable{e: make([]memEntry, minTable)})
 	sh.logs = make(map[uint64][]int64)
 }
 
-// home is where key's probe sequence starts.
-func (sh *memShard) home(key uint64) int {
-	hi, _ := bits.Mul64(key, uint64(len(sh.tab)))
-	return int(hi)
+// acquire is the fast path: it finds and locks the entry of every check
+// without the shard's mutex. It fails, holding nothing, when a state must
+// be created, a sliding window log is involved, or the table changed shape
+// while it locked.
+func (sh *memShard) acquire(checks []Check, p []pending) (*memTable, bool) {
+	tab := sh.tab.Load()
+	for i := range p {
+		if p[i].lim.Algorithm == SlidingWindowLog {
+			return nil, false
+		}
+		p[i].idx = tab.find(p[i].key)
+		if p[i].idx < 0 && checks[i].Cost != 0 {
+			return nil, false
+		}
+	}
+	tab.lockAll(p)
+	ok := sh.tab.Load() == tab
+	for i := range p {
+		if !ok {
+			break
+		}
+		if j := p[i].idx; j >= 0 {
+			// Moved away or removed while we waited for the lock; or
+			// holding a log, which only the slow path may drop.
+			e := &tab.e[j]
+			ok = e.loadKey() == p[i].key && e.meta>>algShift != uint32(SlidingWindowLog)
+		}
+	}
+	if !ok {
+		sh.release(tab, p)
+		return nil, false
+	}
+	return tab, true
 }
 
-// lookup finds the entry for key, or -1. A state that expired or was kept
-// for another algorithm is stale: it reads as a subject never seen, and a
-// commit overwrites it. Nothing is changed here, so a rejected or
-// zero-cost check leaves the state as it was, as the Redis store does.
-func (sh *memShard) lookup(key uint64, nowSec uint32, alg Algorithm) (idx int32, stale bool) {
-	tab := sh.tab
-	for i := sh.home(key); ; {
-		e := &tab[i]
-		if e.key == key {
-			return int32(i), e.meta>>algShift != uint32(alg) || e.expiry() < nowSec
-		}
-		if e.key == 0 {
-			return -1, false
-		}
-		if i++; i == len(tab) {
-			i = 0
+func (sh *memShard) release(tab *memTable, p []pending) {
+	for i := range p {
+		if j := p[i].idx; j >= 0 {
+			tab.e[j].unlock()
 		}
 	}
 }
 
-// insert adds an entry for key, which must not be in the table, evicting
-// when the shard is full, and returns its index.
-func (sh *memShard) insert(key uint64, nowSec uint32, evictions *atomic.Uint64) int32 {
-	if sh.n >= sh.max && sh.evict(nowSec) {
+// insert adds an empty state for key, which is not in the table, evicting
+// when the shard is full but never a state of the checks in p. The caller
+// holds the mutex.
+func (sh *memShard) insert(key uint64, p []pending, used, nowSec uint32, evictions *atomic.Uint64) {
+	if sh.n >= sh.max && sh.evict(p, used, nowSec) {
 		evictions.Add(1)
 	}
-	if int(sh.n+1)*4 > len(sh.tab)*3 {
-		sh.grow()
+	tab := sh.tab.Load()
+	if int(sh.n+1)*4 > len(tab.e)*3 {
+		tab = sh.grow(tab)
 	}
-	i := sh.place(key)
-	sh.tab[i] = memEntry{key: key, used: sh.tick}
+	e := &tab.e[place(tab, key)]
+	e.lock()
+	e.clear() // meta 0: expired, so it reads as never seen until committed
+	e.used = used
+	atomic.StoreUint64(&e.key, key)
+	e.unlock()
 	sh.n++
-	return int32(i)
 }
 
 // place finds the empty slot where key belongs.
-func (sh *memShard) place(key uint64) int {
-	i := sh.home(key)
-	for sh.tab[i].key != 0 {
-		if i++; i == len(sh.tab) {
+func place(tab *memTable, key uint64) int {
+	i := tab.home(key)
+	for tab.e[i].loadKey() != 0 {
+		if i++; i == len(tab.e) {
 			i = 0
 		}
 	}
 	return i
 }
 
-func (sh *memShard) grow() {
-	old := sh.tab
-	sh.tab = make([]memEntry, len(old)+len(old)/4)
-	for i := range old {
-		if old[i].key != 0 {
-			sh.tab[sh.place(old[i].key)] = old[i]
+// grow replaces the table by one a quarter larger. Every old entry stays
+// locked until the new table is published, so no check can change a
+// state after it was copied; a check that then locks an old entry sees
+// the new table and retries.
+func (sh *memShard) grow(old *memTable) *memTable {
+	tab := &memTable{e: make([]memEntry, len(old.e)+len(old.e)/4)}
+	for i := range old.e {
+		src := &old.e[i]
+		src.lock()
+		if k := src.loadKey(); k != 0 {
+			tab.e[place(tab, k)].moveFrom(src)
 		}
 	}
+	sh.tab.Store(tab)
+	for i := range old.e {
+		old.e[i].unlock()
+	}
+	return tab
 }
 
 // evict removes one state: the first expired one met, or else the least
-// recently used of evictSample states, never one the current check uses.
-// It reports whether it found one.
-func (sh *memShard) evict(nowSec uint32) bool {
+// recently used of evictSample states, never one of the checks in p. It
+// reports whether it found one.
+func (sh *memShard) evict(p []pending, now, nowSec uint32) bool {
+	tab := sh.tab.Load()
 	victim, oldest, seen := -1, uint32(0), 0
 	i := int(sh.hand)
-	if i >= len(sh.tab) {
+	if i >= len(tab.e) {
 		i = 0
 	}
-	for range sh.tab {
-		e := &sh.tab[i]
-		if e.key != 0 && e.used != sh.tick {
-			if e.expiry() < nowSec {
-				victim = i
-				break
+scan:
+	for range tab.e {
+		e := &tab.e[i]
+		if k := e.loadKey(); k != 0 {
+			for j := range p {
+				if p[j].key == k {
+					goto next
+				}
 			}
-			if age := sh.tick - e.used; victim < 0 || age > oldest {
+			e.lock()
+			exp, age := e.expiry(), now-e.used
+			e.unlock()
+			if exp < nowSec {
+				victim = i
+				break scan
+			}
+			if victim < 0 || age > oldest {
 				victim, oldest = i, age
 			}
 			if seen++; seen == evictSample {
 				break
 			}
 		}
-		if i++; i == len(sh.tab) {
+	next:
+		if i++; i == len(tab.e) {
 			i = 0
 		}
 	}
@@ -380,29 +537,58 @@ func (sh *memShard) evict(nowSec uint32) bool {
 	if victim < 0 {
 		return false
 	}
-	sh.remove(victim)
+	sh.remove(tab, victim)
 	return true
 }
 
 // remove deletes entry i and shifts back the entries after it that may
-// move, so every probe sequence stays unbroken without tombstones.
-func (sh *memShard) remove(i int) {
-	if len(sh.logs) > 0 {
-		delete(sh.logs, sh.tab[i].key)
+// move, so every probe sequence stays unbroken without tombstones. It
+// locks the run of entries it may touch, in table order. The caller
+// holds the mutex.
+func (sh *memShard) remove(tab *memTable, i int) {
+	n := len(tab.e)
+	end := i // the empty slot that ends the run
+	for {
+		if end++; end == n {
+			end = 0
+		}
+		if tab.e[end].loadKey() == 0 {
+			break
+		}
 	}
-	n := len(sh.tab)
+	lockRange := func(lock bool) {
+		f := (*memEntry).unlock
+		if lock {
+			f = (*memEntry).lock
+		}
+		if i < end {
+			for j := i; j < end; j++ {
+				f(&tab.e[j])
+			}
+			return
+		}
+		for j := 0; j < end; j++ {
+			f(&tab.e[j])
+		}
+		for j := i; j < n; j++ {
+			f(&tab.e[j])
+		}
+	}
+	lockRange(true)
+	if len(sh.logs) > 0 {
+		delete(sh.logs, tab.e[i].loadKey())
+	}
 	hole := i
 	for k := i + 1; ; k++ {
 		if k == n {
 			k = 0
 		}
-		e := &sh.tab[k]
-		if e.key == 0 {
+		if k == end {
 			break
 		}
 		// The entry at k may fill the hole unless its home lies
 		// cyclically in (hole, k].
-		h := sh.home(e.key)
+		h := tab.home(tab.e[k].loadKey())
 		var stays bool
 		if hole <= k {
 			stays = hole < h && h <= k
@@ -410,18 +596,24 @@ func (sh *memShard) remove(i int) {
 			stays = hole < h || h <= k
 		}
 		if !stays {
-			sh.tab[hole] = *e
+			tab.e[hole].moveFrom(&tab.e[k])
 			hole = k
 		}
 	}
-	sh.tab[hole] = memEntry{}
+	tab.e[hole].clear()
+	lockRange(false)
 	sh.n--
 }
 
 func (sh *memShard) sweep(nowSec uint32) {
-	for i := 0; i < len(sh.tab); {
-		if e := &sh.tab[i]; e.key != 0 && e.expiry() < nowSec {
-			sh.remove(i) // may shift a later entry into i: look again
+	tab := sh.tab.Load()
+	for i := 0; i < len(tab.e); {
+		e := &tab.e[i]
+		e.lock()
+		expired := e.loadKey() != 0 && e.expiry() < nowSec
+		e.unlock()
+		if expired {
+			sh.remove(tab, i) // may shift a later entry into i: look again
 			continue
 		}
 		i++

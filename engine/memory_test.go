@@ -3,6 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -11,11 +14,15 @@ func TestMemoryStoreEvictsLeastRecentlyUsed(t *testing.T) {
 	clock := newManualClock()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 8, Shards: 1})
 	l := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Hour}
+	// Recency is kept to the millisecond: a millisecond between checks
+	// orders them.
 	for i := range 8 {
 		mustCheck(t, s, one(fmt.Sprint("s", i), "p", l, 5))
+		clock.Advance(time.Millisecond)
 	}
 	// Use s0 again so s1 becomes the least recently used.
 	mustCheck(t, s, one("s0", "p", l, 1))
+	clock.Advance(time.Millisecond)
 	mustCheck(t, s, one("s8", "p", l, 5))
 	if got := s.Evictions(); got != 1 {
 		t.Fatalf("Evictions() = %d, want 1", got)
@@ -126,5 +133,108 @@ func TestMemoryStoreCheckAllocatesNothing(t *testing.T) {
 	s.Check(ctx, req) // first check inserts
 	if n := testing.AllocsPerRun(1000, func() { s.Check(ctx, req) }); n != 0 {
 		t.Errorf("Check allocates %v times per call, want 0", n)
+	}
+}
+
+// TestMemoryStoreConcurrentGrowthLosesNothing has many goroutines check
+// two policies per subject while the tables grow under them (checks that
+// find their states lock entries without the shard's mutex; growth moves
+// every entry): no admitted unit may be lost or counted twice.
+func TestMemoryStoreConcurrentGrowthLosesNothing(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 2})
+	l := Limit{Algorithm: FixedWindow, Count: 1e9, Window: time.Hour}
+	const subjects, workers, perWorker = 3000, 8, 6000
+	spent := make([]atomic.Int64, subjects)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for range perWorker {
+				i := r.IntN(subjects)
+				cost := int64(1 + r.IntN(3))
+				req := Request{Subject: fmt.Sprint("g", i), Checks: []Check{
+					{Policy: "a", Limit: l, Cost: cost},
+					{Policy: "b", Limit: l, Cost: 2 * cost},
+				}}
+				d, err := s.Check(context.Background(), req)
+				if err != nil || !d.Allowed {
+					t.Errorf("check %s: %v allowed=%v", req.Subject, err, d.Allowed)
+					return
+				}
+				spent[i].Add(cost)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range subjects {
+		d := mustCheck(t, s, Request{Subject: fmt.Sprint("g", i), Checks: []Check{
+			{Policy: "a", Limit: l}, {Policy: "b", Limit: l},
+		}})
+		want := spent[i].Load()
+		if got := int64(1e9) - d.Results[0].Remaining; got != want {
+			t.Fatalf("g%d policy a spent %d, want %d", i, got, want)
+		}
+		if got := int64(1e9) - d.Results[1].Remaining; got != 2*want {
+			t.Fatalf("g%d policy b spent %d, want %d", i, got, 2*want)
+		}
+	}
+}
+
+// TestMemoryStoreConcurrentEvictionAndSweep churns a small store from many
+// goroutines while another sweeps, with states expiring as the clock moves:
+// the table stays consistent (every state found is the subject's own, and
+// the store holds no more than it may).
+func TestMemoryStoreConcurrentEvictionAndSweep(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 4, MaxKeys: 400})
+	tb := Limit{Algorithm: TokenBucket, Rate: 100, Burst: 1000}
+	logl := Limit{Algorithm: SlidingWindowLog, Count: 50, Window: time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		for ctx.Err() == nil {
+			s.Sweep()
+			clock.Advance(50 * time.Millisecond)
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 2))
+			for range 20000 {
+				sub := fmt.Sprint("e", r.IntN(2000))
+				checks := []Check{{Policy: "tb", Limit: tb, Cost: 1}}
+				if r.IntN(4) == 0 {
+					checks = append(checks, Check{Policy: "log", Limit: logl, Cost: 1})
+				}
+				d, err := s.Check(context.Background(), Request{Subject: sub, Checks: checks})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				// A bucket never refills past its burst, however its state
+				// moved between tables.
+				if r := d.Results[0]; r.Remaining < 0 || r.Remaining > 1000 {
+					t.Errorf("%s remaining %d outside [0, 1000]", sub, r.Remaining)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	cancel()
+	bg.Wait()
+	if n := s.Len(); n > 400 {
+		t.Errorf("Len() = %d, want at most MaxKeys 400", n)
+	}
+	if s.Evictions() == 0 {
+		t.Error("no evictions: the test did not exercise them")
 	}
 }
