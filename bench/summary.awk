@@ -2,13 +2,13 @@
 # A benchmark reports a figure for the summary with
 # b.ReportMetric(v, "<unit>") and a name mapped below; lines already in
 # BENCH form (from bench/*.sh) pass through.
-/^BENCH / { print; next }
+/^BENCH / { print; seen[$2] = $3; next }
 /^Benchmark/ {
   name = $1; sub(/-[0-9]+$/, "", name)
   for (i = 3; i < NF; i += 2) {
     v = $i; u = $(i + 1)
     key = name " " u
-    if (key in map) printf "BENCH %s %s %s\n", map[key], v, unitOf[key]
+    if (key in map) { printf "BENCH %s %s %s\n", map[key], v, unitOf[key]; seen[map[key]] = v }
   }
 }
 BEGIN {
@@ -29,4 +29,12 @@ BEGIN {
 BEGIN {
   add("BenchmarkHotKeyIsolation/alone", "p99-us", "check_p99_us_redis_others_alone", "us")
   add("BenchmarkHotKeyIsolation/with_hot_key", "p99-us", "check_p99_us_redis_others_with_hot_key", "us")
+}
+# Ratios of figures measured in this one run, as the targets are stated.
+END {
+  ratio("engine_memory_over_xtime_rate", "engine_memory_ns_per_check", "xtime_rate_ns_per_allow")
+  ratio("redis_checks_over_raw_evalsha", "redis_checks_per_s_c64", "redis_raw_evalsha_per_s_c64")
+}
+function ratio(name, a, b) {
+  if ((a in seen) && (b in seen) && seen[b] > 0) printf "BENCH %s %.3f ratio\n", name, seen[a] / seen[b]
 }
