@@ -13,9 +13,12 @@ import (
 // the Redis store must reach bit-identical decisions from the same state.
 type State struct {
 	// A is the token count (token bucket), the level (leaky bucket), or the
-	// current window's count (fixed window, sliding window counter).
+	// current window's count (fixed window, sliding window counter). Decide
+	// returns it rounded to 29 significant bits in the limiter's favour
+	// (see quantDown), as the Redis store keeps it.
 	A float64
-	// B is the previous window's count (sliding window counter only).
+	// B is the previous window's count (sliding window counter only),
+	// rounded as A is.
 	B float64
 	// T is the time of the last update (buckets) or the start of the
 	// current window (window algorithms); zero means no state.
@@ -79,6 +82,8 @@ type counters struct {
 // after the check and fills r; when the check is rejected the caller keeps
 // the old state. Every floating-point operation here is mirrored, in the
 // same order, by the Redis store's Lua script (see redis.lua): change both.
+// The results are computed on the exact numbers; only the state returned
+// is rounded (quantDown, quantUp) to what the Redis store can keep.
 func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	*r = Result{}
 	switch l.Algorithm {
@@ -145,7 +150,7 @@ func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	}
 	r.Remaining = floorUnits(tokens)
 	r.ResetAfter = usToDuration(ceilUs((burst - tokens) * usPerSec / rate))
-	st.a, st.t = tokens, t
+	st.a, st.t = quantDown(tokens), t
 }
 
 // leakyBucket is the leaky bucket as a meter: each admitted unit raises a
@@ -175,7 +180,7 @@ func leakyBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	}
 	r.Remaining = floorUnits(burst - level)
 	r.ResetAfter = usToDuration(ceilUs(level * usPerSec / rate))
-	st.a, st.t = level, t
+	st.a, st.t = quantUpTo(level, burst), t
 }
 
 func windowUs(l *Limit) int64 { return int64(l.Window / time.Microsecond) }
@@ -199,7 +204,7 @@ func fixedWindow(now int64, st *counters, l *Limit, cost float64, r *Result) {
 		r.RetryAfter = usToDuration(end - now + w)
 	}
 	r.Remaining = floorUnits(l.Count - count)
-	st.a, st.t = count, t
+	st.a, st.t = quantUp(count), t
 }
 
 // slidingCounter estimates the count over the last window as the current
@@ -234,7 +239,7 @@ func slidingCounter(now int64, st *counters, l *Limit, cost float64, r *Result) 
 	case prev > 0:
 		r.ResetAfter = usToDuration(t + w - now)
 	}
-	st.a, st.b, st.t = cur, prev, t
+	st.a, st.b, st.t = quantUp(cur), quantUp(prev), t
 }
 
 func estimate(cur, prev float64, w, e int64) float64 {
@@ -309,10 +314,77 @@ func commitLog(log []int64, drop int, now, cost int64) []int64 {
 	return log
 }
 
+// The Redis store keeps each number of a bucket's or window's state in 5
+// bytes: the top 40 bits of its IEEE 754 encoding (sign, exponent and 28
+// stored significand bits, so 29 significant bits), which puts a token
+// bucket's whole state in 12 bytes and its key in a smaller allocation.
+// So that both stores decide bit for bit alike, every store keeps the
+// state rounded to those bits, always in the limiter's favour: token
+// counts down, levels and window counts up. Integers below 2^29 are
+// unchanged, so window counts stay exact in practice; other numbers move
+// by less than 2^-28 of their value (about 4e-9) each time they are
+// stored. That error is per check, so it adds up where values are large
+// and costs small: a stored window count above 2^29 is even (a multiple
+// of 4 above 2^30, and so on), so a cost-1 check there counts as 2 (4);
+// a token bucket holding more than 2^28 tokens loses up to a token per
+// check.
+//
+// A leaky bucket's level is rounded up only as far as its burst allows
+// (quantUpTo). Window counts need no such care: they are whole numbers,
+// exact below 2^29, and above it rounding down would give back a unit or
+// more.
+//
+// The rounding is to the doubles whose low 24 encoding bits are zero,
+// exactly the numbers 5 bytes can hold: 29 significant bits for normal
+// numbers, and below 2^-1022 (subnormals) a fixed quantum of 2^-1050, so
+// tiny values keep fewer bits rather than more than the store can hold.
+// Zero, infinities and NaN are returned unchanged; rounding the largest
+// finite doubles away from zero gives an infinity. None of these occur
+// with valid limits (at most 1e12 units). redis.lua's q29 computes the
+// same with frexp and ldexp; TestRedisQuantisersAgree holds them equal.
+const quantLowBits = 1<<24 - 1
+
+// quantDown rounds x towards minus infinity to 29 significant bits.
+func quantDown(x float64) float64 {
+	b := math.Float64bits(x)
+	if b&quantLowBits == 0 || b>>52&0x7ff == 0x7ff {
+		return x
+	}
+	if b>>63 == 0 {
+		return math.Float64frombits(b &^ quantLowBits)
+	}
+	return math.Float64frombits(b&^quantLowBits + quantLowBits + 1)
+}
+
+// quantUp rounds x towards plus infinity to 29 significant bits.
+func quantUp(x float64) float64 { return -quantDown(-x) }
+
+// quantUpTo rounds x up, unless that takes it past most (a limit that
+// is not itself a 29-bit number, such as a scaled burst) while rounding
+// down leaves less than a unit below most. Then it rounds down: a level
+// just under its burst must stay under it, or the next check at the same
+// instant would be rejected even at cost zero; and since costs are whole
+// units, no cost fits in what rounding down gives back, so nothing more is
+// admitted. Past 2^28, where the gap between 29-bit numbers reaches a
+// unit, rounding down could admit more, check after check; there x is
+// rounded up even past most, and a cost-zero check just after may be
+// rejected until the bucket drains that sliver.
+func quantUpTo(x, most float64) float64 {
+	q := quantUp(x)
+	if q <= most {
+		return q
+	}
+	if d := quantDown(x); most-d < 1 {
+		return d
+	}
+	return q
+}
+
 // ttl is how long state must be kept after a check at now: until the
 // bucket is full (or empty) again or the window can no longer matter, plus
 // a second of slack. Past it, a missing state decides exactly as the
-// stored one would. l is the limit as enforced, f the scale it was
+// stored one would. st is the state as stored, already rounded, so the
+// TTL is that of what is kept (redis.lua's ttl does the same). l is the limit as enforced, f the scale it was
 // enforced at: a token bucket's TTL is computed on the unscaled limit, so
 // that it is full by then whatever share the region gets later. A leaky
 // bucket's is not: if the share shrinks while it drains, it drains slower

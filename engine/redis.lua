@@ -3,7 +3,10 @@
 -- This is algorithm.go in Lua. Every floating-point operation below is the
 -- one algorithm.go performs, in the same order, on the same doubles (Lua
 -- numbers are IEEE doubles; times are whole microseconds, exact below 2^53),
--- so the Redis store decides bit for bit as the memory store does. Change
+-- so the Redis store decides bit for bit as the memory store does. The one
+-- exception is q29, which rounds the stored numbers with frexp and ldexp
+-- where Go's quantDown and quantUp clear bits; every rounding step here is
+-- exact, so both give the same double (TestRedisQuantisersAgree). Change
 -- both together; conformance_test.go checks that they agree.
 --
 -- KEYS[i]   state of policy i; all keys share the subject's hash tag.
@@ -35,6 +38,30 @@ else
   now = tonumber(t[1]) * US + tonumber(t[2])
 end
 local pad = tonumber(ARGV[2])
+
+-- q29 rounds x with round (math.floor: towards minus infinity, math.ceil:
+-- towards plus infinity) to the doubles whose encoding's low 24 bits are
+-- zero: k * 2^(e - 29) for x's
+-- frexp exponent e, an integer k and |k| <= 2^29. Below 2^-1022 the
+-- exponent stays at that of 2^-1022 (-1021), giving subnormals the fixed
+-- quantum 2^-1050 that 5 bytes hold. Both ldexp calls and round are exact.
+-- Zero, infinities and NaN come back unchanged (ldexp of them is
+-- themselves, whatever e frexp gave).
+local function q29(x, round)
+  local _, e = math.frexp(x)
+  if e < -1021 then e = -1021 end
+  return math.ldexp(round(math.ldexp(x, 29 - e)), e - 29)
+end
+
+-- q29_up_to mirrors quantUpTo: x rounded up, unless that passes most
+-- while rounding down leaves less than a unit below it.
+local function q29_up_to(x, most)
+  local q = q29(x, math.ceil)
+  if q <= most then return q end
+  local d = q29(x, math.floor)
+  if most - d < 1 then return d end
+  return q
+end
 
 local function ceil_us(v)
   if not (v > 0) then return 0 end
@@ -69,7 +96,7 @@ local function token_bucket(st, rate, burst, cost)
     end
   end
   return ok, floor_units(burst), floor_units(tokens),
-    ceil_us((burst - tokens) * US / rate), retry, {tokens, t}
+    ceil_us((burst - tokens) * US / rate), retry, {q29(tokens, math.floor), t}
 end
 
 local function leaky_bucket(st, rate, burst, cost)
@@ -94,7 +121,7 @@ local function leaky_bucket(st, rate, burst, cost)
     end
   end
   return ok, floor_units(burst), floor_units(burst - level),
-    ceil_us(level * US / rate), retry, {level, t}
+    ceil_us(level * US / rate), retry, {q29_up_to(level, burst), t}
 end
 
 local function fixed_window(st, count, w, cost)
@@ -112,7 +139,7 @@ local function fixed_window(st, count, w, cost)
   else
     retry = fin - now + w
   end
-  return ok, floor_units(count), floor_units(count - n), fin - now, retry, {n, t}
+  return ok, floor_units(count), floor_units(count - n), fin - now, retry, {q29(n, math.ceil), t}
 end
 
 local function estimate(cur, prev, w, e)
@@ -166,7 +193,8 @@ local function sliding_counter(st, count, w, cost)
   elseif prev > 0 then
     reset = t + w - now
   end
-  return ok, floor_units(count), floor_units(count - est), reset, retry, {cur, prev, t}
+  return ok, floor_units(count), floor_units(count - est), reset, retry,
+    {q29(cur, math.ceil), q29(prev, math.ceil), t}
 end
 
 -- The log's state is its timestamps in order; the returned state is the

@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -205,6 +207,67 @@ func TestRedisStateIsCompact(t *testing.T) {
 			t.Errorf("MEMORY USAGE with keys like %s = %.1f bytes per subject, want at most %v", key, per, tt.most)
 		}
 	}
+}
+
+// TestRedisQuantisersAgree runs redis.lua's own q29 on the edge values and
+// requires the very doubles quantDown and quantUp give.
+func TestRedisQuantisersAgree(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	script := luaFunction(t, "q29") + `
+local out = {}
+for i = 1, #ARGV do
+  local x = struct.unpack('<d', ARGV[i])
+  for _, q in ipairs({q29(x, math.floor), q29(x, math.ceil)}) do
+    out[#out + 1] = struct.pack('<d', q)
+  end
+end
+return out
+`
+	args := make([]any, len(quantEdges))
+	for i, x := range quantEdges {
+		args[i] = binary.LittleEndian.AppendUint64(nil, math.Float64bits(x))
+	}
+	v, err := c.Eval(context.Background(), script, nil, args...).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v) != 2*len(quantEdges) {
+		t.Fatalf("script returned %d values, want %d", len(v), 2*len(quantEdges))
+	}
+	lua := func(i int) uint64 { return binary.LittleEndian.Uint64([]byte(v[i])) }
+	for i, x := range quantEdges {
+		for j, q := range []struct {
+			name string
+			got  float64
+		}{{"down", quantDown(x)}, {"up", quantUp(x)}} {
+			want := math.Float64bits(q.got)
+			computed := lua(2*i + j)
+			if math.IsNaN(x) {
+				if !math.IsNaN(math.Float64frombits(computed)) {
+					t.Errorf("q29(NaN) %s in Lua = %#016x, want NaN", q.name, computed)
+				}
+				continue
+			}
+			if computed != want {
+				t.Errorf("q29(%v) %s in Lua = %#016x; quant%s in Go = %#016x", x, q.name, computed, q.name, want)
+			}
+		}
+	}
+}
+
+// luaFunction returns the text of redis.lua's local function name.
+func luaFunction(t *testing.T, name string) string {
+	t.Helper()
+	i := strings.Index(redisScript, "\nlocal function "+name+"(")
+	if i < 0 {
+		t.Fatalf("redis.lua has no local function %s", name)
+	}
+	n := strings.Index(redisScript[i:], "\nend\n")
+	if n < 0 {
+		t.Fatalf("redis.lua's function %s has no end", name)
+	}
+	return redisScript[i : i+n+5]
 }
 
 // redisBytesPerSubject averages MEMORY USAGE over the keys of subjects
