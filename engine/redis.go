@@ -71,9 +71,11 @@ func (c RedisConfig) Validate() error {
 // share one cluster slot and one script call may touch them all. A subject
 // that contains a brace or starts with "=" is written as "=" followed by
 // its unpadded base64url encoding, so the tag is always the whole subject.
-// Each state is a string of at most 25 bytes (a sliding window log: 1 + 8
-// per timestamp) with a TTL of the time the state still matters plus a
-// second.
+// Each state is a string of 12 bytes (buckets, fixed window), 17 (sliding
+// window counter) or 7 + 8 per timestamp (sliding window log), laid out as
+// redis.lua's header describes, with a TTL of the time the state still
+// matters plus a second. A token bucket subject with a 20-byte key costs
+// 88 bytes of Redis memory.
 type RedisStore struct {
 	c       Scripter
 	timeout time.Duration

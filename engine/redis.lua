@@ -19,10 +19,14 @@
 --           rate or count, burst, window in microseconds, cost, and the
 --           scale the rate and burst were multiplied by (for the TTL).
 --
--- State is one string per key: a byte naming the algorithm, then
--- little-endian doubles: A and T (buckets, fixed window), A, B and T
--- (sliding window counter), or the log's timestamps. A key holding another
--- algorithm's state reads as a subject never seen.
+-- State is one string per key. It starts with a 7-byte header,
+-- struct '<I4I3' of lo = T mod 2^32 and hi = floor(T / 2^32) + alg * 2^21
+-- (T < 2^53 µs, the year 2255). Then come A (buckets, fixed window: 12
+-- bytes in all) or A and B (sliding window counter: 17 bytes), each as the
+-- top 5 bytes of its little-endian double: the 29 significant bits q29
+-- rounded it to. The sliding window log has T = 0 and one full 8-byte
+-- double per timestamp (7 + 8n bytes), so its timestamps stay exact. A key
+-- whose length or algorithm does not match reads as a subject never seen.
 --
 -- The state is written, with its TTL, only if every policy allows and only
 -- for policies with a non-zero cost. Returns five integers per policy:
@@ -39,9 +43,11 @@ else
 end
 local pad = tonumber(ARGV[2])
 
+local P21, P32 = 2097152, 4294967296
+
 -- q29 rounds x with round (math.floor: towards minus infinity, math.ceil:
 -- towards plus infinity) to the doubles whose encoding's low 24 bits are
--- zero: k * 2^(e - 29) for x's
+-- zero, which its top 5 bytes hold exactly: k * 2^(e - 29) for x's
 -- frexp exponent e, an integer k and |k| <= 2^29. Below 2^-1022 the
 -- exponent stays at that of 2^-1022 (-1021), giving subnormals the fixed
 -- quantum 2^-1050 that 5 bytes hold. Both ldexp calls and round are exact.
@@ -228,35 +234,53 @@ local function sliding_log(log, count, w, cost)
   return ok, capacity, floor_units(capacity - n), reset, retry, next
 end
 
+-- q29unpack reads the 5-byte number at position pos of s.
+local function q29unpack(s, pos)
+  return (struct.unpack('<d', '\0\0\0' .. string.sub(s, pos, pos + 4)))
+end
+
+-- q29pack writes x, which q29 has rounded, in 5 bytes.
+local function q29pack(x)
+  return string.sub(struct.pack('<d', x), 4)
+end
+
 local function load(key, alg)
   local s = redis.call('GET', key)
-  if not s or string.byte(s, 1) ~= alg then
-    if alg == 4 then return {} end
-    return nil
-  end
-  if alg == 4 then
-    local log, pos = {}, 2
-    for i = 1, (#s - 1) / 8 do
-      log[i], pos = struct.unpack('<d', s, pos)
+  if s then
+    local n = #s
+    if (alg == 4 and n >= 7 and (n - 7) % 8 == 0) or (alg == 5 and n == 17) or
+      (alg ~= 4 and alg ~= 5 and n == 12) then
+      local lo, hi = struct.unpack('<I4I3', s)
+      if math.floor(hi / P21) == alg then
+        local t = math.fmod(hi, P21) * P32 + lo
+        if alg == 4 then
+          local log = {}
+          for i = 1, (n - 7) / 8 do
+            log[i] = struct.unpack('<d', s, 8 * i)
+          end
+          return log
+        end
+        if alg == 5 then return {q29unpack(s, 8), q29unpack(s, 13), t} end
+        return {q29unpack(s, 8), t}
+      end
     end
-    return log
   end
-  if alg == 5 then
-    local _, a, b, t = struct.unpack('<Bddd', s)
-    return {a, b, t}
-  end
-  local _, a, t = struct.unpack('<Bdd', s)
-  return {a, t}
+  if alg == 4 then return {} end
+  return nil
+end
+
+local function header(alg, t)
+  return struct.pack('<I4I3', math.fmod(t, P32), math.floor(t / P32) + alg * P21)
 end
 
 local function encode(alg, st)
   if alg == 4 then
-    local parts = {string.char(4)}
+    local parts = {header(4, 0)}
     for i = 1, #st do parts[i + 1] = struct.pack('<d', st[i]) end
     return table.concat(parts)
   end
-  if alg == 5 then return struct.pack('<Bddd', 5, st[1], st[2], st[3]) end
-  return struct.pack('<Bdd', alg, st[1], st[2])
+  if alg == 5 then return header(5, st[3]) .. q29pack(st[1]) .. q29pack(st[2]) end
+  return header(alg, st[2]) .. q29pack(st[1])
 end
 
 -- ttl mirrors ttl() in algorithm.go: how long the new state matters.
