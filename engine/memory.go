@@ -103,12 +103,20 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	// d is the named result, filled in place: returning a local copied
 	// its 344 bytes once more per check.
 	d.N = len(req.Checks)
-	var ps [MaxChecks]pending
-	for i := range req.Checks {
-		ps[i].key = s.key(sub, req.Checks[i].Policy)
-		ps[i].lim = req.Checks[i].effective()
+	// Most requests name one policy: zeroing room for MaxChecks of them
+	// was a measurable part of a check.
+	var p []pending
+	if len(req.Checks) == 1 {
+		var one [1]pending
+		p = one[:]
+	} else {
+		var all [MaxChecks]pending
+		p = all[:len(req.Checks)]
 	}
-	p := ps[:len(req.Checks)]
+	for i := range p {
+		p[i].key = s.key(sub, req.Checks[i].Policy)
+		p[i].lim = req.Checks[i].effective()
+	}
 	if tab, ok := sh.acquire(req.Checks, p); ok {
 		s.decide(sh, tab, now, req.Checks, p, &d)
 		sh.release(tab, p)
@@ -150,7 +158,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 			q.stale = e.meta>>algShift != uint32(q.lim.Algorithm) || e.expiry() < nowSec
 			// Every check is a use, rejected ones included: the state of
 			// a subject being refused is the last one to give up.
-			e.used = used
+			e.setUsed(used)
 		}
 		if q.lim.Algorithm == SlidingWindowLog {
 			var log []int64
@@ -192,9 +200,9 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 	}
 }
 
-// recency is a check's time as stored in memEntry.used: milliseconds after
-// the store's base, wrapping every 49 days.
-func (s *MemoryStore) recency(now int64) uint32 { return uint32((now - s.base) / 1000) }
+// recency is a check's time as stored in memEntry.lw: milliseconds after
+// the store's base, wrapping every 24 days.
+func (s *MemoryStore) recency(now int64) uint32 { return uint32((now-s.base)/1000) & (1<<31 - 1) }
 
 // Evictions counts states dropped to respect MaxKeys.
 func (s *MemoryStore) Evictions() uint64 { return s.evictions.Load() }
@@ -281,24 +289,26 @@ const (
 func packMeta(exp uint32, alg Algorithm) uint32 { return exp | uint32(alg)<<algShift }
 
 // memEntry is one (subject, policy) state, stored inline in its shard's
-// table: 48 bytes, no pointers. key is read without the entry's lock while
+// table: 48 bytes, no pointers, laid out so that what a bucket or fixed
+// window check reads and writes lies in the first 32 bytes (one cache
+// line more often than not). key is read without the entry's lock while
 // probing, so it is only ever accessed atomically; it changes only under
-// the shard's mutex with the entry locked. Everything else is guarded by
-// the entry's lock.
+// the shard's mutex with the entry locked. lw holds the entry's spin lock
+// and its recency; everything else is guarded by the lock.
 type memEntry struct {
 	key  uint64 // 0 marks an empty slot
-	a, b float64
+	a    float64
 	t    int64
 	meta uint32 // expiry in seconds after the store's base | algorithm << algShift
-	used uint32 // time of the last check that read this state, see recency
-	mu   uint32 // spin lock: 0 free, 1 held
-	_    uint32
+	lw   uint32 // recency << 1 | locked; see MemoryStore.recency
+	b    float64
+	_    uint64
 }
 
 func (e *memEntry) expiry() uint32 { return e.meta & maxExpiry }
 
 func (e *memEntry) lock() {
-	for spins := 0; !atomic.CompareAndSwapUint32(&e.mu, 0, 1); spins++ {
+	for spins := 0; atomic.OrUint32(&e.lw, 1)&1 != 0; spins++ {
 		// Entries are held for a few dozen nanoseconds; a holder that
 		// does not let go soon has been descheduled.
 		if spins >= 32 {
@@ -307,20 +317,27 @@ func (e *memEntry) lock() {
 	}
 }
 
-func (e *memEntry) unlock() { atomic.StoreUint32(&e.mu, 0) }
+func (e *memEntry) unlock() { atomic.AndUint32(&e.lw, ^uint32(1)) }
+
+// used and setUsed read and write the recency of a locked entry.
+func (e *memEntry) used() uint32     { return atomic.LoadUint32(&e.lw) >> 1 }
+func (e *memEntry) setUsed(u uint32) { atomic.StoreUint32(&e.lw, u<<1|1) }
 
 func (e *memEntry) loadKey() uint64 { return atomic.LoadUint64(&e.key) }
 
-// moveFrom copies src's state into e; both are locked.
+// moveFrom copies src's state into e, keeping e's lock as it is; src is
+// locked, and so is e unless it is in a table not yet published.
 func (e *memEntry) moveFrom(src *memEntry) {
-	e.a, e.b, e.t, e.meta, e.used = src.a, src.b, src.t, src.meta, src.used
+	e.a, e.b, e.t, e.meta = src.a, src.b, src.t, src.meta
+	atomic.StoreUint32(&e.lw, atomic.LoadUint32(&src.lw)&^1|atomic.LoadUint32(&e.lw)&1)
 	atomic.StoreUint64(&e.key, src.loadKey())
 }
 
 // clear empties e, which is locked.
 func (e *memEntry) clear() {
 	atomic.StoreUint64(&e.key, 0)
-	e.a, e.b, e.t, e.meta, e.used = 0, 0, 0, 0, 0
+	e.a, e.b, e.t, e.meta = 0, 0, 0, 0
+	e.setUsed(0)
 }
 
 // memTable is one generation of a shard's table. Growing replaces it
@@ -458,7 +475,7 @@ func (sh *memShard) insert(key uint64, p []pending, used, nowSec uint32, evictio
 	e := &tab.e[place(tab, key)]
 	e.lock()
 	e.clear() // meta 0: expired, so it reads as never seen until committed
-	e.used = used
+	e.setUsed(used)
 	atomic.StoreUint64(&e.key, key)
 	e.unlock()
 	sh.n++
@@ -515,7 +532,7 @@ scan:
 				}
 			}
 			e.lock()
-			exp, age := e.expiry(), now-e.used
+			exp, age := e.expiry(), (now-e.used())&(1<<31-1)
 			e.unlock()
 			if exp < nowSec {
 				victim = i
