@@ -14,11 +14,13 @@ import (
 type State struct {
 	// A is the token count (token bucket), the level (leaky bucket), or the
 	// current window's count (fixed window, sliding window counter). Decide
-	// returns it rounded to 29 significant bits in the limiter's favour
-	// (see quantDown), as the Redis store keeps it.
+	// returns a bucket's A rounded to 29 significant bits in the limiter's
+	// favour (see quantDown), as the Redis store keeps it. A window count is
+	// a whole number, a sum of whole costs, and is returned exactly (see
+	// storedCount).
 	A float64
 	// B is the previous window's count (sliding window counter only),
-	// rounded as A is.
+	// exact as A is.
 	B float64
 	// T is the time of the last update (buckets) or the start of the
 	// current window (window algorithms); zero means no state.
@@ -82,8 +84,9 @@ type counters struct {
 // after the check and fills r; when the check is rejected the caller keeps
 // the old state. Every floating-point operation here is mirrored, in the
 // same order, by the Redis store's Lua script (see redis.lua): change both.
-// The results are computed on the exact numbers; only the state returned
-// is rounded (quantDown, quantUp) to what the Redis store can keep.
+// The results are computed on the exact numbers; only a bucket's state
+// returned is rounded (quantDown, quantUpTo) to what the Redis store can
+// keep. Window counts are whole numbers and are kept exactly (storedCount).
 func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	*r = Result{}
 	switch l.Algorithm {
@@ -204,7 +207,7 @@ func fixedWindow(now int64, st *counters, l *Limit, cost float64, r *Result) {
 		r.RetryAfter = usToDuration(end - now + w)
 	}
 	r.Remaining = floorUnits(l.Count - count)
-	st.a, st.t = quantUp(count), t
+	st.a, st.t = storedCount(count), t
 }
 
 // slidingCounter estimates the count over the last window as the current
@@ -239,7 +242,7 @@ func slidingCounter(now int64, st *counters, l *Limit, cost float64, r *Result) 
 	case prev > 0:
 		r.ResetAfter = usToDuration(t + w - now)
 	}
-	st.a, st.b, st.t = quantUp(cur), quantUp(prev), t
+	st.a, st.b, st.t = storedCount(cur), storedCount(prev), t
 }
 
 func estimate(cur, prev float64, w, e int64) float64 {
@@ -314,25 +317,22 @@ func commitLog(log []int64, drop int, now, cost int64) []int64 {
 	return log
 }
 
-// The Redis store keeps each number of a bucket's or window's state in 5
+// The Redis store keeps the number of a token or leaky bucket's state in 5
 // bytes: the top 40 bits of its IEEE 754 encoding (sign, exponent and 28
-// stored significand bits, so 29 significant bits), which puts a token
-// bucket's whole state in 12 bytes and its key in a smaller allocation.
-// So that both stores decide bit for bit alike, every store keeps the
-// state rounded to those bits, always in the limiter's favour: token
-// counts down, levels and window counts up. Integers below 2^29 are
-// unchanged, so window counts stay exact in practice; other numbers move
-// by less than 2^-28 of their value (about 4e-9) each time they are
-// stored. That error is per check, so it adds up where values are large
-// and costs small: a stored window count above 2^29 is even (a multiple
-// of 4 above 2^30, and so on), so a cost-1 check there counts as 2 (4);
-// a token bucket holding more than 2^28 tokens loses up to a token per
-// check.
+// stored significand bits, so 29 significant bits), which puts a bucket's
+// whole state in 12 bytes and its key in a smaller allocation. So that
+// both stores decide bit for bit alike, every store keeps the bucket's
+// number rounded to those bits, always in the limiter's favour: token
+// counts down, levels up. Such a number moves by less than 2^-28 of its
+// value (about 4e-9) each time it is stored. That error is per check, so
+// it adds up where values are large and costs small: a token bucket
+// holding more than 2^28 tokens loses up to a token per check.
+//
+// Window counts are not rounded this way: they are whole numbers, and the
+// Redis store keeps them as 5-byte integers, exactly (see storedCount).
 //
 // A leaky bucket's level is rounded up only as far as its burst allows
-// (quantUpTo). Window counts need no such care: they are whole numbers,
-// exact below 2^29, and above it rounding down would give back a unit or
-// more.
+// (quantUpTo).
 //
 // The rounding is to the doubles whose low 24 encoding bits are zero,
 // exactly the numbers 5 bytes can hold: 29 significant bits for normal
@@ -378,6 +378,31 @@ func quantUpTo(x, most float64) float64 {
 		return d
 	}
 	return q
+}
+
+// maxStoredCount is the largest window count the Redis store can keep: it
+// stores counts as 5-byte unsigned integers (struct '<I5').
+const maxStoredCount = 1<<40 - 1
+
+// storedCount is a window count as both stores keep it. A count is a sum
+// of the whole costs admitted in its window, each admitted only while the
+// sum stays within the enforced Count, which Validate bounds by 1e12 (and
+// a Scale of at most 1 only lowers): so it is a whole number from 0 to
+// 1e12 < 2^40, and storedCount returns it unchanged. (The 29-bit rounding
+// of bucket state would not do: above 2^29 it would count a cost-1 check
+// as 2.) Anything else cannot occur; should it, both stores keep the same
+// number (redis.lua's stored_count mirrors this, TestRedisStoredCountAgrees
+// holds them equal): a fraction rounds up, in the limiter's favour, and
+// anything from 2^40 - 1 up, or NaN, is held at 2^40 - 1, which is still
+// more than any valid Count, so the window keeps refusing.
+func storedCount(x float64) float64 {
+	if !(x < maxStoredCount) {
+		return maxStoredCount
+	}
+	if !(x > 0) {
+		return 0
+	}
+	return math.Ceil(x)
 }
 
 // ttl is how long state must be kept after a check at now: until the

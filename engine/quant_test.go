@@ -70,8 +70,8 @@ func TestQuantisers(t *testing.T) {
 	}
 }
 
-// Decide returns the state rounded in the limiter's favour and the result
-// computed on the exact numbers.
+// Decide returns a bucket's state rounded in the limiter's favour, window
+// counts exact, and the result computed on the exact numbers.
 func TestDecideQuantisesState(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	tests := []struct {
@@ -85,8 +85,10 @@ func TestDecideQuantisesState(t *testing.T) {
 		{Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10}, State{A: 3, T: now.UnixMicro()}, 2, 2},
 		// Level 1 + 0.1: stored rounded up.
 		{Limit{Algorithm: LeakyBucket, Rate: 1, Burst: 10}, State{A: 0.1, T: now.UnixMicro()}, quantUp(1.1), 8},
-		// A count above 2^29 (spacing 2 there): stored rounded up.
-		{Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Hour}, State{A: 1<<29 + 2, T: now.UnixMicro() - now.UnixMicro()%3.6e9}, 1<<29 + 4, 1e12 - 1<<29 - 3},
+		// A window count above 2^29 (where 29-bit numbers are 2 apart):
+		// stored exactly.
+		{Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Hour}, State{A: 1<<29 + 2, T: now.UnixMicro() - now.UnixMicro()%3.6e9}, 1<<29 + 3, 1e12 - 1<<29 - 3},
+		{Limit{Algorithm: SlidingWindowCounter, Count: 1e12, Window: time.Hour}, State{A: 1<<30 + 2, T: now.UnixMicro() - now.UnixMicro()%3.6e9}, 1<<30 + 3, 1e12 - 1<<30 - 3},
 	}
 	for _, tt := range tests {
 		st, r := Decide(now, tt.st, tt.l, 1)
@@ -136,6 +138,28 @@ func TestQuantUpTo(t *testing.T) {
 	for _, tt := range tests {
 		if got := quantUpTo(tt.x, tt.most); got != tt.want {
 			t.Errorf("quantUpTo(%v, %v) = %v, want %v", tt.x, tt.most, got, tt.want)
+		}
+	}
+}
+
+// countEdges are the numbers storedCount must get right, and agree on with
+// redis.lua's stored_count (TestRedisStoredCountAgrees), with what both
+// must keep. Only whole numbers from 0 to 1e12 occur with valid limits.
+var countEdges = []struct{ x, want float64 }{
+	{0, 0}, {1, 1}, {2, 2}, {1<<29 - 1, 1<<29 - 1}, {1 << 29, 1 << 29}, {1<<29 + 1, 1<<29 + 1},
+	{6e8 + 1, 6e8 + 1}, {1<<30 + 3, 1<<30 + 3}, {1<<32 + 1, 1<<32 + 1},
+	{1e12 - 1, 1e12 - 1}, {1e12, 1e12}, {1<<40 - 2, 1<<40 - 2},
+	// Never occur: held to what '<I5' holds, in the limiter's favour.
+	{math.Copysign(0, -1), 0}, {0.25, 1}, {6e8 + 0.5, 6e8 + 1}, {1e12 + 0.5, 1e12 + 1}, {-1, 0},
+	{1<<40 - 1, 1<<40 - 1}, {1<<40 - 1.5, 1<<40 - 1}, {1 << 40, 1<<40 - 1}, {1<<41 + 3, 1<<40 - 1},
+	{math.MaxFloat64, 1<<40 - 1}, {math.Inf(1), 1<<40 - 1}, {math.Inf(-1), 0}, {math.NaN(), 1<<40 - 1},
+}
+
+func TestStoredCount(t *testing.T) {
+	for _, tt := range countEdges {
+		got := storedCount(tt.x)
+		if got != tt.want || math.Signbit(got) {
+			t.Errorf("storedCount(%v) = %v, want %v", tt.x, got, tt.want)
 		}
 	}
 }

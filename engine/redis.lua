@@ -4,10 +4,12 @@
 -- one algorithm.go performs, in the same order, on the same doubles (Lua
 -- numbers are IEEE doubles; times are whole microseconds, exact below 2^53),
 -- so the Redis store decides bit for bit as the memory store does. The one
--- exception is q29, which rounds the stored numbers with frexp and ldexp
--- where Go's quantDown and quantUp clear bits; every rounding step here is
--- exact, so both give the same double (TestRedisQuantisersAgree). Change
--- both together; conformance_test.go checks that they agree.
+-- exception is q29, which rounds a bucket's stored number with frexp and
+-- ldexp where Go's quantDown and quantUp clear bits; every rounding step
+-- here is exact, so both give the same double (TestRedisQuantisersAgree).
+-- Window counts are kept exactly (stored_count, as Go's storedCount;
+-- TestRedisStoredCountAgrees). Change both together; conformance_test.go
+-- checks that they agree.
 --
 -- KEYS[i]   state of policy i; all keys share the subject's hash tag.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
@@ -21,12 +23,16 @@
 --
 -- State is one string per key. It starts with a 7-byte header,
 -- struct '<I4I3' of lo = T mod 2^32 and hi = floor(T / 2^32) + alg * 2^21
--- (T < 2^53 µs, the year 2255). Then come A (buckets, fixed window: 12
--- bytes in all) or A and B (sliding window counter: 17 bytes), each as the
--- top 5 bytes of its little-endian double: the 29 significant bits q29
--- rounded it to. The sliding window log has T = 0 and one full 8-byte
--- double per timestamp (7 + 8n bytes), so its timestamps stay exact. A key
--- whose length or algorithm does not match reads as a subject never seen.
+-- (T < 2^53 µs, the year 2255). Then come, 12 bytes in all:
+--   buckets: A, the tokens or level, as the top 5 bytes of its
+--     little-endian double: the 29 significant bits q29 rounded it to;
+--   fixed window: A, the count, as a 5-byte little-endian unsigned
+--     integer (struct '<I5'), exact up to 2^40 - 1;
+-- or, 17 bytes in all, for the sliding window counter: A and B, the
+-- current and previous counts, as two such integers. The sliding window
+-- log has T = 0 and one full 8-byte double per timestamp (7 + 8n bytes),
+-- so its timestamps stay exact. A key whose length or algorithm does not
+-- match reads as a subject never seen.
 --
 -- The state is written, with its TTL, only if every policy allows and only
 -- for policies with a non-zero cost. Returns five integers per policy:
@@ -67,6 +73,20 @@ local function q29_up_to(x, most)
   local d = q29(x, math.floor)
   if most - d < 1 then return d end
   return q
+end
+
+-- MAX_COUNT is the largest count '<I5' holds, 2^40 - 1.
+local MAX_COUNT = 1099511627775
+
+-- stored_count mirrors storedCount: a window count is a whole number from
+-- 0 to the Count, at most 1e12 (Validate), so it comes back unchanged and
+-- '<I5' holds it exactly. A fraction, which cannot occur, would round up
+-- and anything from MAX_COUNT up (or NaN) would be held at MAX_COUNT, as
+-- in Go, rather than be truncated or wrapped by struct.pack.
+local function stored_count(x)
+  if not (x < MAX_COUNT) then return MAX_COUNT end
+  if not (x > 0) then return 0 end
+  return math.ceil(x)
 end
 
 local function ceil_us(v)
@@ -145,7 +165,7 @@ local function fixed_window(st, count, w, cost)
   else
     retry = fin - now + w
   end
-  return ok, floor_units(count), floor_units(count - n), fin - now, retry, {q29(n, math.ceil), t}
+  return ok, floor_units(count), floor_units(count - n), fin - now, retry, {stored_count(n), t}
 end
 
 local function estimate(cur, prev, w, e)
@@ -200,7 +220,7 @@ local function sliding_counter(st, count, w, cost)
     reset = t + w - now
   end
   return ok, floor_units(count), floor_units(count - est), reset, retry,
-    {q29(cur, math.ceil), q29(prev, math.ceil), t}
+    {stored_count(cur), stored_count(prev), t}
 end
 
 -- The log's state is its timestamps in order; the returned state is the
@@ -260,7 +280,11 @@ local function load(key, alg)
           end
           return log
         end
-        if alg == 5 then return {q29unpack(s, 8), q29unpack(s, 13), t} end
+        if alg == 5 then
+          local cur, prev = struct.unpack('<I5I5', s, 8)
+          return {cur, prev, t}
+        end
+        if alg == 3 then return {(struct.unpack('<I5', s, 8)), t} end
         return {q29unpack(s, 8), t}
       end
     end
@@ -279,7 +303,8 @@ local function encode(alg, st)
     for i = 1, #st do parts[i + 1] = struct.pack('<d', st[i]) end
     return table.concat(parts)
   end
-  if alg == 5 then return header(5, st[3]) .. q29pack(st[1]) .. q29pack(st[2]) end
+  if alg == 5 then return header(5, st[3]) .. struct.pack('<I5I5', st[1], st[2]) end
+  if alg == 3 then return header(3, st[2]) .. struct.pack('<I5', st[1]) end
   return header(alg, st[2]) .. q29pack(st[1])
 end
 

@@ -219,7 +219,8 @@ func TestRedisStateIsCompact(t *testing.T) {
 
 // TestRedisStateFormat reads the stored strings back as redis.lua's header
 // describes them: a 7-byte header holding T and the algorithm, then A (and
-// B) in 5 bytes each, or the log's timestamps as whole doubles.
+// B) in 5 bytes each, a bucket's as the top of a double and a window's as
+// an integer, or the log's timestamps as whole doubles.
 func TestRedisStateFormat(t *testing.T) {
 	clock := newManualClock()
 	s, srv := newTestRedisStore(t, clock)
@@ -230,15 +231,18 @@ func TestRedisStateFormat(t *testing.T) {
 	req := Request{Subject: "fmt", Checks: []Check{
 		{Policy: "tb", Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10 - 1.0/3}, Cost: 1},
 		{Policy: "lb", Limit: Limit{Algorithm: LeakyBucket, Rate: 1, Burst: 10}, Cost: 3},
-		{Policy: "fw", Limit: Limit{Algorithm: FixedWindow, Count: 10, Window: time.Minute}, Cost: 2},
+		{Policy: "fw", Limit: Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Minute}, Cost: 1<<40 - 1e12 + 2},
 		{Policy: "log", Limit: Limit{Algorithm: SlidingWindowLog, Count: 10, Window: time.Minute}, Cost: 3},
-		{Policy: "swc", Limit: Limit{Algorithm: SlidingWindowCounter, Count: 10, Window: time.Minute}, Cost: 4},
+		{Policy: "swc", Limit: Limit{Algorithm: SlidingWindowCounter, Count: 1e12, Window: time.Minute}, Cost: 1<<29 + 1},
 	}}
 	if d := mustCheck(t, s, req); !d.Allowed {
 		t.Fatalf("check rejected: %+v", d)
 	}
 	q5 := func(b []byte) float64 {
 		return math.Float64frombits(binary.LittleEndian.Uint64(append([]byte{0, 0, 0}, b...)))
+	}
+	i5 := func(b []byte) float64 {
+		return float64(binary.LittleEndian.Uint64(append(append([]byte(nil), b...), 0, 0, 0)))
 	}
 	tests := []struct {
 		policy string
@@ -248,9 +252,9 @@ func TestRedisStateFormat(t *testing.T) {
 	}{
 		{"tb", TokenBucket, now, []float64{quantDown(9 - 1.0/3)}},
 		{"lb", LeakyBucket, now, []float64{3}},
-		{"fw", FixedWindow, now - now%w, []float64{2}},
+		{"fw", FixedWindow, now - now%w, []float64{1<<40 - 1e12 + 2}},
 		{"log", SlidingWindowLog, 0, []float64{float64(now), float64(now), float64(now)}},
-		{"swc", SlidingWindowCounter, now - now%w, []float64{4, 0}},
+		{"swc", SlidingWindowCounter, now - now%w, []float64{1<<29 + 1, 0}},
 	}
 	for _, tt := range tests {
 		key := s.Key(req.Subject, tt.policy)
@@ -269,8 +273,12 @@ func TestRedisStateFormat(t *testing.T) {
 				nums = append(nums, math.Float64frombits(binary.LittleEndian.Uint64(v[i:])))
 			}
 		} else {
+			num := q5
+			if tt.alg.Windowed() {
+				num = i5
+			}
 			for i := 7; i+5 <= len(v); i += 5 {
-				nums = append(nums, q5(v[i:i+5]))
+				nums = append(nums, num(v[i:i+5]))
 			}
 		}
 		want := 7 + 5*len(tt.nums)
@@ -332,13 +340,16 @@ func redisStateValue(alg Algorithm, st State) []byte {
 	v := binary.LittleEndian.AppendUint32(nil, uint32(t))
 	v = append(v, byte(hi), byte(hi>>8), byte(hi>>16))
 	q5 := func(x float64) []byte { return binary.LittleEndian.AppendUint64(nil, math.Float64bits(x))[3:] }
+	i5 := func(x float64) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(x))[:5] }
 	switch alg {
 	case SlidingWindowLog:
 		for _, ts := range st.Log {
 			v = binary.LittleEndian.AppendUint64(v, math.Float64bits(float64(ts)))
 		}
 	case SlidingWindowCounter:
-		v = append(append(v, q5(st.A)...), q5(st.B)...)
+		v = append(append(v, i5(st.A)...), i5(st.B)...)
+	case FixedWindow:
+		v = append(v, i5(st.A)...)
 	default:
 		v = append(v, q5(st.A)...)
 	}
@@ -349,7 +360,8 @@ func redisStateValue(alg Algorithm, st State) []byte {
 // the script decide from them, and requires Decide's result and Decide's
 // next state, byte for byte: the script reads and writes the format as Go
 // describes it, and rounds as Go does where the random conformance test
-// rarely looks, at a limit that is not a 29-bit number.
+// rarely looks: at a limit that is not a 29-bit number, and at window
+// counts above 2^29, kept exactly.
 func TestRedisDecidesFromStoredState(t *testing.T) {
 	clock := newManualClock()
 	s, srv := newTestRedisStore(t, clock)
@@ -370,7 +382,12 @@ func TestRedisDecidesFromStoredState(t *testing.T) {
 		{"leaky bucket draining", Limit{Algorithm: LeakyBucket, Rate: 3, Burst: 10}, State{A: 7.25, T: us - 1234567}, 2},
 		{"token bucket refilling", Limit{Algorithm: TokenBucket, Rate: 1.0 / 3, Burst: 10}, State{A: quantDown(0.1), T: us - 7654321}, 1},
 		{"fixed window above 2^29", Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Hour}, State{A: 1<<29 + 2, T: us - us%hour}, 1},
+		{"fixed window near 2^40", Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Hour}, State{A: 1e12 - 2, T: us - us%hour}, 1},
 		{"sliding window counter", Limit{Algorithm: SlidingWindowCounter, Count: 100.5, Window: time.Hour}, State{A: 10, B: 40, T: us - us%hour}, 3},
+		{"sliding window counter above 2^29", Limit{Algorithm: SlidingWindowCounter, Count: 1e12 * 0.7, Window: time.Hour},
+			State{A: 1<<30 + 1, B: 1<<31 + 7, T: us - us%hour}, 1},
+		{"sliding window counter into the next window", Limit{Algorithm: SlidingWindowCounter, Count: 1e12, Window: time.Hour},
+			State{A: 1e12 - 1e9 - 1, B: 1e9 + 3, T: us - us%hour - hour}, 1},
 		{"sliding window log", Limit{Algorithm: SlidingWindowLog, Count: 5, Window: time.Hour}, State{Log: []int64{us - hour, us - 5, us - 1}}, 2},
 	}
 	for i, tt := range tests {
@@ -445,6 +462,58 @@ return out
 			}
 		}
 	}
+}
+
+// TestRedisStoredCountAgrees runs redis.lua's own stored_count on the edge
+// values, and packs and unpacks the result as '<I5', and requires the
+// very doubles storedCount gives.
+func TestRedisStoredCountAgrees(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	script := luaLocal(t, "MAX_COUNT") + luaFunction(t, "stored_count") + `
+local out = {}
+for i = 1, #ARGV do
+  local n = stored_count(struct.unpack('<d', ARGV[i]))
+  local s = struct.pack('<I5', n)
+  out[#out + 1] = struct.pack('<d', n)
+  out[#out + 1] = struct.pack('<d', (struct.unpack('<I5', s)))
+  out[#out + 1] = s
+end
+return out
+`
+	args := make([]any, len(countEdges))
+	for i, tt := range countEdges {
+		args[i] = binary.LittleEndian.AppendUint64(nil, math.Float64bits(tt.x))
+	}
+	v, err := c.Eval(context.Background(), script, nil, args...).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v) != 3*len(countEdges) {
+		t.Fatalf("script returned %d values, want %d", len(v), 3*len(countEdges))
+	}
+	for i, tt := range countEdges {
+		want := math.Float64bits(storedCount(tt.x))
+		computed := binary.LittleEndian.Uint64([]byte(v[3*i]))
+		stored := binary.LittleEndian.Uint64([]byte(v[3*i+1]))
+		packed := []byte(v[3*i+2])
+		wantPacked := binary.LittleEndian.AppendUint64(nil, uint64(storedCount(tt.x)))[:5]
+		if computed != want || stored != want || !bytes.Equal(packed, wantPacked) {
+			t.Errorf("stored_count(%v) in Lua = %v, packed %x, read back %v; storedCount in Go = %v, packed %x",
+				tt.x, math.Float64frombits(computed), packed, math.Float64frombits(stored), math.Float64frombits(want), wantPacked)
+		}
+	}
+}
+
+// luaLocal returns redis.lua's line defining the local variable name.
+func luaLocal(t *testing.T, name string) string {
+	t.Helper()
+	i := strings.Index(redisScript, "\nlocal "+name+" = ")
+	if i < 0 {
+		t.Fatalf("redis.lua has no local %s", name)
+	}
+	n := strings.Index(redisScript[i+1:], "\n")
+	return redisScript[i : i+1+n+1]
 }
 
 // luaFunction returns the text of redis.lua's local function name.

@@ -380,3 +380,88 @@ func TestLeakyMeterEqualsTokenBucket(t *testing.T) {
 		clock.Advance(time.Duration(i%97) * time.Millisecond)
 	}
 }
+
+// TestLargeWindowCountsAreExact fills windows of up to 1e12 units, the
+// largest valid Count, in large checks and then cost-1 checks, and
+// requires every unit of the limit to be admitted, one unit at a time
+// where it ends, with the exact remaining count after each check: window
+// counts above 2^29 are kept exactly, not rounded to 29 significant bits
+// (which counted a cost-1 check there as 2, so that a window of 600 000 000
+// admitted about 568 000 000). The sliding window counter is filled again
+// half way into the next window, where its previous count weighs half.
+func TestLargeWindowCountsAreExact(t *testing.T) {
+	counts := []struct {
+		name         string
+		count, scale float64
+	}{
+		{"600M", 6e8, 1},
+		{"1e12-1", 1e12 - 1, 1},
+		{"1e12", 1e12, 1},
+		{"1e12 at a share of 0.6", 1e12, 0.6}, // a Count with a fraction
+	}
+	// The counter's window is 1 ms so that its weighting, prev × (w − e)
+	// / w, is exact and the expected numbers are plain halves.
+	windows := []Limit{
+		{Algorithm: FixedWindow, Window: time.Hour},
+		{Algorithm: SlidingWindowCounter, Window: time.Millisecond},
+	}
+	for _, sc := range storeCases {
+		for _, wl := range windows {
+			for _, cc := range counts {
+				t.Run(sc.name+"/"+wl.Algorithm.String()+"/"+cc.name, func(t *testing.T) {
+					clock := newManualClock()
+					clock.Set(clock.Now().Truncate(time.Hour))
+					s := sc.new(t, clock)
+					l := wl
+					l.Count = cc.count
+					c := Check{Policy: "p", Limit: l, Scale: cc.scale}
+					full := int64(c.effective().Count)
+					spendExactly(t, s, "big", c, full)
+					if l.Algorithm == FixedWindow {
+						clock.Advance(l.Window)
+						spendExactly(t, s, "big", c, full)
+						return
+					}
+					clock.Advance(l.Window + l.Window/2)
+					spendExactly(t, s, "big", c, int64(math.Floor(c.effective().Count-float64(full)/2)))
+				})
+			}
+		}
+	}
+}
+
+// spendExactly spends the want units c's limit has left for subject, in
+// large checks and then ten of cost 1, requiring each to be allowed with
+// exactly what is left as remaining, and then that one more unit is
+// refused while a cost-0 check is still allowed.
+func spendExactly(t *testing.T, s checker, subject string, c Check, want int64) {
+	t.Helper()
+	check := func(cost int64) Result {
+		c.Cost = cost
+		return mustCheck(t, s, Request{Subject: subject, Checks: []Check{c}}).Results[0]
+	}
+	left := want
+	spend := func(cost int64) {
+		t.Helper()
+		r := check(cost)
+		left -= cost
+		if !r.Allowed || r.Remaining != left {
+			t.Fatalf("Check(cost %d, %d of %d left) = allowed %v, remaining %d; want allowed, remaining %d",
+				cost, left+cost, want, r.Allowed, r.Remaining, left)
+		}
+	}
+	big := max(want/8, 100_000_000)
+	for left > big+10 {
+		spend(big)
+	}
+	spend(left - 10)
+	for left > 0 {
+		spend(1)
+	}
+	if r := check(1); r.Allowed || r.Remaining != 0 {
+		t.Errorf("Check(cost 1) after spending all %d = allowed %v, remaining %d; want refused, remaining 0", want, r.Allowed, r.Remaining)
+	}
+	if r := check(0); !r.Allowed || r.Remaining != 0 {
+		t.Errorf("Check(cost 0) after spending all %d = allowed %v, remaining %d; want allowed, remaining 0", want, r.Allowed, r.Remaining)
+	}
+}
