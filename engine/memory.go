@@ -119,7 +119,7 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	}
 	if tab, ok := sh.acquire(req.Checks, p); ok {
 		s.decide(sh, tab, now, req.Checks, p, &d)
-		sh.release(tab, p)
+		tab.releaseUsed(p, s.recency(now))
 		return d, nil
 	}
 	// Slow path: a state must be created, a log read or written, or the
@@ -138,7 +138,7 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	}
 	tab.lockAll(p)
 	s.decide(sh, tab, now, req.Checks, p, &d)
-	sh.release(tab, p)
+	tab.releaseUsed(p, s.recency(now))
 	sh.mu.Unlock()
 	return d, nil
 }
@@ -148,7 +148,6 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 // the shard's mutex; acquire sends every check that needs it there.
 func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Check, p []pending, d *Decision) {
 	nowSec := expirySeconds(now, s.base)
-	used := s.recency(now)
 	for i := range p {
 		c, q := &checks[i], &p[i]
 		q.stale, q.next = true, counters{}
@@ -156,9 +155,6 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 		if q.idx >= 0 {
 			e = &tab.e[q.idx]
 			q.stale = e.meta>>algShift != uint32(q.lim.Algorithm) || e.expiry() < nowSec
-			// Every check is a use, rejected ones included: the state of
-			// a subject being refused is the last one to give up.
-			e.setUsed(used)
 		}
 		if q.lim.Algorithm == SlidingWindowLog {
 			var log []int64
@@ -447,16 +443,23 @@ func (sh *memShard) acquire(checks []Check, p []pending) (*memTable, bool) {
 		}
 	}
 	if !ok {
-		sh.release(tab, p)
+		for i := range p {
+			if j := p[i].idx; j >= 0 {
+				tab.e[j].unlock()
+			}
+		}
 		return nil, false
 	}
 	return tab, true
 }
 
-func (sh *memShard) release(tab *memTable, p []pending) {
+// releaseUsed unlocks the entries of p, recording the check as their
+// latest use in the same store. Every check is a use, rejected ones
+// included: the state of a subject being refused is the last to give up.
+func (t *memTable) releaseUsed(p []pending, used uint32) {
 	for i := range p {
 		if j := p[i].idx; j >= 0 {
-			tab.e[j].unlock()
+			atomic.StoreUint32(&t.e[j].lw, used<<1)
 		}
 	}
 }
