@@ -238,3 +238,55 @@ func TestMemoryStoreConcurrentEvictionAndSweep(t *testing.T) {
 		t.Error("no evictions: the test did not exercise them")
 	}
 }
+
+// TestMemoryStoreMatchesModelThroughSweeps checks the table against a plain
+// map while states expire and are swept at different times (each removal
+// shifts later entries back) and the table grows: every subject's count
+// must be exactly what the model says.
+func TestMemoryStoreMatchesModelThroughSweeps(t *testing.T) {
+	clock := newManualClock()
+	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 2})
+	r := rand.New(rand.NewPCG(3, 4))
+	type state struct {
+		count int64
+		start time.Time // window start, windows aligned as the store aligns them
+	}
+	windows := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second}
+	limitOf := func(i int) Limit {
+		return Limit{Algorithm: FixedWindow, Count: 1e6, Window: windows[i%len(windows)]}
+	}
+	model := map[int]state{}
+	const subjects = 600
+	for step := range 20000 {
+		i := r.IntN(subjects)
+		l := limitOf(i)
+		cost := int64(1 + r.IntN(5))
+		mustCheck(t, s, one(fmt.Sprint("m", i), "p", l, cost))
+		start := clock.Now().Truncate(l.Window)
+		if st, ok := model[i]; ok && st.start.Equal(start) {
+			model[i] = state{st.count + cost, start}
+		} else {
+			model[i] = state{cost, start}
+		}
+		if step%50 == 0 {
+			clock.Advance(time.Duration(r.IntN(400)) * time.Millisecond)
+			s.Sweep()
+		}
+		if step%500 == 0 {
+			for j := range subjects {
+				l := limitOf(j)
+				want := int64(1e6)
+				if st, ok := model[j]; ok && st.start.Equal(clock.Now().Truncate(l.Window)) {
+					want -= st.count
+				}
+				got := mustCheck(t, s, one(fmt.Sprint("m", j), "p", l, 0)).Results[0].Remaining
+				if got != want {
+					t.Fatalf("step %d: m%d remaining %d, want %d", step, j, got, want)
+				}
+			}
+		}
+	}
+	if n := s.Len(); n > subjects {
+		t.Errorf("Len() = %d, more than the %d subjects", n, subjects)
+	}
+}
