@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/internal/redistest"
+)
+
+// TestServeOnRedisCluster runs two `sluice serve` processes on a Redis
+// Cluster of three primaries: a policy put through one is enforced by the
+// other, every subject gets exactly its limit however the two daemons
+// share its checks, and the subjects' states are spread over all three
+// primaries (so the script runs on each, keyed by its hash tag).
+func TestServeOnRedisCluster(t *testing.T) {
+	bin := buildSluice(t)
+	cluster := redistest.StartCluster(t, 3, 0)
+	store := "redis-cluster://" + strings.Join(cluster.Addrs(), ",")
+	empty := writeFile(t, "policies.json", "[]")
+	a := startDaemon(t, bin, "--store", store, "--policies", empty)
+	b := startDaemon(t, bin, "--store", store, "--policies", empty)
+
+	if r := a.admin("PUT", "/v1/policies/per-user", `{"algorithm":"fixed_window","limit":5,"window":3600,"mode":"enforce"}`); r.status != 201 {
+		t.Fatalf("PUT on a = %d %s", r.status, r.body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(b.admin("GET", "/v1/policies/per-user/versions", "").body, `"in_force":1`) {
+		if time.Now().After(deadline) {
+			t.Fatal("daemon b did not apply the policy put through a within 5 s")
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline
+	}
+
+	const subjects, tries = 24, 8
+	for i := range subjects {
+		check := fmt.Sprintf(`{"user":"user-%d","route":"/orders"}`, i)
+		allowed := 0
+		for j := range tries {
+			d := a
+			if j%2 == 1 {
+				d = b
+			}
+			switch r := d.do("POST", "/v1/check", check); r.status {
+			case 200:
+				allowed++
+			case 429:
+			default:
+				t.Fatalf("user-%d check %d = %d %s", i, j, r.status, r.body)
+			}
+		}
+		if allowed != 5 {
+			t.Errorf("user-%d: %d of %d checks allowed across two daemons, want exactly the limit 5", i, allowed, tries)
+		}
+	}
+
+	// Where did the states go? Each primary must hold some.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	total := 0
+	for _, n := range cluster.Nodes() {
+		keys, err := n.Client(t).Keys(ctx, "rl:*").Result()
+		if err != nil {
+			t.Fatalf("KEYS on %s: %v", n.Addr(), err)
+		}
+		t.Logf("primary %s holds %d limiter states", n.Addr(), len(keys))
+		if len(keys) == 0 {
+			t.Errorf("primary %s holds no limiter state: subjects did not spread over the cluster", n.Addr())
+		}
+		total += len(keys)
+	}
+	if total != subjects {
+		t.Errorf("%d limiter states in the cluster, want one per subject (%d)", total, subjects)
+	}
+}
