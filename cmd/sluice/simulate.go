@@ -40,7 +40,7 @@ func newSimulateCmd() *cobra.Command {
 				if file != "" || name == "" {
 					return fmt.Errorf("--live runs a built-in scenario: give --scenario NAME")
 				}
-				return runLive(cmd, name, seed, asJSON, liveStore)
+				return runLive(cmd, name, seed, asJSON, liveStore, out)
 			}
 			var sc simulator.Scenario
 			switch {

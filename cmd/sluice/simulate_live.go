@@ -14,8 +14,9 @@ import (
 // runLive is `sluice simulate --live`: the built-in scenario name played
 // against real daemons on loopback (simulator/live), printed like a
 // virtual-time run. store is "memory" or "redis" (--live-store: one
-// redis-server per region).
-func runLive(cmd *cobra.Command, name string, seed uint64, jsonOut bool, store string) error {
+// redis-server per region). out, when set, is the directory for the same
+// JSON, charts and report.html a virtual-time run writes.
+func runLive(cmd *cobra.Command, name string, seed uint64, jsonOut bool, store, out string) error {
 	sc, ok := simulator.Builtin(name)
 	if !ok {
 		return fmt.Errorf("unknown scenario %q (see sluice simulate --list)", name)
@@ -38,6 +39,11 @@ func runLive(cmd *cobra.Command, name string, seed uint64, jsonOut bool, store s
 	res, err := live.Run(cmd.Context(), sc, opt)
 	if err != nil {
 		return err
+	}
+	if out != "" {
+		if _, err := simulator.WriteOutputs(out, res); err != nil {
+			return err
+		}
 	}
 	if jsonOut {
 		return simulator.WriteJSON(cmd.OutOrStdout(), res)

@@ -102,3 +102,25 @@ func TestSimulateLiveNeedsScenario(t *testing.T) {
 		}
 	}
 }
+
+// TestSimulateLiveOut runs a scenario against real daemons on loopback and
+// requires --out to write what a virtual-time run writes.
+func TestSimulateLiveOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("live simulation runs daemons for about half a minute; skipped under -short")
+	}
+	dir := t.TempDir()
+	runSimulate(t, "--live", "--scenario", "steady-uneven", "--out", dir)
+	for _, f := range []string{"steady-uneven.json", "global.svg", "report.html"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("--live --out did not write %s: %v", f, err)
+		}
+	}
+	js, err := os.ReadFile(filepath.Join(dir, "steady-uneven.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(js), `"nfr02_pass"`) {
+		t.Errorf("steady-uneven.json has no summary: %.200s", js)
+	}
+}
