@@ -207,6 +207,7 @@ func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
+	d.policiesChanged() // overrides travel with the policy set
 	w.Header().Set("Location", "/v1/overrides/"+out.ID)
 	writeJSON(w, http.StatusCreated, out)
 }
@@ -216,6 +217,7 @@ func (d *Daemon) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
+	d.policiesChanged()
 	w.WriteHeader(http.StatusNoContent)
 }
 

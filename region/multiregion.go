@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -235,8 +236,8 @@ func (d *Daemon) Coordinator() *globalshare.Coordinator {
 	return d.cl.c
 }
 
-// policiesChanged notes a local policy change (admin API) for broadcast to
-// the other regions. It never blocks.
+// policiesChanged notes a local change to the policies or overrides (admin
+// API) for broadcast to the other regions. It never blocks.
 func (d *Daemon) policiesChanged() {
 	if d.cl == nil {
 		return
@@ -266,11 +267,20 @@ func (cl *cluster) receive(u gossip.PolicyUpdate) {
 }
 
 // policySet is the payload of a gossip.PolicyUpdate: the policies in force
-// (the newest version of each), as JSON so that a newer build's fields
-// survive.
+// (the newest version of each) and the per-subject overrides in force, as
+// JSON so that a newer build's fields survive.
+//
+// Overrides is a pointer so that its absence is visible: a set from a build
+// that predates override replication has none, and applying it leaves the
+// receiver's overrides alone (only those of policies the set deletes go,
+// as with a local delete). A present but empty list means "no overrides".
+// Each override keeps its absolute expires_at; the sender lists only those
+// not yet expired, and a receiver skips any that have expired by its own
+// clock, so an expired override is never brought back.
 type policySet struct {
-	Origin   string         `json:"origin"`
-	Policies []quota.Policy `json:"policies"`
+	Origin    string            `json:"origin"`
+	Policies  []quota.Policy    `json:"policies"`
+	Overrides *[]quota.Override `json:"overrides,omitempty"`
 }
 
 // revision numbers are hybrid logical clocks: the high 48 bits are
@@ -289,19 +299,15 @@ func nextRevision(now time.Time, last uint64, node string) uint64 {
 	return ms<<16 | uint64(h.Sum32()&0xffff)
 }
 
-// policyHash is a short content hash of a policy set, independent of the
-// per-region version numbers the registries assign.
-func policyHash(ps []quota.Policy) string {
+// policyHash is a short content hash of a policy set and its overrides,
+// independent of the per-region version numbers the registries assign and
+// of the order of either list. With no overrides it is the hash of the
+// policies alone, as builds before override replication compute it, so a
+// mixed cluster without overrides shows no skew; with overrides, nodes that
+// differ only in them do.
+func policyHash(ps []quota.Policy, ovs []quota.Override) string {
 	ps = slices.Clone(ps)
-	slices.SortFunc(ps, func(a, b quota.Policy) int {
-		if a.ID < b.ID {
-			return -1
-		}
-		if a.ID > b.ID {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ps, func(a, b quota.Policy) int { return strings.Compare(a.ID, b.ID) })
 	h := sha256.New()
 	for _, p := range ps {
 		p.Version = 0
@@ -309,7 +315,24 @@ func policyHash(ps []quota.Policy) string {
 		h.Write(b)
 		h.Write([]byte{'\n'})
 	}
+	if len(ovs) > 0 {
+		ovs = slices.Clone(ovs)
+		slices.SortFunc(ovs, func(a, b quota.Override) int { return strings.Compare(a.ID, b.ID) })
+		h.Write([]byte("overrides\n"))
+		for _, o := range ovs {
+			o.ExpiresAt = o.ExpiresAt.UTC()
+			b, _ := json.Marshal(o)
+			h.Write(b)
+			h.Write([]byte{'\n'})
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil)[:6])
+}
+
+// contentHash is policyHash of what the registry holds now. Expired
+// overrides drop out of it when they expire, on every node alike.
+func (d *Daemon) contentHash() string {
+	return policyHash(d.reg.List(""), d.reg.Overrides())
 }
 
 func samePolicy(a, b quota.Policy) bool {
@@ -319,12 +342,22 @@ func samePolicy(a, b quota.Policy) bool {
 	return string(x) == string(y)
 }
 
+// sameOverride compares overrides field by field, expiry as an instant
+// (a time zone or monotonic reading picked up on the way does not count).
+func sameOverride(a, b quota.Override) bool {
+	if !a.ExpiresAt.Equal(b.ExpiresAt) {
+		return false
+	}
+	a.ExpiresAt, b.ExpiresAt = time.Time{}, time.Time{}
+	return a == b
+}
+
 // run broadcasts local changes, applies remote ones and keeps the node's
 // advertised policy revision and hash current, until ctx ends.
 func (d *Daemon) runPolicySync(ctx context.Context) error {
 	cl := d.cl
 	cl.mu.Lock()
-	cl.hash = policyHash(d.reg.List(""))
+	cl.hash = d.contentHash()
 	cl.mu.Unlock()
 	cl.g.SetPolicyVersion(0, cl.hash)
 	tick := time.NewTicker(time.Second)
@@ -341,7 +374,8 @@ func (d *Daemon) runPolicySync(ctx context.Context) error {
 			// A change that arrived through the region's shared store
 			// (Redis pub/sub from a sibling daemon) changes the content;
 			// the sibling broadcasts it, this node only advertises it.
-			h := policyHash(d.reg.List(""))
+			// An override expiring changes it too, on every node alike.
+			h := d.contentHash()
 			cl.mu.Lock()
 			cl.hash = h
 			rev := cl.rev
@@ -354,14 +388,18 @@ func (d *Daemon) runPolicySync(ctx context.Context) error {
 func (d *Daemon) broadcastPolicies(ctx context.Context) {
 	cl := d.cl
 	ps := d.reg.List("")
-	data, err := json.Marshal(policySet{Origin: cl.g.Name(), Policies: ps})
+	ovs := d.reg.Overrides() // those not expired
+	if ovs == nil {
+		ovs = []quota.Override{} // present and empty: the receivers delete theirs
+	}
+	data, err := json.Marshal(policySet{Origin: cl.g.Name(), Policies: ps, Overrides: &ovs})
 	if err != nil {
 		cl.log.Error("policy sync: encode", "err", err)
 		return
 	}
 	cl.mu.Lock()
 	rev := nextRevision(time.Now(), cl.rev, cl.g.Name())
-	cl.rev, cl.hash, cl.from = rev, policyHash(ps), cl.g.Name()
+	cl.rev, cl.hash, cl.from = rev, policyHash(ps, ovs), cl.g.Name()
 	h := cl.hash
 	cl.mu.Unlock()
 	cl.g.SetPolicyVersion(rev, h)
@@ -372,14 +410,16 @@ func (d *Daemon) broadcastPolicies(ctx context.Context) {
 		return
 	}
 	d.m.policySync.WithLabelValues("sent").Inc()
-	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(ps))
+	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(ps), "overrides", len(ovs))
 }
 
-// applyPolicies makes the local registry hold exactly the policies of u if
-// u is newer than the revision in force: changed policies are Put (a new
+// applyPolicies makes the local registry hold exactly the policies of u
+// (and, when the set carries them, exactly its overrides) if u is newer
+// than the revision in force: changed policies and overrides are Put (a new
 // local version), missing ones deleted, identical ones left alone, so
 // applying the same set twice, or on several daemons sharing one Redis,
-// changes nothing the second time.
+// changes nothing the second time. A set with anything the admin API would
+// refuse is refused whole, before anything changes.
 func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 	cl := d.cl
 	cl.mu.Lock()
@@ -401,12 +441,22 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 			return
 		}
 	}
+	var overrides []quota.Override // nil: the set does not carry overrides
+	if set.Overrides != nil {
+		var err error
+		var id string
+		if overrides, id, err = validOverrides(ctx, set.Policies, *set.Overrides, time.Now()); err != nil {
+			d.m.policySync.WithLabelValues("invalid").Inc()
+			cl.log.Warn("policy sync: invalid override in set", "revision", u.Version, "override", id, "err", err)
+			return
+		}
+	}
 	who := "gossip:" + set.Origin
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		if err = d.syncRegistry(actx, who, set.Policies); err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
+		if err = d.syncRegistry(actx, who, set.Policies, overrides); err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
 			break
 		}
 		// A sibling daemon on the same Redis applied it first: reload
@@ -421,16 +471,62 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 		cl.log.Error("policy sync: apply", "revision", u.Version, "from", set.Origin, "err", err)
 		return
 	}
-	h := policyHash(d.reg.List(""))
+	h := d.contentHash()
 	cl.mu.Lock()
 	cl.rev, cl.hash, cl.from = u.Version, h, set.Origin
 	cl.mu.Unlock()
 	cl.g.SetPolicyVersion(u.Version, h)
 	d.m.policySync.WithLabelValues("applied").Inc()
-	cl.log.Info("policy sync: applied", "revision", u.Version, "from", set.Origin, "hash", h, "policies", len(set.Policies))
+	nov := -1 // not carried
+	if set.Overrides != nil {
+		nov = len(overrides)
+	}
+	cl.log.Info("policy sync: applied", "revision", u.Version, "from", set.Origin, "hash", h, "policies", len(set.Policies), "overrides", nov)
 }
 
-func (d *Daemon) syncRegistry(ctx context.Context, who string, want []quota.Policy) error {
+// fixedClock is a quota.Clock stopped at one instant.
+type fixedClock time.Time
+
+func (c fixedClock) Now() time.Time { return time.Time(c) }
+
+// validOverrides checks received overrides as the admin API would, against
+// the received policies (which are applied first), at now: each must fit
+// its policy, and a subject may have one override per policy. It returns
+// the ones still in force, leaving out those expired by now (they would
+// be pruned at once; skipping them keeps them from coming back), or the id
+// of the first invalid one and why. It checks in a scratch registry, so
+// nothing is saved or audited.
+func validOverrides(ctx context.Context, ps []quota.Policy, ovs []quota.Override, now time.Time) ([]quota.Override, string, error) {
+	live := make([]quota.Override, 0, len(ovs))
+	seen := map[string]bool{}
+	for _, o := range ovs {
+		if seen[o.ID] {
+			return nil, o.ID, errors.New("listed twice")
+		}
+		seen[o.ID] = true
+		if o.ExpiresAt.IsZero() || o.ExpiresAt.After(now) {
+			live = append(live, o) // a zero expiry is refused below
+		}
+	}
+	if len(live) == 0 {
+		return live, "", nil
+	}
+	scratch := quota.NewRegistry(quota.RegistryConfig{Clock: fixedClock(now)})
+	if err := scratch.Seed(ctx, "gossip", ps); err != nil {
+		return nil, "", fmt.Errorf("the set's policies: %w", err)
+	}
+	for _, o := range live {
+		if _, err := scratch.PutOverride(ctx, "gossip", o); err != nil {
+			return nil, o.ID, err
+		}
+	}
+	return live, "", nil
+}
+
+// syncRegistry makes the registry hold the policies want and, unless
+// overrides is nil, exactly the overrides: policies first, since an
+// override is checked against the policy in force.
+func (d *Daemon) syncRegistry(ctx context.Context, who string, want []quota.Policy, overrides []quota.Override) error {
 	keep := map[string]bool{}
 	for _, p := range want {
 		keep[p.ID] = true
@@ -446,6 +542,49 @@ func (d *Daemon) syncRegistry(ctx context.Context, who string, want []quota.Poli
 			if err := d.reg.Delete(ctx, who, p.ID, nil); err != nil && !errors.Is(err, quota.ErrNotFound) {
 				return fmt.Errorf("policy %s: %w", p.ID, err)
 			}
+		}
+	}
+	if overrides == nil {
+		return nil
+	}
+	return d.syncOverrides(ctx, who, overrides)
+}
+
+// syncOverrides makes the registry hold exactly want. It deletes first the
+// overrides absent from want and those whose subject and policy an
+// override of another id in want takes (a subject has one override per
+// policy), then puts the new and changed ones.
+func (d *Daemon) syncOverrides(ctx context.Context, who string, want []quota.Override) error {
+	type pair struct{ subject, policy string }
+	byID := map[string]quota.Override{}
+	claimed := map[pair]string{}
+	for _, o := range want {
+		byID[o.ID] = o
+		claimed[pair{o.Subject, o.Policy}] = o.ID
+	}
+	cur := map[string]quota.Override{}
+	for _, o := range d.reg.Overrides() {
+		w, ok := byID[o.ID]
+		if ok && sameOverride(o, w) {
+			cur[o.ID] = o
+			continue
+		}
+		if id, taken := claimed[pair{o.Subject, o.Policy}]; ok && (!taken || id == o.ID) {
+			continue // replaced in place below
+		}
+		if err := d.reg.DeleteOverride(ctx, who, o.ID); err != nil && !errors.Is(err, quota.ErrNotFound) {
+			return fmt.Errorf("override %s: %w", o.ID, err)
+		}
+	}
+	for _, o := range want {
+		if _, ok := cur[o.ID]; ok {
+			continue
+		}
+		if _, err := d.reg.PutOverride(ctx, who, o); err != nil {
+			if !time.Now().Before(o.ExpiresAt) {
+				continue // expired since it was checked: nothing to hold
+			}
+			return fmt.Errorf("override %s: %w", o.ID, err)
 		}
 	}
 	return nil

@@ -53,11 +53,11 @@ func TestPolicyHashIgnoresVersionsAndOrder(t *testing.T) {
 	q := quota.Policy{ID: "h", Algorithm: "token_bucket", RatePerSec: 1, Burst: 1, Mode: quota.ModeEnforce}
 	p2 := p
 	p2.Version = 7
-	if policyHash([]quota.Policy{p, q}) != policyHash([]quota.Policy{q, p2}) {
+	if policyHash([]quota.Policy{p, q}, nil) != policyHash([]quota.Policy{q, p2}, nil) {
 		t.Error("policyHash depends on order or version numbers")
 	}
 	p2.RatePerSec = 11
-	if policyHash([]quota.Policy{p, q}) == policyHash([]quota.Policy{p2, q}) {
+	if policyHash([]quota.Policy{p, q}, nil) == policyHash([]quota.Policy{p2, q}, nil) {
 		t.Error("policyHash does not see a changed rate")
 	}
 }

@@ -1,0 +1,351 @@
+package region
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/quota"
+)
+
+func TestPolicyHashSeesOverrides(t *testing.T) {
+	ps := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
+	exp := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	o1 := quota.Override{ID: "vip", Subject: "tenant-7", Policy: "q", Burst: 50, ExpiresAt: exp}
+	o2 := quota.Override{ID: "vip2", Subject: "tenant-8", Policy: "q", Burst: 30, ExpiresAt: exp}
+	o1elsewhere := o1
+	o1elsewhere.ExpiresAt = exp.In(time.FixedZone("CET", 3600))
+	o1later := o1
+	o1later.ExpiresAt = exp.Add(time.Second)
+	tests := []struct {
+		name string
+		a, b []quota.Override
+		same bool
+	}{
+		{"nil and empty overrides", nil, []quota.Override{}, true},
+		{"an override against none", nil, []quota.Override{o1}, false},
+		{"order", []quota.Override{o1, o2}, []quota.Override{o2, o1}, true},
+		{"time zone of the expiry", []quota.Override{o1}, []quota.Override{o1elsewhere}, true},
+		{"a later expiry", []quota.Override{o1}, []quota.Override{o1later}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ha, hb := policyHash(ps, tt.a), policyHash(ps, tt.b)
+			if (ha == hb) != tt.same {
+				t.Errorf("policyHash(ps, %v) = %s, policyHash(ps, %v) = %s; want equal %v", tt.a, ha, tt.b, hb, tt.same)
+			}
+		})
+	}
+}
+
+func TestValidOverrides(t *testing.T) {
+	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
+	ps := []quota.Policy{
+		{ID: "tb", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce},
+		{ID: "fw", Algorithm: "fixed_window", Count: 100, Window: 60, Mode: quota.ModeEnforce},
+	}
+	ov := func(id, subject, policy string, burst, limit float64, expires time.Duration) quota.Override {
+		return quota.Override{ID: id, Subject: subject, Policy: policy, Burst: burst, Count: limit, ExpiresAt: now.Add(expires)}
+	}
+	tests := []struct {
+		name    string
+		in      []quota.Override
+		want    []string // ids kept
+		wantBad string   // id refused; "" for none
+	}{
+		{"none", nil, []string{}, ""},
+		{"valid", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("b", "s1", "fw", 0, 500, time.Hour)}, []string{"a", "b"}, ""},
+		{"expired left out", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("old", "s2", "tb", 50, 0, -time.Second)}, []string{"a"}, ""},
+		{"expiring now left out", []quota.Override{ov("now", "s2", "tb", 50, 0, 0)}, []string{}, ""},
+		{"parameter the policy does not use", []quota.Override{ov("a", "s1", "tb", 0, 5, time.Hour)}, nil, "a"},
+		{"policy not in the set", []quota.Override{ov("a", "s1", "gone", 50, 0, time.Hour)}, nil, "a"},
+		{"two for one subject and policy", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("b", "s1", "tb", 20, 0, time.Hour)}, nil, "b"},
+		{"one id twice", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("a", "s2", "tb", 20, 0, time.Hour)}, nil, "a"},
+		{"no expiry", []quota.Override{{ID: "a", Subject: "s1", Policy: "tb", Burst: 50}}, nil, "a"},
+		{"bad subject", []quota.Override{ov("a", "has space", "tb", 50, 0, time.Hour)}, nil, "a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, bad, err := validOverrides(context.Background(), ps, tt.in, now)
+			if tt.wantBad != "" {
+				if err == nil || bad != tt.wantBad {
+					t.Errorf("validOverrides = %v, %q, %v; want override %q refused", got, bad, err, tt.wantBad)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validOverrides = %q, %v; want no error", bad, err)
+			}
+			ids := []string{}
+			for _, o := range got {
+				ids = append(ids, o.ID)
+			}
+			if fmt.Sprint(ids) != fmt.Sprint(tt.want) {
+				t.Errorf("validOverrides kept %v, want %v", ids, tt.want)
+			}
+		})
+	}
+}
+
+// checkLimit runs a zero-cost check of subject on l and returns the first
+// policy's limit and override id.
+func (l *liveDaemon) checkLimit(t *testing.T, subject string) (int64, string) {
+	t.Helper()
+	code, body := l.admin(t, "POST", "/v1/check", fmt.Sprintf(`{"subject":%q,"route":"/x","cost":0}`, subject))
+	var d Decision
+	if code != 200 || json.Unmarshal([]byte(body), &d) != nil || len(d.Policies) == 0 {
+		t.Fatalf("POST /v1/check = %d %s", code, body)
+	}
+	return d.Policies[0].Limit, d.Policies[0].Override
+}
+
+// overrideIDs lists the ids of the overrides in force on l.
+func (l *liveDaemon) overrideIDs() string {
+	var ids []string
+	for _, o := range l.d.Registry().Overrides() {
+		ids = append(ids, fmt.Sprintf("%s:%g", o.ID, o.Burst))
+	}
+	return strings.Join(ids, ",")
+}
+
+// syncCount reads sluice_policy_sync_total{result} from l's metrics.
+func (l *liveDaemon) syncCount(t *testing.T, result string) int {
+	t.Helper()
+	code, body := l.admin(t, "GET", "/metrics", "")
+	if code != 200 {
+		t.Fatalf("GET /metrics = %d", code)
+	}
+	prefix := fmt.Sprintf(`sluice_policy_sync_total{result=%q} `, result)
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return int(n)
+		}
+	}
+	return 0
+}
+
+// broadcastAs sends a policy set through l's gossip node as if another
+// node had made it, with a revision above any l and other hold.
+func broadcastAs(t *testing.T, l, other *liveDaemon, origin, data string) uint64 {
+	t.Helper()
+	last := max(l.regions(t).PolicyRevision, other.regions(t).PolicyRevision)
+	rev := nextRevision(time.Now(), last, origin)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.d.Gossip().BroadcastPolicy(ctx, gossip.PolicyUpdate{Version: rev, Data: []byte(data)}); err != nil {
+		t.Fatalf("BroadcastPolicy: %v", err)
+	}
+	return rev
+}
+
+// oldSet is l's policies with policy q at rate, as a build without
+// override replication sends them: no overrides field.
+func oldSet(t *testing.T, l *liveDaemon, origin string, rate float64) string {
+	t.Helper()
+	ps := l.d.Registry().List("")
+	for i := range ps {
+		if ps[i].ID == "q" {
+			ps[i].RatePerSec = rate
+		}
+	}
+	b, err := json.Marshal(struct {
+		Origin   string         `json:"origin"`
+		Policies []quota.Policy `json:"policies"`
+	}{origin, ps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestOverrideSync: an override made in one region is enforced in the
+// other, its deletion too; a set from a build without override
+// replication leaves the receiver's overrides alone; a set with an invalid
+// override is refused whole and the last good state stays in force.
+func TestOverrideSync(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist on loopback; skipped under -short")
+	}
+	seed := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
+	a := startRegionDaemon(t, "a", "a1", "", seed)
+	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), seed)
+	eventually(t, "two regions in sync", 20*time.Second, func() bool {
+		st := a.regions(t)
+		return len(st.Members) == 2 && !st.PolicySkew
+	})
+	hashBefore := b.regions(t).PolicyHash
+	rate := func(l *liveDaemon) float64 {
+		p, _ := l.d.Registry().Get("q")
+		return p.RatePerSec
+	}
+	expires := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	putOverride := func(id string, burst int) {
+		t.Helper()
+		doc := fmt.Sprintf(`{"id":%q,"subject":"tenant-7","policy":"q","burst":%d,"expires_at":%q}`, id, burst, expires)
+		if code, body := a.admin(t, "POST", "/v1/overrides", doc); code != 201 {
+			t.Fatalf("POST /v1/overrides = %d %s", code, body)
+		}
+	}
+
+	// A put in a is enforced in b.
+	putOverride("vip", 50)
+	eventually(t, "b to enforce a's override", 10*time.Second, func() bool {
+		l, id := b.checkLimit(t, "tenant-7")
+		return l == 50 && id == "vip"
+	})
+	if l, id := b.checkLimit(t, "tenant-8"); l != 10 || id != "" {
+		t.Errorf("check of another subject in b = limit %d, override %q; want 10, none", l, id)
+	}
+	eventually(t, "a and b to advertise one hash, not the one before", 10*time.Second, func() bool {
+		sa, sb := a.regions(t), b.regions(t)
+		return !sb.PolicySkew && sa.PolicyHash == sb.PolicyHash && sb.PolicyHash != hashBefore
+	})
+
+	// A set from an older build (no overrides field) is applied, and b
+	// keeps its overrides.
+	rev := broadcastAs(t, a, b, "old1", oldSet(t, a, "old1", 20))
+	eventually(t, "b to apply the older build's set", 10*time.Second, func() bool {
+		return rate(b) == 20 && b.regions(t).PolicyRevision == rev
+	})
+	if got := b.overrideIDs(); got != "vip:50" {
+		t.Errorf("overrides in b after a set without overrides = %q, want vip:50", got)
+	}
+	if l, id := b.checkLimit(t, "tenant-7"); l != 50 || id != "vip" {
+		t.Errorf("check in b after a set without overrides = limit %d, override %q; want 50, vip", l, id)
+	}
+
+	// A delete in a removes it in b (and a's set brings back its rate).
+	if code, body := a.admin(t, "DELETE", "/v1/overrides/vip", ""); code != 204 {
+		t.Fatalf("DELETE /v1/overrides/vip = %d %s", code, body)
+	}
+	eventually(t, "b to drop the deleted override", 10*time.Second, func() bool {
+		l, id := b.checkLimit(t, "tenant-7")
+		return l == 10 && id == "" && b.overrideIDs() == "" && rate(b) == 10
+	})
+
+	// A set with one invalid override is refused whole.
+	putOverride("vip2", 30)
+	eventually(t, "b to enforce vip2", 10*time.Second, func() bool { return b.overrideIDs() == "vip2:30" })
+	invalidBefore := b.syncCount(t, "invalid")
+	bad := strings.TrimSuffix(oldSet(t, a, "a9", 30), "}") + fmt.Sprintf(
+		`,"overrides":[{"id":"vip3","subject":"tenant-9","policy":"q","burst":40,"expires_at":%q},`+
+			`{"id":"bad","subject":"tenant-8","policy":"q","limit":5,"expires_at":%q}]}`, expires, expires)
+	rev = broadcastAs(t, a, b, "a9", bad)
+	eventually(t, "b to refuse the set", 10*time.Second, func() bool { return b.syncCount(t, "invalid") > invalidBefore })
+	if got := b.overrideIDs(); got != "vip2:30" {
+		t.Errorf("overrides in b after an invalid set = %q, want vip2:30", got)
+	}
+	if r := rate(b); r != 10 {
+		t.Errorf("rate in b after an invalid set = %g, want 10 (the set is refused whole)", r)
+	}
+	if st := b.regions(t); st.PolicyRevision == rev {
+		t.Errorf("b took the revision %d of a refused set", rev)
+	}
+
+	// The next good change still goes through.
+	if code, body := a.admin(t, "DELETE", "/v1/overrides/vip2", ""); code != 204 {
+		t.Fatalf("DELETE /v1/overrides/vip2 = %d %s", code, body)
+	}
+	eventually(t, "b to drop vip2 and agree with a", 10*time.Second, func() bool {
+		sa, sb := a.regions(t), b.regions(t)
+		return b.overrideIDs() == "" && sa.PolicyHash == sb.PolicyHash && !sb.PolicySkew
+	})
+}
+
+// TestOverrideSyncSiblingsOnRedis: region b runs two daemons on one Redis.
+// An override made in region a reaches both (each applies the set; the
+// second finds it done), and one made on b1 reaches b2 through Redis and a
+// through gossip.
+func TestOverrideSyncSiblingsOnRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist and redis-server on loopback; skipped under -short")
+	}
+	seed := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
+	a := startRegionDaemon(t, "a", "a1", "", seed)
+	store := "redis://" + redistest.Start(t).Addr()
+	startB := func(node string) *liveDaemon {
+		cfg := DefaultConfig()
+		cfg.AdminToken = testToken
+		cfg.Policies = seed
+		cfg.Store = store
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ShutdownTimeout = time.Second
+		cfg.Gossip = &GossipConfig{Region: "b", Node: node, Listen: "127.0.0.1:0", Interval: time.Second, Dev: true, Preset: "local",
+			Join: []string{a.d.Gossip().Addr()}}
+		return serveDaemon(t, cfg)
+	}
+	b1, b2 := startB("b1"), startB("b2")
+	eventually(t, "three nodes in sync", 20*time.Second, func() bool {
+		st := a.regions(t)
+		return len(st.Members) == 3 && !st.PolicySkew
+	})
+	expires := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+
+	doc := fmt.Sprintf(`{"id":"vip","subject":"tenant-7","policy":"q","burst":50,"expires_at":%q}`, expires)
+	if code, body := a.admin(t, "POST", "/v1/overrides", doc); code != 201 {
+		t.Fatalf("POST /v1/overrides on a = %d %s", code, body)
+	}
+	for _, l := range []*liveDaemon{b1, b2} {
+		eventually(t, "both b daemons to enforce a's override", 10*time.Second, func() bool {
+			n, id := l.checkLimit(t, "tenant-7")
+			return n == 50 && id == "vip"
+		})
+	}
+
+	doc = fmt.Sprintf(`{"id":"vip8","subject":"tenant-8","policy":"q","burst":40,"expires_at":%q}`, expires)
+	if code, body := b1.admin(t, "POST", "/v1/overrides", doc); code != 201 {
+		t.Fatalf("POST /v1/overrides on b1 = %d %s", code, body)
+	}
+	for _, l := range []*liveDaemon{b2, a} {
+		eventually(t, "b2 (Redis) and a (gossip) to enforce b1's override", 10*time.Second, func() bool {
+			n, id := l.checkLimit(t, "tenant-8")
+			return n == 40 && id == "vip8" && l.overrideIDs() == "vip:50,vip8:40"
+		})
+	}
+	eventually(t, "one hash everywhere", 10*time.Second, func() bool {
+		return !a.regions(t).PolicySkew && !b2.regions(t).PolicySkew
+	})
+	if n := b1.syncCount(t, "error") + b2.syncCount(t, "error"); n != 0 {
+		t.Errorf("policy sync errors in b = %d, want 0", n)
+	}
+}
+
+// FuzzPolicySetOverrides feeds received policy sets to the checks a
+// receiver runs before applying one: they must not panic, and what they
+// accept must be overrides in force with distinct ids.
+func FuzzPolicySetOverrides(f *testing.F) {
+	f.Add([]byte(`{"origin":"a1","policies":[{"id":"q","algorithm":"token_bucket","rate_per_sec":10,"burst":10,"mode":"enforce"}],` +
+		`"overrides":[{"id":"vip","subject":"tenant-7","policy":"q","burst":50,"expires_at":"2031-01-01T00:00:00Z"}]}`))
+	f.Add([]byte(`{"origin":"old","policies":[]}`))
+	f.Add([]byte(`{"overrides":[{"id":"x","subject":"s","policy":"p","limit":-1,"expires_at":"1999-01-01T00:00:00Z"}],"overrides":null}`))
+	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var set policySet
+		if json.Unmarshal(data, &set) != nil || set.Overrides == nil {
+			return
+		}
+		for i := range set.Policies {
+			if set.Policies[i].Validate() != nil {
+				return
+			}
+		}
+		got, _, err := validOverrides(context.Background(), set.Policies, *set.Overrides, now)
+		if err != nil {
+			return
+		}
+		seen := map[string]bool{}
+		for _, o := range got {
+			if !o.ExpiresAt.After(now) || seen[o.ID] {
+				t.Fatalf("validOverrides accepted %+v (expired or repeated)", o)
+			}
+			seen[o.ID] = true
+		}
+	})
+}
