@@ -112,7 +112,11 @@ func (d *Daemon) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
-	out, err := d.reg.Put(r.Context(), who(r), p, ifMatch)
+	var out quota.Policy
+	err = d.writeRegistry(func() (err error) {
+		out, err = d.reg.Put(r.Context(), who(r), p, ifMatch)
+		return err
+	})
 	if err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
@@ -181,7 +185,11 @@ func (d *Daemon) handleRollback(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, invalid("If-Match", "%v", err))
 		return
 	}
-	out, err := d.reg.Rollback(r.Context(), who(r), r.PathValue("id"), ifMatch)
+	var out quota.Policy
+	err = d.writeRegistry(func() (err error) {
+		out, err = d.reg.Rollback(r.Context(), who(r), r.PathValue("id"), ifMatch)
+		return err
+	})
 	if err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
@@ -202,7 +210,11 @@ func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
-	out, err := d.reg.PutOverride(r.Context(), who(r), o)
+	var out quota.Override
+	err = d.writeRegistry(func() (err error) {
+		out, err = d.reg.PutOverride(r.Context(), who(r), o)
+		return err
+	})
 	if err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
@@ -213,7 +225,7 @@ func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
-	if err := d.reg.DeleteOverride(r.Context(), who(r), r.PathValue("id")); err != nil {
+	if err := d.writeRegistry(func() error { return d.reg.DeleteOverride(r.Context(), who(r), r.PathValue("id")) }); err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
@@ -240,12 +252,32 @@ func (d *Daemon) handlePutKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := r.PathValue("api_key")
-	if err := d.reg.PutKey(r.Context(), who(r), key, in.Tier); err != nil {
+	if err := d.writeRegistry(func() error { return d.reg.PutKey(r.Context(), who(r), key, in.Tier) }); err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
+	d.policiesChanged() // the key registry travels with the policy set
 	id := quota.KeyID(key)
 	writeJSON(w, http.StatusOK, KeyResponse{KeyID: id, Subject: "key:" + id, Tier: in.Tier})
+}
+
+// handleDeleteKey forgets an API key: its requests get the anonymous tier
+// (or a trusted gateway's) again, in every region.
+func (d *Daemon) handleDeleteKey(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("api_key")
+	if err := d.writeRegistry(func() error { return d.reg.DeleteKey(r.Context(), who(r), key) }); err != nil {
+		d.fail(w, r, registryProblem(err, ""))
+		return
+	}
+	d.policiesChanged()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// writeRegistry runs a registry write under regMu (see Daemon.regMu).
+func (d *Daemon) writeRegistry(write func() error) error {
+	d.regMu.Lock()
+	defer d.regMu.Unlock()
+	return write()
 }
 
 // Usage is the body of GET /v1/keys/{subject}/usage: the subject's current

@@ -236,8 +236,8 @@ func (d *Daemon) Coordinator() *globalshare.Coordinator {
 	return d.cl.c
 }
 
-// policiesChanged notes a local change to the policies or overrides (admin
-// API) for broadcast to the other regions. It never blocks.
+// policiesChanged notes a local change to the policies, overrides or API
+// keys (admin API) for broadcast to the other regions. It never blocks.
 func (d *Daemon) policiesChanged() {
 	if d.cl == nil {
 		return
@@ -267,8 +267,9 @@ func (cl *cluster) receive(u gossip.PolicyUpdate) {
 }
 
 // policySet is the payload of a gossip.PolicyUpdate: the policies in force
-// (the newest version of each) and the per-subject overrides in force, as
-// JSON so that a newer build's fields survive.
+// (the newest version of each), the per-subject overrides in force and the
+// API-key registry, as JSON so that a newer build's fields survive (and an
+// older build ignores the fields it does not know).
 //
 // Overrides is a pointer so that its absence is visible: a set from a build
 // that predates override replication has none, and applying it leaves the
@@ -277,10 +278,16 @@ func (cl *cluster) receive(u gossip.PolicyUpdate) {
 // Each override keeps its absolute expires_at; the sender lists only those
 // not yet expired, and a receiver skips any that have expired by its own
 // clock, so an expired override is never brought back.
+//
+// Keys is a pointer for the same reason: absent (an older build), the
+// receiver's key registry stays as it is; present, the receiver holds
+// exactly these keys. It carries what the registry stores, key ids
+// (quota.KeyID, a SHA-256 prefix) and tiers, never an API key.
 type policySet struct {
 	Origin    string            `json:"origin"`
 	Policies  []quota.Policy    `json:"policies"`
 	Overrides *[]quota.Override `json:"overrides,omitempty"`
+	Keys      *[]quota.KeyEntry `json:"keys,omitempty"`
 }
 
 // revision numbers are hybrid logical clocks: the high 48 bits are
@@ -299,13 +306,13 @@ func nextRevision(now time.Time, last uint64, node string) uint64 {
 	return ms<<16 | uint64(h.Sum32()&0xffff)
 }
 
-// policyHash is a short content hash of a policy set and its overrides,
-// independent of the per-region version numbers the registries assign and
-// of the order of either list. With no overrides it is the hash of the
-// policies alone, as builds before override replication compute it, so a
-// mixed cluster without overrides shows no skew; with overrides, nodes that
-// differ only in them do.
-func policyHash(ps []quota.Policy, ovs []quota.Override) string {
+// policyHash is a short content hash of a policy set, its overrides and
+// its key registry, independent of the per-region version numbers the
+// registries assign and of the order of any list. With no overrides and no
+// keys it is the hash of the policies alone, as builds before override and
+// key replication compute it, so a mixed cluster without either shows no
+// skew; with them, nodes that differ only in them do.
+func policyHash(ps []quota.Policy, ovs []quota.Override, keys []quota.KeyEntry) string {
 	ps = slices.Clone(ps)
 	slices.SortFunc(ps, func(a, b quota.Policy) int { return strings.Compare(a.ID, b.ID) })
 	h := sha256.New()
@@ -326,13 +333,23 @@ func policyHash(ps []quota.Policy, ovs []quota.Override) string {
 			h.Write([]byte{'\n'})
 		}
 	}
+	if len(keys) > 0 {
+		keys = slices.Clone(keys)
+		slices.SortFunc(keys, func(a, b quota.KeyEntry) int { return strings.Compare(a.KeyID, b.KeyID) })
+		h.Write([]byte("keys\n"))
+		for _, k := range keys {
+			b, _ := json.Marshal(k)
+			h.Write(b)
+			h.Write([]byte{'\n'})
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil)[:6])
 }
 
 // contentHash is policyHash of what the registry holds now. Expired
 // overrides drop out of it when they expire, on every node alike.
 func (d *Daemon) contentHash() string {
-	return policyHash(d.reg.List(""), d.reg.Overrides())
+	return policyHash(d.reg.List(""), d.reg.Overrides(), d.reg.Snapshot().Keys)
 }
 
 func samePolicy(a, b quota.Policy) bool {
@@ -392,14 +409,18 @@ func (d *Daemon) broadcastPolicies(ctx context.Context) {
 	if ovs == nil {
 		ovs = []quota.Override{} // present and empty: the receivers delete theirs
 	}
-	data, err := json.Marshal(policySet{Origin: cl.g.Name(), Policies: ps, Overrides: &ovs})
+	keys := d.reg.Snapshot().Keys
+	if keys == nil {
+		keys = []quota.KeyEntry{} // likewise
+	}
+	data, err := json.Marshal(policySet{Origin: cl.g.Name(), Policies: ps, Overrides: &ovs, Keys: &keys})
 	if err != nil {
 		cl.log.Error("policy sync: encode", "err", err)
 		return
 	}
 	cl.mu.Lock()
 	rev := nextRevision(time.Now(), cl.rev, cl.g.Name())
-	cl.rev, cl.hash, cl.from = rev, policyHash(ps, ovs), cl.g.Name()
+	cl.rev, cl.hash, cl.from = rev, policyHash(ps, ovs, keys), cl.g.Name()
 	h := cl.hash
 	cl.mu.Unlock()
 	cl.g.SetPolicyVersion(rev, h)
@@ -410,13 +431,14 @@ func (d *Daemon) broadcastPolicies(ctx context.Context) {
 		return
 	}
 	d.m.policySync.WithLabelValues("sent").Inc()
-	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(ps), "overrides", len(ovs))
+	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(ps), "overrides", len(ovs), "keys", len(keys))
 }
 
 // applyPolicies makes the local registry hold exactly the policies of u
-// (and, when the set carries them, exactly its overrides) if u is newer
-// than the revision in force: changed policies and overrides are Put (a new
-// local version), missing ones deleted, identical ones left alone, so
+// (and, when the set carries them, exactly its overrides and API keys) if u
+// is newer than the revision in force: changed policies, overrides and keys
+// are Put (a new local version), missing ones deleted, identical ones left
+// alone, so
 // applying the same set twice, or on several daemons sharing one Redis,
 // changes nothing the second time. A set with anything the admin API would
 // refuse is refused whole, before anything changes.
@@ -451,12 +473,29 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 			return
 		}
 	}
+	var keys []quota.KeyEntry // nil: the set does not carry keys
+	if set.Keys != nil {
+		var err error
+		var at int
+		if keys, at, err = validKeys(*set.Keys); err != nil {
+			// The entry is named by its index: its content may be
+			// anything, even (by a sender's mistake) an API key.
+			d.m.policySync.WithLabelValues("invalid").Inc()
+			cl.log.Warn("policy sync: invalid key entry in set", "revision", u.Version, "entry", at, "err", err)
+			return
+		}
+	}
 	who := "gossip:" + set.Origin
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	d.regMu.Lock()
+	defer d.regMu.Unlock()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		if err = d.syncRegistry(actx, who, set.Policies, overrides); err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
+		if err = d.syncRegistry(actx, who, set.Policies, overrides); err == nil && keys != nil {
+			err = d.syncKeys(actx, who, keys)
+		}
+		if err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
 			break
 		}
 		// A sibling daemon on the same Redis applied it first: reload
@@ -477,11 +516,14 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 	cl.mu.Unlock()
 	cl.g.SetPolicyVersion(u.Version, h)
 	d.m.policySync.WithLabelValues("applied").Inc()
-	nov := -1 // not carried
+	nov, nkeys := -1, -1 // not carried
 	if set.Overrides != nil {
 		nov = len(overrides)
 	}
-	cl.log.Info("policy sync: applied", "revision", u.Version, "from", set.Origin, "hash", h, "policies", len(set.Policies), "overrides", nov)
+	if set.Keys != nil {
+		nkeys = len(keys)
+	}
+	cl.log.Info("policy sync: applied", "revision", u.Version, "from", set.Origin, "hash", h, "policies", len(set.Policies), "overrides", nov, "keys", nkeys)
 }
 
 // fixedClock is a quota.Clock stopped at one instant.

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,11 +55,11 @@ func TestPolicyHashIgnoresVersionsAndOrder(t *testing.T) {
 	q := quota.Policy{ID: "h", Algorithm: "token_bucket", RatePerSec: 1, Burst: 1, Mode: quota.ModeEnforce}
 	p2 := p
 	p2.Version = 7
-	if policyHash([]quota.Policy{p, q}, nil) != policyHash([]quota.Policy{q, p2}, nil) {
+	if policyHash([]quota.Policy{p, q}, nil, nil) != policyHash([]quota.Policy{q, p2}, nil, nil) {
 		t.Error("policyHash depends on order or version numbers")
 	}
 	p2.RatePerSec = 11
-	if policyHash([]quota.Policy{p, q}, nil) == policyHash([]quota.Policy{p2, q}, nil) {
+	if policyHash([]quota.Policy{p, q}, nil, nil) == policyHash([]quota.Policy{p2, q}, nil, nil) {
 		t.Error("policyHash does not see a changed rate")
 	}
 }
@@ -67,6 +69,25 @@ type liveDaemon struct {
 	base   string
 	cancel context.CancelFunc
 	done   chan error
+	logs   *lockedBuffer // the daemon's log, as text
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func startRegionDaemon(t *testing.T, regionName, node, join string, pols []quota.Policy) *liveDaemon {
@@ -88,7 +109,8 @@ func startRegionDaemon(t *testing.T, regionName, node, join string, pols []quota
 func serveDaemon(t *testing.T, cfg Config) *liveDaemon {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), reg, reg)
+	logs := &lockedBuffer{}
+	d, err := New(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil)), reg, reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -97,7 +119,7 @@ func serveDaemon(t *testing.T, cfg Config) *liveDaemon {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ld := &liveDaemon{d: d, base: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	ld := &liveDaemon{d: d, base: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1), logs: logs}
 	go func() { ld.done <- d.Serve(ctx, ln, nil) }()
 	t.Cleanup(func() { cancel(); <-ld.done })
 	return ld

@@ -36,7 +36,7 @@ func TestPolicyHashSeesOverrides(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ha, hb := policyHash(ps, tt.a), policyHash(ps, tt.b)
+			ha, hb := policyHash(ps, tt.a, nil), policyHash(ps, tt.b, nil)
 			if (ha == hb) != tt.same {
 				t.Errorf("policyHash(ps, %v) = %s, policyHash(ps, %v) = %s; want equal %v", tt.a, ha, tt.b, hb, tt.same)
 			}
@@ -319,16 +319,32 @@ func TestOverrideSyncSiblingsOnRedis(t *testing.T) {
 
 // FuzzPolicySetOverrides feeds received policy sets to the checks a
 // receiver runs before applying one: they must not panic, and what they
-// accept must be overrides in force with distinct ids.
+// accept must be overrides in force with distinct ids, and key entries
+// with distinct, well-formed key ids and tiers, sorted.
 func FuzzPolicySetOverrides(f *testing.F) {
 	f.Add([]byte(`{"origin":"a1","policies":[{"id":"q","algorithm":"token_bucket","rate_per_sec":10,"burst":10,"mode":"enforce"}],` +
 		`"overrides":[{"id":"vip","subject":"tenant-7","policy":"q","burst":50,"expires_at":"2031-01-01T00:00:00Z"}]}`))
 	f.Add([]byte(`{"origin":"old","policies":[]}`))
 	f.Add([]byte(`{"overrides":[{"id":"x","subject":"s","policy":"p","limit":-1,"expires_at":"1999-01-01T00:00:00Z"}],"overrides":null}`))
+	f.Add([]byte(`{"origin":"a1","policies":[],"keys":[{"key_id":"0123456789abcdef0123456789abcdef","tier":"pro"},` +
+		`{"key_id":"00000000000000000000000000000000","tier":"free"}]}`))
+	f.Add([]byte(`{"keys":[{"key_id":"sk-live-x","tier":"Pro"}],"keys":[]}`))
 	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var set policySet
-		if json.Unmarshal(data, &set) != nil || set.Overrides == nil {
+		if json.Unmarshal(data, &set) != nil {
+			return
+		}
+		if set.Keys != nil {
+			if got, _, err := validKeys(*set.Keys); err == nil {
+				for i, k := range got {
+					if !keyIDPattern.MatchString(k.KeyID) || !tierPattern.MatchString(k.Tier) || (i > 0 && got[i-1].KeyID >= k.KeyID) {
+						t.Fatalf("validKeys accepted %+v (malformed, repeated or out of order)", got)
+					}
+				}
+			}
+		}
+		if set.Overrides == nil {
 			return
 		}
 		for i := range set.Policies {
