@@ -701,6 +701,69 @@ func (r *Registry) DeleteKey(ctx context.Context, who, apiKey string) error {
 	})
 }
 
+// SyncKeys makes the key registry hold exactly want, given by key id
+// (KeyID), as another region's registry holds it: missing and re-tiered
+// keys are put, absent ones deleted, identical ones left alone, all in one
+// write (one save, so a Redis store's compare-and-set covers the whole
+// change) audited as key.put and key.delete. A region receiving keys never
+// sees the keys themselves, only their ids, so this is the by-id
+// counterpart of PutKey and DeleteKey. An invalid or repeated entry
+// rejects the whole call with a *ValidationError naming it by index (its
+// content may be anything) and changes nothing.
+func (r *Registry) SyncKeys(ctx context.Context, who string, want []KeyEntry) error {
+	ve := &ValidationError{}
+	seen := make(map[string]bool, len(want))
+	for i, k := range want {
+		switch {
+		case !validKeyID(k.KeyID):
+			ve.add(fmt.Sprintf("keys[%d].key_id", i), "must be %d lower-case hex digits", keyIDLen)
+		case !idPattern.MatchString(k.Tier):
+			ve.add(fmt.Sprintf("keys[%d].tier", i), "must match ^[a-z0-9][a-z0-9._-]{0,63}$")
+		case seen[k.KeyID]:
+			ve.add(fmt.Sprintf("keys[%d].key_id", i), "listed twice")
+		}
+		seen[k.KeyID] = true
+	}
+	if err := ve.err(); err != nil {
+		return err
+	}
+	return r.update(ctx, who, func(s *state, _ time.Time) ([]change, error) {
+		var changes []change
+		for _, k := range want {
+			old, had := s.keys[k.KeyID]
+			if had && old == k.Tier {
+				continue
+			}
+			var before any
+			if had {
+				before = keyRecord{k.KeyID, old}
+			}
+			s.keys[k.KeyID] = k.Tier
+			changes = append(changes, change{action: "key.put", target: k.KeyID, before: before, after: keyRecord{k.KeyID, k.Tier}})
+		}
+		for _, id := range slices.Sorted(maps.Keys(s.keys)) {
+			if !seen[id] {
+				changes = append(changes, change{action: "key.delete", target: id, before: keyRecord{id, s.keys[id]}})
+				delete(s.keys, id)
+			}
+		}
+		return changes, nil
+	})
+}
+
+// validKeyID reports whether id is a KeyID: keyIDLen lower-case hex digits.
+func validKeyID(id string) bool {
+	if len(id) != keyIDLen {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // ---- the fan-out limit ----
 
 // checkFanout refuses a state in which policy id could apply to one

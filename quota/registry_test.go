@@ -498,3 +498,65 @@ func BenchmarkMatch(b *testing.B) {
 		buf = r.AppendMatch(buf[:0], q)
 	}
 }
+
+func TestRegistrySyncKeys(t *testing.T) {
+	ctx := t.Context()
+	audit, _ := OpenAuditLog("", 20)
+	r := NewRegistry(RegistryConfig{Audit: audit})
+	for _, k := range []struct{ key, tier string }{{"sk_a", "pro"}, {"sk_b", "free"}, {"sk_c", "free"}} {
+		if err := r.PutKey(ctx, "ops", k.key, k.tier); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b, c, d := KeyID("sk_a"), KeyID("sk_b"), KeyID("sk_c"), KeyID("sk_d")
+	// a unchanged, b re-tiered, c deleted, d added.
+	want := []KeyEntry{{a, "pro"}, {b, "gold"}, {d, "free"}}
+	if err := r.SyncKeys(ctx, "gossip:eu-1", want); err != nil {
+		t.Fatal(err)
+	}
+	for id, tier := range map[string]string{a: "pro", b: "gold", d: "free"} {
+		if got, ok := r.KeyTier(id); !ok || got != tier {
+			t.Errorf("KeyTier(%s) = %q, %v; want %q", id, got, ok, tier)
+		}
+	}
+	if _, ok := r.KeyTier(c); ok {
+		t.Error("key c survived a sync without it")
+	}
+	var actions []string
+	for _, e := range audit.Last(20) {
+		if e.Who == "gossip:eu-1" {
+			actions = append(actions, e.Action+" "+e.Target)
+		}
+	}
+	slices.Sort(actions)
+	wantActions := []string{"key.delete " + c, "key.put " + b, "key.put " + d}
+	slices.Sort(wantActions)
+	if !slices.Equal(actions, wantActions) {
+		t.Errorf("audited %v, want %v", actions, wantActions)
+	}
+	// The same set again changes nothing and audits nothing.
+	before := len(audit.Last(20))
+	if err := r.SyncKeys(ctx, "gossip:eu-1", want); err != nil || len(audit.Last(20)) != before {
+		t.Errorf("repeated sync: err %v, audit grew from %d to %d", err, before, len(audit.Last(20)))
+	}
+
+	for _, bad := range [][]KeyEntry{
+		{{a, "pro"}, {"sk_live_raw_key", "pro"}}, // a raw key, not an id
+		{{a, "pro"}, {b, "Gold"}},                // bad tier
+		{{a, "pro"}, {a, "free"}},                // listed twice
+		{{strings.ToUpper(a), "pro"}},            // ids are lower case
+	} {
+		err := r.SyncKeys(ctx, "gossip:eu-1", bad)
+		var ve *ValidationError
+		if !errors.As(err, &ve) {
+			t.Errorf("SyncKeys(%v) = %v, want a *ValidationError", bad, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "sk_live_raw_key") {
+			t.Errorf("error %q quotes the entry", err)
+		}
+		if got, _ := r.KeyTier(b); got != "gold" {
+			t.Fatalf("a rejected sync changed key b to %q", got)
+		}
+	}
+}

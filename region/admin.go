@@ -112,11 +112,7 @@ func (d *Daemon) handlePutPolicy(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
-	var out quota.Policy
-	err = d.writeRegistry(func() (err error) {
-		out, err = d.reg.Put(r.Context(), who(r), p, ifMatch)
-		return err
-	})
+	out, err := d.reg.Put(r.Context(), who(r), p, ifMatch)
 	if err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
@@ -185,11 +181,7 @@ func (d *Daemon) handleRollback(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, invalid("If-Match", "%v", err))
 		return
 	}
-	var out quota.Policy
-	err = d.writeRegistry(func() (err error) {
-		out, err = d.reg.Rollback(r.Context(), who(r), r.PathValue("id"), ifMatch)
-		return err
-	})
+	out, err := d.reg.Rollback(r.Context(), who(r), r.PathValue("id"), ifMatch)
 	if err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
@@ -210,11 +202,7 @@ func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
-	var out quota.Override
-	err = d.writeRegistry(func() (err error) {
-		out, err = d.reg.PutOverride(r.Context(), who(r), o)
-		return err
-	})
+	out, err := d.reg.PutOverride(r.Context(), who(r), o)
 	if err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
@@ -225,7 +213,7 @@ func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
-	if err := d.writeRegistry(func() error { return d.reg.DeleteOverride(r.Context(), who(r), r.PathValue("id")) }); err != nil {
+	if err := d.reg.DeleteOverride(r.Context(), who(r), r.PathValue("id")); err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
@@ -252,7 +240,7 @@ func (d *Daemon) handlePutKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := r.PathValue("api_key")
-	if err := d.writeRegistry(func() error { return d.reg.PutKey(r.Context(), who(r), key, in.Tier) }); err != nil {
+	if err := d.reg.PutKey(r.Context(), who(r), key, in.Tier); err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
@@ -265,19 +253,12 @@ func (d *Daemon) handlePutKey(w http.ResponseWriter, r *http.Request) {
 // (or a trusted gateway's) again, in every region.
 func (d *Daemon) handleDeleteKey(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("api_key")
-	if err := d.writeRegistry(func() error { return d.reg.DeleteKey(r.Context(), who(r), key) }); err != nil {
+	if err := d.reg.DeleteKey(r.Context(), who(r), key); err != nil {
 		d.fail(w, r, registryProblem(err, ""))
 		return
 	}
 	d.policiesChanged()
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// writeRegistry runs a registry write under regMu (see Daemon.regMu).
-func (d *Daemon) writeRegistry(write func() error) error {
-	d.regMu.Lock()
-	defer d.regMu.Unlock()
-	return write()
 }
 
 // Usage is the body of GET /v1/keys/{subject}/usage: the subject's current

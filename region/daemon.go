@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -125,14 +124,6 @@ type Daemon struct {
 	reg     *quota.Registry
 	audit   *quota.AuditLog
 	watcher *redispolicy.Watcher // nil on the memory store
-	// pstore is the registry's store (Redis, the policy file, or nil);
-	// the key sync saves through it (see syncKeys).
-	pstore quota.Store
-	// regMu serializes this daemon's writes to the registry: the admin
-	// API's, the gossip apply and the Redis watcher's reloads. The key
-	// sync replaces the registry's state whole (quota has no write by key
-	// id), which is only safe when no other write runs meanwhile.
-	regMu   sync.Mutex
 	closers []func() error
 	ident   quota.IdentityConfig
 	shares  ShareSource
@@ -203,7 +194,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 
 	var store engine.Store
 	var pstore quota.Store
-	var rstore *redispolicy.Store // nil on the memory store
 	if cfg.Store == "memory" {
 		d.mem = engine.NewMemoryStore(engine.MemoryConfig{})
 		store = d.mem
@@ -218,15 +208,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		d.closers = append(d.closers, client.Close)
 		d.redis = client
 		store = engine.NewRedisStore(client, engine.RedisConfig{Timeout: cfg.StoreTimeout})
-		rstore = redispolicy.New(client, redispolicy.Config{}, log)
-		pstore = rstore
-		d.watcher = redispolicy.NewWatcher(rstore, nil, cfg.PolicyRefresh, log)
+		ps := redispolicy.New(client, redispolicy.Config{}, log)
+		pstore = ps
+		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
 	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
-	d.pstore = pstore
 	if d.watcher != nil {
-		d.watcher.SetTarget(serialRestorer{d: d, s: rstore})
+		d.watcher.SetTarget(d.reg)
 	}
 	d.m = newMetrics(reg, d.lim)
 	if d.watcher != nil {

@@ -488,12 +488,10 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 	who := "gossip:" + set.Origin
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	d.regMu.Lock()
-	defer d.regMu.Unlock()
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		if err = d.syncRegistry(actx, who, set.Policies, overrides); err == nil && keys != nil {
-			err = d.syncKeys(actx, who, keys)
+			err = d.reg.SyncKeys(actx, who, keys)
 		}
 		if err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
 			break
