@@ -61,6 +61,11 @@ type Store interface {
 	Check(ctx context.Context, req Request) (Decision, error)
 }
 
+// resetter is implemented by stores that can forget a subject's state.
+type resetter interface {
+	Reset(ctx context.Context, subject string, policies []string) error
+}
+
 // shardNamer is implemented by stores that spread subjects over several
 // servers (Redis Cluster), so each server gets its own circuit breaker.
 type shardNamer interface {
@@ -490,6 +495,33 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
 	return Outcome{Decision: d, Source: FromStore}, nil
 }
 
+// Reset forgets subject's state under each of policies, in the store, in
+// the in-process fallback and in the cache of rejections, so that its next
+// check is decided as for a subject never seen: what an operator does for
+// a customer locked out by mistake. It is not on the hot path and gets the
+// caller's deadline, not the per-check one. A store that cannot forget is
+// an error; a failing store's error is returned after the in-process state
+// is cleared.
+func (l *Limiter) Reset(ctx context.Context, subject string, policies []string) error {
+	if subject == "" {
+		return fmt.Errorf("%w: empty subject", ErrBadRequest)
+	}
+	r, ok := l.store.(resetter)
+	if !ok {
+		return fmt.Errorf("reset: the %T store cannot forget state", l.store)
+	}
+	if l.fallback != nil {
+		_ = l.fallback.Reset(ctx, subject, policies) // in process: cannot fail
+	}
+	if l.deny != nil {
+		l.deny.forget(subject)
+	}
+	if err := r.Reset(ctx, subject, policies); err != nil {
+		return fmt.Errorf("reset %q: %w", subject, err)
+	}
+	return nil
+}
+
 // denyCache remembers rejections until their retry time. It is sharded by
 // subject so that concurrent checks rarely share a lock.
 type denyCache struct {
@@ -542,6 +574,16 @@ func (c *denyCache) get(subject string, fp uint64, now time.Time) (denied, bool)
 		r.ResetAfter = max(r.ResetAfter-el, 0)
 	}
 	return e, true
+}
+
+// forget drops every cached rejection of subject.
+func (c *denyCache) forget(subject string) {
+	sh := c.shard(subject)
+	for _, k := range sh.Keys() {
+		if k.subject == subject {
+			sh.Remove(k)
+		}
+	}
 }
 
 func (c *denyCache) put(subject string, fp uint64, until time.Time, d Decision, now time.Time) {

@@ -190,3 +190,34 @@ func TestUsageCountsDemandAndAdmissions(t *testing.T) {
 		t.Errorf("second drain = %v, want empty", u)
 	}
 }
+
+// TestLimiterResetClearsDenyCache rejects a subject on a Redis store until
+// its rejection is cached, resets it, and requires the next check to be
+// allowed by the store, not refused from the cache.
+func TestLimiterResetClearsDenyCache(t *testing.T) {
+	clock := newManualClock()
+	store, _ := newTestRedisStore(t, clock)
+	l := NewLimiter(LimiterConfig{Store: store, Clock: clock, Timeout: time.Second})
+	ctx := context.Background()
+	req := one("locked-out", "login", Limit{Algorithm: FixedWindow, Count: 3, Window: time.Hour}, 1)
+	for range 3 {
+		if o, err := l.Check(ctx, req); err != nil || !o.Allowed {
+			t.Fatalf("check within the limit: %+v %v", o, err)
+		}
+	}
+	for range 2 { // the second rejection comes from the cache
+		if o, _ := l.Check(ctx, req); o.Allowed {
+			t.Fatal("check past the limit allowed")
+		}
+	}
+	if l.Stats().DenyCacheHits == 0 {
+		t.Fatal("no rejection was served from the deny cache: the test does not exercise it")
+	}
+	if err := l.Reset(ctx, "locked-out", []string{"login"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := l.Check(ctx, req)
+	if err != nil || !o.Allowed || o.Source != FromStore || o.Results[0].Remaining != 2 {
+		t.Fatalf("after reset: %+v %v, want allowed by the store with 2 remaining", o, err)
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"math/bits"
 	"runtime"
@@ -141,6 +142,24 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	tab.releaseUsed(p, s.recency(now))
 	sh.mu.Unlock()
 	return d, nil
+}
+
+// Reset forgets subject's state under each of policies: its next check
+// finds a full bucket or empty windows, as for a subject never seen.
+func (s *MemoryStore) Reset(_ context.Context, subject string, policies []string) error {
+	if subject == "" {
+		return fmt.Errorf("%w: empty subject", ErrBadRequest)
+	}
+	sh, sub := s.shardFor(subject)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, p := range policies {
+		tab := sh.tab.Load()
+		if i := tab.find(s.key(sub, p)); i >= 0 {
+			sh.remove(tab, i)
+		}
+	}
+	return nil
 }
 
 // decide runs every policy on its locked entry and commits them all if all

@@ -114,6 +114,31 @@ func (s *RedisStore) Key(subject, policy string) string {
 	return s.prefix + "{" + redisSubject(subject) + "}:" + policy
 }
 
+// resetScript deletes a subject's keys: one call, atomic, and routed by
+// the keys' shared hash tag on Redis Cluster.
+const resetScript = "return redis.call('DEL', unpack(KEYS))"
+
+// Reset forgets subject's state under each of policies: its next check
+// finds a full bucket or empty windows, as for a subject never seen.
+func (s *RedisStore) Reset(ctx context.Context, subject string, policies []string) error {
+	if subject == "" {
+		return fmt.Errorf("%w: empty subject", ErrBadRequest)
+	}
+	if len(policies) == 0 {
+		return nil
+	}
+	keys := make([]string, len(policies))
+	for i, p := range policies {
+		keys[i] = s.Key(subject, p)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.c.Eval(ctx, resetScript, keys).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("redis reset: %w", err)
+	}
+	return nil
+}
+
 // redisSubject makes a subject safe to use as a hash tag: unchanged unless
 // it contains a brace or starts with "=", the mark of an encoded subject.
 func redisSubject(subject string) string {

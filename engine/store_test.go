@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -463,5 +464,47 @@ func spendExactly(t *testing.T, s checker, subject string, c Check, want int64) 
 	}
 	if r := check(0); !r.Allowed || r.Remaining != 0 {
 		t.Errorf("Check(cost 0) after spending all %d = allowed %v, remaining %d; want allowed, remaining 0", want, r.Allowed, r.Remaining)
+	}
+}
+
+// TestResetForgetsState spends two policies of one subject and one of
+// another, resets one policy of the first, and requires exactly that state
+// to read as a subject never seen.
+func TestResetForgetsState(t *testing.T) {
+	for _, sc := range storeCases {
+		t.Run(sc.name, func(t *testing.T) {
+			clock := newManualClock()
+			s := sc.new(t, clock)
+			r, ok := s.(interface {
+				Reset(ctx context.Context, subject string, policies []string) error
+			})
+			if !ok {
+				t.Fatalf("%T has no Reset", s)
+			}
+			ctx := context.Background()
+			tb := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 5}
+			fw := Limit{Algorithm: FixedWindow, Count: 5, Window: time.Hour}
+			both := func(sub string, cost int64) Request {
+				return Request{Subject: sub, Checks: []Check{{Policy: "a", Limit: tb, Cost: cost}, {Policy: "b", Limit: fw, Cost: cost}}}
+			}
+			mustCheck(t, s, both("s1", 5))
+			mustCheck(t, s, one("s2", "a", tb, 5))
+			if err := r.Reset(ctx, "s1", []string{"a", "never-used"}); err != nil {
+				t.Fatal(err)
+			}
+			d := mustCheck(t, s, both("s1", 0))
+			if got := d.Results[0].Remaining; got != 5 {
+				t.Errorf("s1/a remaining after reset = %d, want 5 (full)", got)
+			}
+			if got := d.Results[1].Remaining; got != 0 {
+				t.Errorf("s1/b remaining = %d, want 0 (not reset)", got)
+			}
+			if got := mustCheck(t, s, one("s2", "a", tb, 0)).Results[0].Remaining; got != 0 {
+				t.Errorf("s2/a remaining = %d, want 0 (another subject)", got)
+			}
+			if err := r.Reset(ctx, "", []string{"a"}); !errors.Is(err, ErrBadRequest) {
+				t.Errorf("Reset of an empty subject = %v, want ErrBadRequest", err)
+			}
+		})
 	}
 }
