@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
@@ -277,6 +279,63 @@ type Usage struct {
 // ?tier=, else the key registry's for a key subject, else every policy. With
 // ?route= (and ?method=) it reports exactly the policies, overrides and
 // costs a request to that route would meet.
+// ResetResponse is the body of DELETE /v1/keys/{subject}/state.
+type ResetResponse struct {
+	Subject string `json:"subject"`
+	// Policies are those whose state was forgotten.
+	Policies []string `json:"policies"`
+}
+
+// handleResetState forgets a subject's state in this region, under every
+// policy or those named by ?policy=: the operator's way to let in a
+// customer locked out by mistake without waiting for the window. Other
+// regions keep their state (and, for a global policy, their share).
+func (d *Daemon) handleResetState(w http.ResponseWriter, r *http.Request) {
+	subject := r.PathValue("subject")
+	if subject == "" || len(subject) > 256 {
+		d.fail(w, r, invalid("subject", "must be 1 to 256 bytes"))
+		return
+	}
+	q := r.URL.Query()
+	for k := range q {
+		if k != "policy" {
+			d.fail(w, r, invalid(k, "unknown query parameter"))
+			return
+		}
+	}
+	policies := q["policy"]
+	for _, id := range policies {
+		if _, ok := d.reg.Get(id); !ok {
+			d.fail(w, r, invalid("policy", "no policy %q", clipStr(id)))
+			return
+		}
+	}
+	if len(policies) == 0 {
+		for _, p := range d.reg.List("") {
+			policies = append(policies, p.ID)
+		}
+	}
+	slices.Sort(policies)
+	policies = slices.Compact(policies)
+	err := d.lim.Reset(r.Context(), subject, policies)
+	if after, merr := json.Marshal(ResetResponse{Subject: subject, Policies: policies}); merr == nil {
+		e := quota.AuditEntry{Time: time.Now().UTC(), Who: who(r), Action: "state.reset", Target: subject, After: after}
+		if err != nil {
+			e.Action = "state.reset.failed"
+		}
+		if aerr := d.audit.Append(e); aerr != nil {
+			d.log.Error("audit append failed", "action", e.Action, "err", aerr)
+		}
+	}
+	if err != nil {
+		d.log.Warn("state reset failed", "subject", subject, "err", err)
+		d.fail(w, r, newProblem(http.StatusServiceUnavailable, ProblemStateStore, "the decision store could not forget the state; in-process state was cleared, retry"))
+		return
+	}
+	d.log.Info("state reset", "subject", subject, "policies", len(policies), "by", who(r))
+	writeJSON(w, http.StatusOK, ResetResponse{Subject: subject, Policies: policies})
+}
+
 func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 	subject := r.PathValue("subject")
 	if subject == "" || len(subject) > 256 {

@@ -336,6 +336,7 @@ func (d *Daemon) routeTable() []Route {
 		{"PUT", "/v1/keys/{api_key}", true, d.handlePutKey},
 		{"DELETE", "/v1/keys/{api_key}", true, d.handleDeleteKey},
 		{"GET", "/v1/keys/{subject}/usage", true, d.handleUsage},
+		{"DELETE", "/v1/keys/{subject}/state", true, d.handleResetState},
 		{"GET", "/v1/regions", true, d.handleRegions},
 	}
 }

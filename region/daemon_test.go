@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -389,5 +390,79 @@ func TestReadyAndHealth(t *testing.T) {
 	r := h.do("GET", "/readyz", "")
 	if r.status != 200 || !bytes.Contains(r.body, []byte(`"breakers"`)) {
 		t.Errorf("readyz = %d %s", r.status, r.body)
+	}
+}
+
+// TestResetState lets a subject in again by forgetting its state, under
+// one named policy and then under all, and refuses what it cannot reset.
+func TestResetState(t *testing.T) {
+	h := newHarness(t, nil)
+	h.putPolicy("a", `{"algorithm":"fixed_window","limit":2,"window":3600,"mode":"enforce"}`)
+	h.putPolicy("b", `{"algorithm":"token_bucket","rate_per_sec":0.001,"burst":5,"mode":"enforce"}`)
+	check := `{"user":"bob","route":"/orders"}`
+	var subject string
+	for i := range 2 {
+		r := h.do("POST", "/v1/check", check)
+		if r.status != 200 {
+			t.Fatalf("check %d = %d %s", i, r.status, r.body)
+		}
+		subject = r.json(t)["subject"].(string)
+	}
+	if r := h.do("POST", "/v1/check", check); r.status != 429 {
+		t.Fatalf("3rd check = %d, want 429 from policy a", r.status)
+	}
+	path := "/v1/keys/" + url.PathEscape(subject) + "/state"
+
+	r := h.admin("DELETE", path+"?policy=a", "")
+	if r.status != 200 || string(r.body) != `{"subject":"`+subject+`","policies":["a"]}`+"\n" {
+		t.Fatalf("reset a = %d %s", r.status, r.body)
+	}
+	r = h.do("POST", "/v1/check", check)
+	if r.status != 200 {
+		t.Fatalf("check after resetting a = %d %s, want 200", r.status, r.body)
+	}
+	remaining := func(policy string) float64 {
+		t.Helper()
+		r := h.admin("GET", "/v1/keys/"+url.PathEscape(subject)+"/usage", "")
+		var u Usage
+		if err := json.Unmarshal(r.body, &u); err != nil {
+			t.Fatalf("usage %s: %v", r.body, err)
+		}
+		for _, p := range u.Policies {
+			if p.ID == policy {
+				return float64(p.Remaining)
+			}
+		}
+		t.Fatalf("usage has no policy %s: %s", policy, r.body)
+		return 0
+	}
+	// b was not reset: 5 − 3 checks.
+	if got := remaining("b"); got != 2 {
+		t.Errorf("b remaining = %v, want 2 (only a was reset)", got)
+	}
+	if r := h.admin("DELETE", path, ""); r.status != 200 || !strings.Contains(string(r.body), `"policies":["a","b"]`) {
+		t.Fatalf("reset all = %d %s", r.status, r.body)
+	}
+	if a, b := remaining("a"), remaining("b"); a != 2 || b != 5 {
+		t.Errorf("after resetting all: a %v b %v remaining, want 2 and 5", a, b)
+	}
+	for _, tt := range []struct{ query, field string }{
+		{"?policy=nope", "policy"},
+		{"?tier=pro", "tier"},
+	} {
+		r := h.admin("DELETE", path+tt.query, "")
+		if r.status != 400 || !strings.Contains(string(r.body), `"field":"`+tt.field+`"`) {
+			t.Errorf("DELETE %s = %d %s, want 400 naming %s", tt.query, r.status, r.body, tt.field)
+		}
+	}
+	if r := h.do("DELETE", path, ""); r.status != 401 {
+		t.Errorf("reset without a token = %d, want 401", r.status)
+	}
+	found := false
+	for _, e := range h.d.audit.Last(100) {
+		found = found || (e.Action == "state.reset" && e.Target == subject)
+	}
+	if !found {
+		t.Error("no state.reset entry in the audit log")
 	}
 }

@@ -28,6 +28,7 @@ const (
 	ProblemTooLarge     = problemBase + "body-too-large"
 	ProblemMethod       = "about:blank"
 	ProblemUnavailable  = problemBase + "policy-store-unavailable"
+	ProblemStateStore   = problemBase + "state-store-unavailable"
 	ProblemInternal     = problemBase + "internal-error"
 )
 
