@@ -16,6 +16,8 @@ import (
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
+	"github.com/sluice-rl/sluice/region/globalshare"
+	"github.com/sluice-rl/sluice/share"
 )
 
 // who names the actor of an admin change in the audit log. There is one
@@ -270,8 +272,36 @@ type Usage struct {
 	Tier     string         `json:"tier"`
 	Policies []PolicyResult `json:"policies"`
 	// GlobalShares gives each global-scope policy's division among the
-	// regions (multi-region daemons only).
+	// regions (multi-region daemons only). Global quotas are not divided:
+	// they are in GlobalQuotas instead.
 	GlobalShares []GlobalShares `json:"global_shares,omitempty"`
+	// GlobalQuotas gives each global quota's count across the regions
+	// (multi-region daemons only).
+	GlobalQuotas []GlobalQuota `json:"global_quotas,omitempty"`
+}
+
+// GlobalQuota is a global quota's (a scope: global fixed_window policy's)
+// count for a subject in the current window, across regions, in GET
+// /v1/keys/{subject}/usage. It is what the check enforces: this daemon's
+// engine count plus the other regions' counts as last reported, which lag
+// by up to one report interval (plus delivery).
+type GlobalQuota struct {
+	Policy string `json:"policy"`
+	// WindowS is the window's length in seconds; windows are aligned to
+	// the Unix epoch (86400 is a UTC day) and start at WindowStart.
+	WindowS     float64   `json:"window_s"`
+	WindowStart time.Time `json:"window_start"`
+	Limit       int64     `json:"limit"`
+	// Used is what every region spent in the window as known here: this
+	// region's count as the engine holds it (on the memory store, this
+	// daemon's, plus its siblings' as last sent) plus the other regions'
+	// last reported counts. It may exceed Limit by what the regions
+	// admitted within one report delay of each other.
+	Used int64 `json:"used"`
+	// Remaining is max(0, Limit - Used).
+	Remaining int64 `json:"remaining"`
+	// Regions splits Used by region; a region with nothing known is 0.
+	Regions map[string]int64 `json:"regions"`
 }
 
 // handleUsage peeks at a subject's state. {subject} is a subject as checks
@@ -360,10 +390,19 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var checks []engine.Check
+	var quotas []usageQuota
+	now := time.Now()
 	out := Usage{Subject: subject, Tier: tier, Policies: []PolicyResult{}}
 	add := func(p *quota.Policy, l engine.Limit, override string) {
 		scale := 1.0
-		if p.Scope == quota.ScopeGlobal {
+		switch {
+		case p.Scope == quota.ScopeGlobal && d.quotas != nil && d.cl != nil && l.Algorithm == engine.FixedWindow:
+			// As the check does: the G-counter rule, not a share.
+			w := share.WindowIndex(now, l.Window)
+			v := d.cl.c.QuotaView(p.ID, subject, w)
+			scale = quotaScale(l.Count, v.Others)
+			quotas = append(quotas, usageQuota{at: len(checks), limit: l, window: w, view: v})
+		case p.Scope == quota.ScopeGlobal:
 			scale = d.shares.Share(p.ID, subject)
 			if !(scale > 0) || scale > 1 {
 				scale = 1
@@ -393,21 +432,75 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 			add(&p, p.Limit(), "")
 		}
 	}
+	results, p := d.peek(r, subject, checks)
+	if p != nil {
+		d.fail(w, r, p)
+		return
+	}
+	for j := range checks {
+		fill(&out.Policies[j], results[j])
+	}
+	if len(quotas) > 0 {
+		// The engine's own count of each quota, read whole: at the
+		// scale the check uses, a count above the allowance left shows
+		// only as nothing remaining.
+		whole := make([]engine.Check, len(quotas))
+		for i, q := range quotas {
+			whole[i] = checks[q.at]
+			whole[i].Scale = 1
+		}
+		counts, p := d.peek(r, subject, whole)
+		if p != nil {
+			d.fail(w, r, p)
+			return
+		}
+		for i, q := range quotas {
+			out.GlobalQuotas = append(out.GlobalQuotas, d.quotaUsage(out.Policies[q.at].ID, q, counts[i]))
+		}
+	}
+	out.GlobalShares = d.globalShares(subject, out.Policies, out.GlobalQuotas)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// usageQuota is a global quota met by a usage request.
+type usageQuota struct {
+	at     int // index in the checks
+	limit  engine.Limit
+	window int64 // share.WindowIndex
+	view   globalshare.QuotaView
+}
+
+// quotaUsage is q's GlobalQuota, given the engine's result for it at
+// scale 1.
+func (d *Daemon) quotaUsage(policy string, q usageQuota, whole engine.Result) GlobalQuota {
+	own := max(whole.Limit-whole.Remaining, 0) // the engine's count
+	gq := GlobalQuota{Policy: policy, WindowS: q.limit.Window.Seconds(),
+		WindowStart: time.Unix(0, q.window*int64(q.limit.Window)).UTC(),
+		Limit:       whole.Limit, Used: own + int64(q.view.Others), Regions: map[string]int64{}}
+	gq.Remaining = max(gq.Limit-gq.Used, 0)
+	for r := range d.cl.g.Regions() {
+		gq.Regions[r] = 0
+	}
+	for r, n := range q.view.Regions {
+		gq.Regions[r] = int64(n)
+	}
+	gq.Regions[d.cl.g.Region()] += own
+	return gq
+}
+
+// peek reads checks without spending, MaxChecks at a time.
+func (d *Daemon) peek(r *http.Request, subject string, checks []engine.Check) ([]engine.Result, *Problem) {
+	results := make([]engine.Result, 0, len(checks))
 	for start := 0; start < len(checks); start += engine.MaxChecks {
 		end := min(start+engine.MaxChecks, len(checks))
 		o, err := d.lim.Peek(r.Context(), engine.Request{Subject: subject, Checks: checks[start:end]})
 		if err != nil {
 			if errors.Is(err, engine.ErrBadRequest) {
-				d.fail(w, r, invalid("subject", "%v", err))
-				return
+				return nil, invalid("subject", "%v", err)
 			}
-			d.fail(w, r, newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the store could not be read: "+err.Error()))
-			return
+			return nil, newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the store could not be read: "+err.Error())
 		}
-		for j := start; j < end; j++ {
-			fill(&out.Policies[j], o.Results[j-start])
-		}
+		results = append(results, o.Results[:end-start]...)
 	}
-	out.GlobalShares = d.globalShares(subject, out.Policies)
-	writeJSON(w, http.StatusOK, out)
+	return results, nil
 }

@@ -648,14 +648,19 @@ type RegionsStatus struct {
 	PolicySkew      bool                `json:"policy_skew"`
 	PolicyRevisions map[string][]uint64 `json:"policy_revisions"`
 	Members         []gossip.Member     `json:"members"`
+	// GlobalQuotas is the size of this node's G-counter state per global
+	// quota, sorted by policy: every global quota in force, and any other
+	// policy whose counters are still held (until their window ends).
+	GlobalQuotas []globalshare.QuotaStat `json:"global_quotas"`
 }
 
 func (d *Daemon) handleRegions(w http.ResponseWriter, r *http.Request) {
 	if d.cl == nil {
-		writeJSON(w, http.StatusOK, RegionsStatus{Members: []gossip.Member{}, PolicyRevisions: map[string][]uint64{}})
+		writeJSON(w, http.StatusOK, RegionsStatus{Members: []gossip.Member{}, PolicyRevisions: map[string][]uint64{}, GlobalQuotas: []globalshare.QuotaStat{}})
 		return
 	}
-	st := RegionsStatus{MultiRegion: true, Status: d.cl.c.Status(), Members: d.cl.g.Members(), PolicyRevisions: map[string][]uint64{}}
+	st := RegionsStatus{MultiRegion: true, Status: d.cl.c.Status(), Members: d.cl.g.Members(), PolicyRevisions: map[string][]uint64{},
+		GlobalQuotas: d.quotaStats()}
 	st.IntervalS = st.Interval.Seconds()
 	d.cl.mu.Lock()
 	st.PolicyRevision, st.PolicyHash = d.cl.rev, d.cl.hash
@@ -680,6 +685,23 @@ func (d *Daemon) handleRegions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+// quotaStats is the coordinator's QuotaStats with a zero entry for each
+// global quota in force that holds no counters, sorted by policy.
+func (d *Daemon) quotaStats() []globalshare.QuotaStat {
+	out := d.cl.c.QuotaStats()
+	have := map[string]bool{}
+	for _, st := range out {
+		have[st.Policy] = true
+	}
+	for _, p := range d.reg.List("") {
+		if _, ok := d.globalQuota(p.ID); ok && !have[p.ID] {
+			out = append(out, globalshare.QuotaStat{Policy: p.ID})
+		}
+	}
+	slices.SortFunc(out, func(a, b globalshare.QuotaStat) int { return strings.Compare(a.Policy, b.Policy) })
+	return out
+}
+
 // GlobalShares is one global policy's division among regions for a
 // subject, in GET /v1/keys/{subject}/usage.
 type GlobalShares struct {
@@ -694,12 +716,17 @@ type GlobalShares struct {
 	Regions map[string]float64 `json:"regions"`
 }
 
-func (d *Daemon) globalShares(subject string, ps []PolicyResult) []GlobalShares {
+// globalShares lists the shares of the global policies among ps, leaving
+// out the global quotas in qs (counted, not divided).
+func (d *Daemon) globalShares(subject string, ps []PolicyResult, qs []GlobalQuota) []GlobalShares {
 	if d.cl == nil {
 		return nil
 	}
 	out := []GlobalShares{}
 	seen := map[string]bool{}
+	for _, q := range qs {
+		seen[q.Policy] = true
+	}
 	for _, p := range ps {
 		if p.Scope != quota.ScopeGlobal || seen[p.ID] {
 			continue

@@ -3,9 +3,13 @@ package region
 import (
 	"encoding/json"
 	"os"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/sluice-rl/sluice/region/globalshare"
 )
 
 // envoyMethods are the methods the catch-all /v1/authz/{path...} route is
@@ -70,5 +74,41 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	sort.Strings(extra)
 	for _, k := range extra {
 		t.Errorf("docs/openapi.json documents %s, which is not a route", k)
+	}
+}
+
+// TestOpenAPISchemasMatchTypes checks that the documented properties of
+// schemas that mirror a Go type are exactly that type's JSON fields.
+func TestOpenAPISchemasMatchTypes(t *testing.T) {
+	data, err := os.ReadFile("../docs/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]json.RawMessage `json:"properties"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatalf("openapi.json: %v", err)
+	}
+	for name, v := range map[string]any{"GlobalQuota": GlobalQuota{}, "QuotaStat": globalshare.QuotaStat{}} {
+		var want []string
+		for f := range reflect.TypeOf(v).Fields() {
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag != "" && tag != "-" {
+				want = append(want, tag)
+			}
+		}
+		var got []string
+		for p := range doc.Components.Schemas[name].Properties {
+			got = append(got, p)
+		}
+		sort.Strings(want)
+		sort.Strings(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("schema %s documents %v, want the fields of %T: %v", name, got, v, want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"net/http"
 	"strings"
@@ -170,5 +171,145 @@ func TestGlobalQuotaAcrossRegions(t *testing.T) {
 		if q, ok := l.d.Coordinator().QuotaCounter("daily", "k"); ok && q.Window == w && len(q.Counts) != 3 {
 			t.Errorf("%s's counter = %+v, want a component per region", l.d.Gossip().Name(), q)
 		}
+	}
+}
+
+// usage reads l's GET /v1/keys/{subject}/usage.
+func (l *liveDaemon) usage(t *testing.T, subject string) Usage {
+	t.Helper()
+	code, body := l.admin(t, "GET", "/v1/keys/"+subject+"/usage", "")
+	var u Usage
+	if code != 200 || json.Unmarshal([]byte(body), &u) != nil {
+		t.Fatalf("GET usage of %s = %d %s", subject, code, body)
+	}
+	return u
+}
+
+// TestGlobalQuotaUsage: after traffic in two regions (region a with two
+// daemons on the memory store), each region's usage shows the quota's
+// count across regions once the reports have arrived: used is the sum of
+// what every daemon admitted, split by region, remaining is the limit
+// less that (and agrees with the policy's own remaining), and only the
+// global quota is listed, not the other policies. /v1/regions shows the
+// size of the G-counter state.
+func TestGlobalQuotaUsage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist on loopback; skipped under -short")
+	}
+	const (
+		limit  = 50
+		window = 24 * time.Hour
+	)
+	now := time.Now()
+	if end := time.Unix(0, (share.WindowIndex(now, window)+1)*int64(window)); end.Sub(now) < time.Minute {
+		t.Skip("within a minute of the quota window's end")
+	}
+	seed := []quota.Policy{
+		{ID: "daily", Algorithm: "fixed_window", Count: limit, Window: window.Seconds(), Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal},
+		{ID: "rate", Algorithm: "token_bucket", RatePerSec: 1000, Burst: 1000, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal},
+		{ID: "local", Algorithm: "fixed_window", Count: 1000, Window: 60, Mode: quota.ModeEnforce},
+	}
+	a1 := startRegionDaemon(t, "a", "a1", "", seed)
+	join := a1.d.Gossip().Addr()
+	a2 := startRegionDaemon(t, "a", "a2", join, seed)
+	b1 := startRegionDaemon(t, "b", "b1", join, seed)
+	all := []*liveDaemon{a1, a2, b1}
+	eventually(t, "three members", 10*time.Second, func() bool {
+		for _, l := range all {
+			if len(l.regions(t).Members) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+
+	sent := map[*liveDaemon]int{a1: 7, a2: 4, b1: 12}
+	admitted := map[*liveDaemon]int64{}
+	for l, n := range sent {
+		for range n {
+			res, err := http.Post(l.base+"/v1/check", "application/json", strings.NewReader(`{"subject":"k","route":"/x"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				admitted[l]++
+			}
+		}
+	}
+	wantRegions := map[string]int64{"a": admitted[a1] + admitted[a2], "b": admitted[b1]}
+	total := wantRegions["a"] + wantRegions["b"]
+	if total != 23 {
+		t.Fatalf("admitted %v, want all 23 checks under the limit %d", admitted, limit)
+	}
+
+	quotaOf := func(u Usage) (GlobalQuota, bool) {
+		if len(u.GlobalQuotas) != 1 || u.GlobalQuotas[0].Policy != "daily" {
+			return GlobalQuota{}, false
+		}
+		return u.GlobalQuotas[0], true
+	}
+	for _, l := range all {
+		name := l.d.Gossip().Name()
+		var u Usage
+		eventually(t, name+"'s usage to count every region", 15*time.Second, func() bool {
+			u = l.usage(t, "k")
+			q, ok := quotaOf(u)
+			return ok && q.Used == total && q.Regions["a"] == wantRegions["a"] && q.Regions["b"] == wantRegions["b"]
+		})
+		q, _ := quotaOf(u)
+		start := time.Unix(0, share.WindowIndex(time.Now(), window)*int64(window))
+		if q.Limit != limit || q.WindowS != window.Seconds() || !q.WindowStart.Equal(start) || len(q.Regions) != 2 {
+			t.Errorf("%s: global quota = %+v, want limit %d, window %v from %v, regions a and b", name, q, limit, window, start)
+		}
+		if q.Remaining != limit-total {
+			t.Errorf("%s: remaining = %d, want %d - %d", name, q.Remaining, limit, total)
+		}
+		for _, p := range u.Policies {
+			if p.ID == "daily" && p.Remaining != q.Remaining {
+				t.Errorf("%s: policy daily's remaining = %d, want the global quota's %d", name, p.Remaining, q.Remaining)
+			}
+		}
+		if len(u.GlobalShares) != 1 || u.GlobalShares[0].Policy != "rate" {
+			t.Errorf("%s: global shares = %+v, want policy rate's alone", name, u.GlobalShares)
+		}
+	}
+
+	// A subject that spent nothing: the quota, all of it left.
+	if q, ok := quotaOf(b1.usage(t, "idle")); !ok || q.Used != 0 || q.Remaining != limit || q.Regions["a"] != 0 || q.Regions["b"] != 0 {
+		t.Errorf("idle subject's global quotas = %+v, want daily with nothing used", q)
+	}
+
+	// The G-counter state: k's counter (and, in the region of two
+	// daemons, its nodes' counter) under daily, nothing under the others.
+	eventually(t, "b1's regions to show daily's counter", 10*time.Second, func() bool {
+		qs := b1.regions(t).GlobalQuotas
+		return len(qs) == 1 && qs[0].Policy == "daily" && qs[0].Counters == 1
+	})
+	for _, l := range all {
+		qs := l.regions(t).GlobalQuotas
+		if len(qs) != 1 || qs[0].Policy != "daily" || qs[0].Counters != 1 || qs[0].NodeCounters != 1 ||
+			qs[0].Entries < 2 || qs[0].ApproxBytes <= 0 {
+			t.Errorf("%s: regions' global quotas = %+v, want daily with one counter and one node counter", l.d.Gossip().Name(), qs)
+		}
+	}
+}
+
+// TestGlobalQuotaUsageSingleRegion: a single-region daemon enforces a
+// scope: global quota as a local one and lists no global quotas.
+func TestGlobalQuotaUsageSingleRegion(t *testing.T) {
+	h := newHarness(t, nil)
+	h.putPolicy("daily", `{"algorithm":"fixed_window","limit":10,"window":86400,"mode":"enforce","scope":"global"}`)
+	if r := h.do("POST", "/v1/check", `{"subject":"k","route":"/x"}`); r.status != 200 {
+		t.Fatalf("check = %d %s", r.status, r.body)
+	}
+	r := h.admin("GET", "/v1/keys/k/usage", "")
+	m := r.json(t)
+	if _, ok := m["global_quotas"]; r.status != 200 || ok {
+		t.Errorf("usage = %d %s, want no global_quotas", r.status, r.body)
+	}
+	r = h.admin("GET", "/v1/regions", "")
+	if qs, ok := r.json(t)["global_quotas"].([]any); r.status != 200 || !ok || len(qs) != 0 {
+		t.Errorf("regions = %d %s, want global_quotas empty", r.status, r.body)
 	}
 }

@@ -259,32 +259,151 @@ func sortQuotas(qs []share.QuotaCounter) {
 // publishQuotasLocked rebuilds the check path's view. Called with q.mu held.
 func (c *Coordinator) publishQuotasLocked() {
 	seen := make(map[share.Key]quotaSeen, len(c.q.global)+len(c.q.nodes))
-	for k, g := range c.q.global {
-		var others uint64
-		for _, rc := range g.Counts {
-			if rc.Region != c.self {
-				others += rc.Count
-			}
-		}
-		seen[k] = quotaSeen{window: g.Window, others: others}
+	for k := range c.q.global {
+		seen[k], _ = c.othersLocked(k, nil)
 	}
 	if c.cfg.NodeLocalStore {
-		// The engine state holds this node's spend only: the region's
-		// other nodes count as others too.
-		for k, q := range c.q.nodes {
-			region := q.Total()
-			s, ok := seen[k]
-			switch {
-			case !ok || s.window < q.Window:
-				s = quotaSeen{window: q.Window}
-			case s.window > q.Window:
-				continue
-			default:
-				region = max(region, c.q.global[k].Get(c.self))
+		for k := range c.q.nodes {
+			if _, done := seen[k]; !done {
+				seen[k], _ = c.othersLocked(k, nil)
 			}
-			s.others += region - min(region, q.Get(c.node))
-			seen[k] = s
 		}
 	}
 	c.q.seen.Store(&seen)
+}
+
+// othersLocked is what the check path sees of key k: the newest window
+// known and the units spent in it that this daemon's engine state does not
+// hold. Unless regions is nil it also files those units per region there:
+// each other region's last known component and, with NodeLocalStore, this
+// region's count less this node's (what its other daemons spent). ok is
+// false when nothing is known of k. Called with q.mu held.
+func (c *Coordinator) othersLocked(k share.Key, regions map[string]uint64) (s quotaSeen, ok bool) {
+	g, hasGlobal := c.q.global[k]
+	if hasGlobal {
+		s.window = g.Window
+		for _, rc := range g.Counts {
+			if rc.Region != c.self {
+				s.others += rc.Count
+				if regions != nil {
+					regions[rc.Region] = rc.Count
+				}
+			}
+		}
+	}
+	q, hasNode := c.q.nodes[k]
+	if !c.cfg.NodeLocalStore || !hasNode {
+		return s, hasGlobal
+	}
+	// The engine state holds this node's spend only: the region's other
+	// nodes count as others too.
+	region := q.Total()
+	switch {
+	case !hasGlobal || s.window < q.Window:
+		s = quotaSeen{window: q.Window}
+		clear(regions)
+	case s.window > q.Window:
+		return s, true
+	default:
+		region = max(region, g.Get(c.self))
+	}
+	siblings := region - min(region, q.Get(c.node))
+	s.others += siblings
+	if regions != nil && siblings > 0 {
+		regions[c.self] = siblings
+	}
+	return s, true
+}
+
+// QuotaView is this daemon's knowledge of one global quota key in one
+// window, apart from its own engine state: what the check path adds to
+// the engine's count.
+type QuotaView struct {
+	// Others is what QuotaOthers returns for the same window.
+	Others uint64
+	// Regions splits Others by region: each other region's count as last
+	// reported (at most one report interval old, plus delivery) and, for
+	// this region with a per-daemon store, its other daemons' counts as
+	// last sent. Regions with nothing known are absent.
+	Regions map[string]uint64
+}
+
+// QuotaView returns what this daemon knows of a global quota's spend in
+// window w (a share.WindowIndex) beyond its own engine state, consistent
+// with QuotaOthers: Others is the sum of Regions. It takes the quota lock:
+// for the admin API, not the check path.
+func (c *Coordinator) QuotaView(policy, subject string, w int64) QuotaView {
+	v := QuotaView{Regions: map[string]uint64{}}
+	c.q.mu.Lock()
+	defer c.q.mu.Unlock()
+	s, ok := c.othersLocked(share.Key{Policy: policy, Subject: subject}, v.Regions)
+	if !ok || s.window != w {
+		clear(v.Regions)
+		return v
+	}
+	v.Others = s.others
+	return v
+}
+
+// QuotaStat is the size of one global quota's G-counter state on this
+// node, for GET /v1/regions.
+type QuotaStat struct {
+	Policy string `json:"policy"`
+	// Counters is the number of (subject, window) G-counters held, with a
+	// component per region that spent; a counter is dropped when its window
+	// ends.
+	Counters int `json:"counters"`
+	// NodeCounters is the number of (subject, window) counters of this
+	// region's nodes' spend (a component per node), from which this
+	// region's component is summed.
+	NodeCounters int `json:"node_counters"`
+	// Entries is the number of components (region or node counts) in both.
+	Entries int `json:"entries"`
+	// ApproxBytes estimates the memory both take: the subject, policy and
+	// region or node names, 8 bytes per window and per count, and
+	// quotaEntryOverhead per counter for the map entry and slice header.
+	ApproxBytes int64 `json:"approx_bytes"`
+}
+
+// quotaEntryOverhead is ApproxBytes's allowance for a counter's map entry,
+// pointer, key strings' headers and slice header.
+const quotaEntryOverhead = 96
+
+// QuotaStats returns the size of the global quotas' G-counter state, one
+// entry per policy that has any, sorted by policy. It walks every counter
+// under the quota lock (as every merge does): for the admin API.
+func (c *Coordinator) QuotaStats() []QuotaStat {
+	c.q.mu.Lock()
+	defer c.q.mu.Unlock()
+	by := map[string]*QuotaStat{}
+	add := func(k share.Key, q *share.QuotaCounter, node bool) {
+		st := by[k.Policy]
+		if st == nil {
+			st = &QuotaStat{Policy: k.Policy}
+			by[k.Policy] = st
+		}
+		if node {
+			st.NodeCounters++
+		} else {
+			st.Counters++
+		}
+		st.Entries += len(q.Counts)
+		n := int64(quotaEntryOverhead + len(k.Policy) + len(k.Subject) + 8)
+		for _, rc := range q.Counts {
+			n += int64(len(rc.Region)) + 16 + 8 // name, its header, count
+		}
+		st.ApproxBytes += n
+	}
+	for k, q := range c.q.global {
+		add(k, q, false)
+	}
+	for k, q := range c.q.nodes {
+		add(k, q, true)
+	}
+	out := make([]QuotaStat, 0, len(by))
+	for _, st := range by {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(a, b QuotaStat) int { return cmp.Compare(a.Policy, b.Policy) })
+	return out
 }
