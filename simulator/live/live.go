@@ -15,13 +15,23 @@
 //
 // Supported: splits, steps, Poisson or even arrivals, bursts, diurnal
 // rotation, several keys (uniform or Zipf), crashes (the region's daemons are
-// stopped without a graceful leave). Not supported live: partitions, clock
-// skew, injected delay and loss, limit steps and quotas (Run says so).
+// stopped without a graceful leave), every share-enforced algorithm
+// (token_bucket, leaky_bucket, sliding_window_log within its maximum count,
+// sliding_window_counter; see liveLimit) and limit steps (PUT through one
+// daemon's admin API at the step's time; the other daemons enforce the new
+// limit once policy sync has carried it to them, a gossip delay later).
+// Not supported live: partitions, clock skew, injected delay and loss,
+// quotas, a global fixed_window (the daemons enforce it as a quota) and
+// crash restarts (Run says so).
 package live
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +40,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,6 +105,10 @@ func (o Options) withDefaults() Options {
 
 // Validate reports what of sc cannot run live.
 func Validate(sc simulator.Scenario) error {
+	// The virtual-time simulator runs token buckets only; live runs the
+	// other algorithms too, so the algorithm is checked here.
+	alg := sc.Limit.Algorithm
+	sc.Limit.Algorithm = ""
 	if err := sc.Validate(); err != nil {
 		return err
 	}
@@ -107,11 +122,16 @@ func Validate(sc simulator.Scenario) error {
 	if sc.Quota != nil {
 		bad = append(bad, "quotas")
 	}
-	if len(sc.LimitSteps) > 0 {
-		bad = append(bad, "limit steps")
-	}
-	if a := sc.Limit.Algorithm; a != "" && a != "token_bucket" {
-		bad = append(bad, "algorithm "+a)
+	if alg != "" {
+		a, err := engine.ParseAlgorithm(alg)
+		switch {
+		case err != nil:
+			return fmt.Errorf("scenario %s: %w", sc.Name, err)
+		case a == engine.FixedWindow:
+			// The daemons enforce a scope-global fixed_window as a global
+			// quota (G-counter), not by shares: that is a quota.
+			bad = append(bad, "algorithm fixed_window (a global fixed window is a quota to the daemons)")
+		}
 	}
 	for _, c := range sc.Gossip.Crashes {
 		if c.Restart > 0 {
@@ -123,6 +143,60 @@ func Validate(sc simulator.Scenario) error {
 		return fmt.Errorf("scenario %s: not supported live: %s", sc.Name, strings.Join(bad, ", "))
 	}
 	return nil
+}
+
+// liveLimit is the engine limit the daemons enforce for sc at factor times
+// its L (a limit step's Factor; 1 before any), in live units and live time:
+// L_live = Options.Limit·factor units per live second. A bucket
+// (token_bucket, leaky_bucket) refills at L_live and holds the scenario's
+// burst, in seconds of L, compressed like time (liveBurst). A window
+// algorithm counts over a window as long as that burst lasts at L
+// (Limit.Burst/Limit.Rate scenario seconds, 1 s by default), compressed
+// like time and rounded to whole milliseconds, and admits L_live times the
+// window in it: the same rate, and the same largest burst, as the bucket.
+// Only the count follows a step; the window stays.
+func liveLimit(sc simulator.Scenario, opt Options, f, factor float64) (engine.Limit, error) {
+	alg := engine.TokenBucket
+	if sc.Limit.Algorithm != "" {
+		a, err := engine.ParseAlgorithm(sc.Limit.Algorithm)
+		if err != nil {
+			return engine.Limit{}, err
+		}
+		alg = a
+	}
+	l := engine.Limit{Algorithm: alg}
+	if alg.Windowed() {
+		secs := f * sc.Limit.Burst / sc.Limit.Rate // live seconds
+		l.Window = max(time.Millisecond, time.Duration(math.Round(secs*1000))*time.Millisecond)
+		l.Count = math.Max(1, math.Round(opt.Limit*factor*l.Window.Seconds()))
+	} else {
+		l.Rate = opt.Limit * factor
+		l.Burst = math.Max(1, math.Round(opt.Limit*factor*f*sc.Limit.Burst/sc.Limit.Rate))
+	}
+	if err := l.Validate(); err != nil {
+		return l, fmt.Errorf("scenario %s: live limit at L = %g/s: %w", sc.Name, opt.Limit*factor, err)
+	}
+	return l, nil
+}
+
+// perSec is L of l in units per second of its own time.
+func perSec(l engine.Limit) float64 {
+	if l.Algorithm.Windowed() {
+		return l.Count / l.Window.Seconds()
+	}
+	return l.Rate
+}
+
+// livePolicy is the global policy document that enforces l.
+func livePolicy(l engine.Limit) quota.Policy {
+	p := quota.Policy{ID: policyID, Algorithm: l.Algorithm.String(),
+		Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal, OnStoreFailure: quota.FailOpen}
+	if l.Algorithm.Windowed() {
+		p.Count, p.Window = l.Count, l.Window.Seconds()
+	} else {
+		p.RatePerSec, p.Burst = l.Rate, l.Burst
+	}
+	return p
 }
 
 // node is one in-process daemon.
@@ -138,6 +212,7 @@ type cluster struct {
 	nodes   [][]*node // by region
 	stops   []func()
 	crashed []atomic.Bool
+	token   string // the daemons' admin token
 }
 
 // Run plays sc against live daemons and returns its metrics.
@@ -148,6 +223,13 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 	}
 	sc = withDefaults(sc)
 	f := float64(opt.Interval) / float64(sc.Share.Interval.D()) // live seconds per scenario second
+	// Every limit the run will enforce must be valid (a sliding window
+	// log's count within its maximum) before any daemon starts.
+	for _, factor := range append([]float64{1}, stepFactors(sc)...) {
+		if _, err := liveLimit(sc, opt, f, factor); err != nil {
+			return simulator.Result{}, err
+		}
+	}
 
 	cl, err := start(ctx, sc, opt, f)
 	defer cl.close()
@@ -182,11 +264,18 @@ func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (
 	if _, err := rand.Read(key); err != nil {
 		return cl, err
 	}
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return cl, err
+	}
+	cl.token = hex.EncodeToString(tok)
 	// The live policy: L_live, with the scenario's burst in its own
-	// seconds of L, compressed like time.
-	burst := liveBurst(sc, opt, f)
-	pol := quota.Policy{ID: policyID, Algorithm: "token_bucket", RatePerSec: opt.Limit, Burst: burst,
-		Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal, OnStoreFailure: quota.FailOpen}
+	// seconds of L, compressed like time (liveLimit).
+	l, err := liveLimit(sc, opt, f, 1)
+	if err != nil {
+		return cl, err
+	}
+	pol := livePolicy(l)
 	sh := region.ShareConfig(opt.Interval)
 	if sc.Share.Pressure != 0 {
 		sh.Pressure = sc.Share.Pressure
@@ -216,6 +305,7 @@ func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (
 			cfg.Store = store
 			cfg.StoreTimeout = 200 * time.Millisecond
 			cfg.Policies = []quota.Policy{pol}
+			cfg.AdminToken = cl.token // limit steps go through the admin API
 			cfg.ShutdownTimeout = 2 * time.Second
 			cfg.Gossip = &region.GossipConfig{Region: regionName(r), Node: fmt.Sprintf("%s-n%d", regionName(r), i),
 				Listen: "127.0.0.1:0", Interval: opt.Interval, SecretKey: key, Preset: "local", Share: sh}
@@ -266,10 +356,20 @@ func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (
 	}
 }
 
-// liveBurst is the scenario's burst (in seconds of L) compressed like time,
-// in live units.
-func liveBurst(sc simulator.Scenario, opt Options, f float64) float64 {
-	return math.Max(1, math.Round(opt.Limit*f*sc.Limit.Burst/sc.Limit.Rate))
+// stepFactors are the factors of sc's limit steps in time order.
+func stepFactors(sc simulator.Scenario) []float64 {
+	var out []float64
+	for _, st := range sortedSteps(sc) {
+		out = append(out, st.Factor)
+	}
+	return out
+}
+
+// sortedSteps are sc's limit steps in time order.
+func sortedSteps(sc simulator.Scenario) []simulator.LimitStep {
+	st := slices.Clone(sc.LimitSteps)
+	slices.SortStableFunc(st, func(a, b simulator.LimitStep) int { return cmp.Compare(a.At, b.At) })
+	return st
 }
 
 func regionName(i int) string { return fmt.Sprintf("r%d", i) }
@@ -321,8 +421,15 @@ type player struct {
 	client *http.Client
 	subs   []string
 	oracle []engine.State
-	olimit engine.Limit
+	limits []limitAt // the live limit from each time on, first at 0
 	m      *recorder
+}
+
+// limitAt is the live limit from scenario time at on.
+type limitAt struct {
+	at     time.Duration
+	factor float64
+	limit  engine.Limit
 }
 
 // crashed says whether region r's daemons have been stopped.
@@ -338,10 +445,20 @@ func newPlayer(sc simulator.Scenario, opt Options, f float64, cl *cluster) *play
 		p.subs = append(p.subs, fmt.Sprintf("live-key-%d", k))
 	}
 	p.oracle = make([]engine.State, sc.Keys)
-	// The oracle runs on scenario time with the live limit: L_live·f units
-	// per scenario second, the live burst.
-	p.olimit = engine.Limit{Algorithm: engine.TokenBucket, Rate: opt.Limit * f, Burst: liveBurst(sc, opt, f)}
-	p.m = newRecorder(sc, f, opt.Limit)
+	// The oracle decides the daemons' policy (liveLimit, validated by Run)
+	// at each arrival's scheduled instant on the live clock, and follows
+	// the limit steps at their scenario times, as the simulator's does.
+	l, _ := liveLimit(sc, opt, f, 1)
+	p.limits = []limitAt{{limit: l, factor: 1}}
+	for _, st := range sortedSteps(sc) {
+		l, _ := liveLimit(sc, opt, f, st.Factor)
+		p.limits = append(p.limits, limitAt{at: st.At.D(), factor: st.Factor, limit: l})
+	}
+	ls := make([]limitRate, len(p.limits))
+	for i, x := range p.limits {
+		ls[i] = limitRate{at: x.at, lsec: perSec(x.limit) * f}
+	}
+	p.m = newRecorder(sc, f, ls)
 	return p
 }
 
@@ -384,6 +501,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 		}
 	}
 	stopShares := p.m.sampleShares(ctx, p.cl, start, p.subs[0])
+	steps := p.stepLimits(ctx, live)
 
 	// Next arrival per region: exponential (Poisson) or even gaps in
 	// scenario time at rate·L_scenario, re-evaluated as rates change.
@@ -407,6 +525,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 	}
 	crashes := sc.Gossip.Crashes
 	lastProgress := time.Now()
+	li := 0 // p.limits[li] is in force
 	for {
 		r := 0
 		for i := range next {
@@ -446,8 +565,11 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 				}
 			}
 			a := arrival{at: t, region: r, key: k}
+			for li+1 < len(p.limits) && p.limits[li+1].at <= t {
+				li++
+			}
 			var res engine.Result
-			p.oracle[k], res = engine.Decide(time.Unix(0, 0).Add(t), p.oracle[k], p.olimit, 1)
+			p.oracle[k], res = engine.Decide(live(t), p.oracle[k], p.limits[li].limit, 1)
 			ch := work[r][rr[r]%len(work[r])]
 			rr[r]++
 			select {
@@ -465,10 +587,14 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 	}
 	wg.Wait()
 	stopShares()
+	stepErr := steps()
 	res := p.m.result()
 	p.m.mu.Lock()
 	errs, drops, offered := p.m.errs, p.m.drops, p.m.checks/2
 	p.m.mu.Unlock()
+	if stepErr != nil {
+		return res, stepErr
+	}
 	if bad := errs + drops; bad > 0 {
 		p.opt.Logger.Warn("live: checks not answered", "errors", errs, "dropped", drops, "of", offered+drops)
 		if float64(bad) > 0.02*float64(offered+drops) && len(sc.Gossip.Crashes) == 0 {
@@ -476,6 +602,102 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// stepLimits changes the global policy's limit at each limit step's live
+// time through the admin API of one daemon (the first of the first region
+// not crashed); policy sync carries it to the others, so every other
+// daemon enforces the new limit a gossip delay later (logged, per step, as
+// the time until every daemon held it). The returned wait stops what has
+// not happened yet and reports the first failed change.
+func (p *player) stepLimits(ctx context.Context, live func(time.Duration) time.Time) (wait func() error) {
+	if len(p.limits) < 2 {
+		return func() error { return nil }
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		var first error
+		for _, x := range p.limits[1:] {
+			select {
+			case <-ctx.Done():
+				done <- first
+				return
+			case <-time.After(time.Until(live(x.at))):
+			}
+			if err := p.putLimit(ctx, x); err != nil && first == nil && ctx.Err() == nil {
+				first = err
+			}
+		}
+		done <- first
+	}()
+	return func() error {
+		cancel()
+		return <-done
+	}
+}
+
+// putLimit puts the policy of x through one daemon and waits (at most one
+// report interval) until every running daemon holds it.
+func (p *player) putLimit(ctx context.Context, x limitAt) error {
+	var via *node
+	for r, ns := range p.cl.nodes {
+		if !p.crashed(r) && len(ns) > 0 {
+			via = ns[0]
+			break
+		}
+	}
+	if via == nil {
+		return nil // every region is down: nobody to tell
+	}
+	body, err := json.Marshal(livePolicy(x.limit))
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+via.addr+"/v1/policies/"+policyID, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+p.cl.token)
+	sent := time.Now()
+	res, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("live: limit step at %v: %w", x.at, err)
+	}
+	msg, _ := io.ReadAll(io.LimitReader(res.Body, 4<<10))
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK && res.StatusCode != http.StatusCreated {
+		return fmt.Errorf("live: limit step at %v: PUT /v1/policies/%s = %d %s", x.at, policyID, res.StatusCode, msg)
+	}
+	want := livePolicy(x.limit).Limit()
+	deadline := time.Now().Add(p.opt.Interval)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		all := true
+		for r, ns := range p.cl.nodes {
+			for _, n := range ns {
+				if got, ok := n.d.Registry().Get(policyID); !p.crashed(r) && (!ok || got.Limit() != want) {
+					all = false
+				}
+			}
+		}
+		if all {
+			p.opt.Logger.Info("live: limit step", "at", x.at, "factor", x.factor, "limit_per_s", perSec(x.limit),
+				"via", regionName(via.region), "every_daemon_after", time.Since(sent))
+			return nil
+		}
+		if time.Now().After(deadline) {
+			p.opt.Logger.Warn("live: limit step not yet on every daemon", "at", x.at, "after", time.Since(sent))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 func (p *player) check(ctx context.Context, addr, subject string) (bool, error) {

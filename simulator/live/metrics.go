@@ -18,10 +18,10 @@ import (
 // simulator.Recorder, so that live and virtual-time runs report the same
 // figures by the same code.
 type recorder struct {
-	sc    simulator.Scenario
-	f     float64 // live seconds per scenario second
-	lsec  float64 // L in live units per scenario second
-	nsecs int     // scenario seconds, the last one maybe partial
+	sc     simulator.Scenario
+	f      float64     // live seconds per scenario second
+	limits []limitRate // L over time, first at 0
+	nsecs  int         // scenario seconds, the last one maybe partial
 
 	mu         sync.Mutex
 	answers    []answer
@@ -38,9 +38,16 @@ type answer struct {
 	admitted, oracle bool
 }
 
-func newRecorder(sc simulator.Scenario, f, limit float64) *recorder {
+// limitRate is L from scenario time at on, in live units per scenario
+// second.
+type limitRate struct {
+	at   time.Duration
+	lsec float64
+}
+
+func newRecorder(sc simulator.Scenario, f float64, limits []limitRate) *recorder {
 	secs := int(math.Ceil(sc.Duration.D().Seconds()))
-	return &recorder{sc: sc, f: f, lsec: limit * f, nsecs: secs,
+	return &recorder{sc: sc, f: f, limits: limits, nsecs: secs,
 		shares: make([][]float64, secs), reportSize: make([]float64, sc.Regions)}
 }
 
@@ -111,20 +118,37 @@ func (m *recorder) sampleShares(ctx context.Context, cl *cluster, start time.Tim
 // result computes the simulator's Result from what was recorded: second by
 // second, the share sample (held over unsampled seconds; zero before the
 // first) and then that second's answers in the order they were scheduled.
+// A limit step inside a second splits it there, so that L changes at the
+// step's time, as in the simulator.
 func (m *recorder) result() simulator.Result {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec := simulator.NewRecorder(m.sc)
 	slices.SortStableFunc(m.answers, func(a, b answer) int { return cmp.Compare(a.at, b.at) })
-	row := make([]float64, m.sc.Regions)
-	i := 0
+	// Breakpoints: every whole second and every limit step.
+	var bps []time.Duration
 	for s := range m.nsecs {
-		if m.shares[s] != nil {
+		bps = append(bps, time.Duration(s)*time.Second)
+	}
+	for _, l := range m.limits[1:] {
+		if l.at < m.sc.Duration.D() {
+			bps = append(bps, l.at)
+		}
+	}
+	slices.Sort(bps)
+	bps = slices.Compact(bps)
+	row := make([]float64, m.sc.Regions)
+	i, li := 0, 0
+	for j, bp := range bps {
+		if s := int(bp / time.Second); bp%time.Second == 0 && m.shares[s] != nil {
 			row = m.shares[s]
 		}
-		rec.Shares(time.Duration(s)*time.Second, m.lsec, row)
-		end := time.Duration(s+1) * time.Second
-		for ; i < len(m.answers) && (m.answers[i].at < end || s == m.nsecs-1); i++ {
+		for li+1 < len(m.limits) && m.limits[li+1].at <= bp {
+			li++
+		}
+		rec.Shares(bp, m.limits[li].lsec, row)
+		last := j == len(bps)-1
+		for ; i < len(m.answers) && (last || m.answers[i].at < bps[j+1]); i++ {
 			a := m.answers[i]
 			rec.Arrival(a.region, a.key, a.admitted, a.oracle)
 		}
