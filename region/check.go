@@ -287,8 +287,11 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 		if p.Scope == quota.ScopeGlobal {
 			v.Policies[i].Scale = scale
 		}
+		// Shadow policies are tracked too: a global one previews what
+		// enforcement would do, which depends on what every region admits
+		// (its share, or its quota's count), so the others must hear of it.
+		c.Track = track
 		if p.Mode == quota.ModeEnforce {
-			c.Track = track
 			quotaAt[ne] = isQuota
 			enforced[ne], enfIdx[ne] = c, i
 			ne++

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -311,5 +312,63 @@ func TestGlobalQuotaUsageSingleRegion(t *testing.T) {
 	r = h.admin("GET", "/v1/regions", "")
 	if qs, ok := r.json(t)["global_quotas"].([]any); r.status != 200 || !ok || len(qs) != 0 {
 		t.Errorf("regions = %d %s, want global_quotas empty", r.status, r.body)
+	}
+}
+
+// TestShadowGlobalQuotaCountsAcrossRegions previews a global quota in
+// shadow mode: what one region admits must count against it in the others,
+// as it would once enforced, so region b reports would_reject exactly when
+// the two regions together pass the limit.
+func TestShadowGlobalQuotaCountsAcrossRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist on loopback; skipped under -short")
+	}
+	const (
+		limit  = 10
+		window = 24 * time.Hour
+	)
+	now := time.Now()
+	if end := time.Unix(0, (share.WindowIndex(now, window)+1)*int64(window)); end.Sub(now) < time.Minute {
+		t.Skip("within a minute of the quota window's end")
+	}
+	seed := []quota.Policy{
+		{ID: "daily", Algorithm: "fixed_window", Count: limit, Window: window.Seconds(), Mode: quota.ModeShadow, Scope: quota.ScopeGlobal},
+	}
+	a := startRegionDaemon(t, "a", "a1", "", seed)
+	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), seed)
+	eventually(t, "two members", 10*time.Second, func() bool {
+		return len(a.regions(t).Members) == 2 && len(b.regions(t).Members) == 2
+	})
+	check := func(l *liveDaemon) (wouldReject bool) {
+		t.Helper()
+		res, err := http.Post(l.base+"/v1/check", "application/json", strings.NewReader(`{"subject":"k","route":"/x"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var v struct {
+			WouldReject bool `json:"would_reject"`
+		}
+		if res.StatusCode != http.StatusOK || json.NewDecoder(res.Body).Decode(&v) != nil {
+			t.Fatalf("shadow check = %d, want 200 with a verdict", res.StatusCode)
+		}
+		return v.WouldReject
+	}
+	for i := range 8 {
+		if check(a) {
+			t.Fatalf("check %d in a would reject, under the limit %d", i, limit)
+		}
+	}
+	eventually(t, "b to count a's 8 shadow admissions", 15*time.Second, func() bool {
+		for _, q := range b.usage(t, "k").GlobalQuotas {
+			if q.Policy == "daily" && q.Regions["a"] == 8 {
+				return true
+			}
+		}
+		return false
+	})
+	got := []bool{check(b), check(b), check(b)}
+	if want := []bool{false, false, true}; !slices.Equal(got, want) {
+		t.Errorf("b's would_reject for checks 9, 10, 11 = %v, want %v: the limit %d counts both regions", got, want, limit)
 	}
 }
