@@ -12,6 +12,8 @@
 //	applied := reg.Match(quota.Query{Tier: who.Tier, Subject: who.Subject, Method: m, Route: path})
 //
 // and each Applied carries the engine.Limit to check and the cost to spend.
+// A policy the subject is exempt from (an Override with Unlimited) is not
+// among them; MatchExempt also returns it, as an Exemption, for reporting.
 // Quota knows nothing about how decisions are stored.
 //
 // Changes go through a Registry, which validates them as a whole, saves the

@@ -29,6 +29,44 @@ func ExampleRegistry_Match() {
 	// Output: pro-default v1 enforce cost=10 burst=200
 }
 
+func ExampleRegistry_MatchExempt() {
+	ctx := context.Background()
+	reg := quota.NewRegistry(quota.RegistryConfig{})
+	for _, p := range []quota.Policy{
+		{ID: "burst", Algorithm: "token_bucket", RatePerSec: 10, Burst: 20, Mode: quota.ModeEnforce},
+		{ID: "daily", Algorithm: "fixed_window", Count: 1000, Window: 86400, Mode: quota.ModeEnforce},
+	} {
+		if _, err := reg.Put(ctx, "alice", p, nil); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	o, err := quota.ParseOverride([]byte(`{"id": "billing-svc", "subject": "user:billing", "policy": "daily",
+		"unlimited": true, "expires_at": "2999-01-01T00:00:00Z"}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := reg.PutOverride(ctx, "alice", o); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, subject := range []string{"user:billing", "user:42"} {
+		applied, exempt := reg.MatchExempt(quota.Query{Subject: subject, Method: "GET", Route: "/v1/orders"})
+		for _, a := range applied {
+			fmt.Printf("%s: %s applies\n", subject, a.Policy.ID)
+		}
+		for _, e := range exempt {
+			fmt.Printf("%s: %s exempt by %s\n", subject, e.Policy.ID, e.Override)
+		}
+	}
+	// Output:
+	// user:billing: burst applies
+	// user:billing: daily exempt by billing-svc
+	// user:42: burst applies
+	// user:42: daily applies
+}
+
 func ExampleRegistry_Put_conflict() {
 	ctx := context.Background()
 	reg := quota.NewRegistry(quota.RegistryConfig{})

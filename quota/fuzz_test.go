@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // FuzzParsePolicy: decoding and validation never panic, and an accepted
@@ -37,6 +38,60 @@ func FuzzParsePolicy(f *testing.F) {
 		}
 		_ = p.CostFor("POST", "/v1/exports")
 		_ = p.Limit()
+	})
+}
+
+// FuzzParseOverride: decoding and validation never panic, every error is
+// a *ValidationError, an accepted override round-trips, an exemption
+// (unlimited) never carries a limit parameter and is never accepted for a
+// class security policy.
+func FuzzParseOverride(f *testing.F) {
+	f.Add([]byte(`{"id":"vip","subject":"user:42","policy":"free","rate_per_sec":50,"burst":100,"expires_at":"2999-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"id":"svc","subject":"key:0123456789abcdef","policy":"free","unlimited":true,"expires_at":"2999-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"id":"svc","subject":"user:1","policy":"login","unlimited":true,"limit":5,"expires_at":"2999-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"id":"x","subject":"ip:192.0.2.1","policy":"daily","limit":10,"window":60,"unlimited":false,"expires_at":"2999-01-01T00:00:00+02:00"}`))
+	f.Add([]byte(`{"id":"x","subject":"u","policy":"p","unlimited":1}`))
+	now := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	policies := []Policy{
+		Policy{ID: "free", Algorithm: "token_bucket", RatePerSec: 10, Burst: 20}.Normalize(),
+		Policy{ID: "login", Algorithm: "sliding_window_counter", Count: 5, Window: 900, Class: ClassSecurity}.Normalize(),
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		o, err := ParseOverride(data)
+		if err != nil {
+			if _, ok := err.(*ValidationError); !ok {
+				t.Fatalf("ParseOverride error %T %v, want *ValidationError", err, err)
+			}
+			return
+		}
+		if o.Unlimited && (o.RatePerSec != 0 || o.Burst != 0 || o.Count != 0 || o.Window != 0) {
+			t.Fatalf("accepted an exemption with a limit parameter: %+v", o)
+		}
+		enc, err := json.Marshal(o)
+		if err != nil {
+			t.Fatalf("Marshal(%+v) = %v", o, err)
+		}
+		q, err := ParseOverride(enc)
+		if err != nil {
+			t.Fatalf("re-parse of %s = %v", enc, err)
+		}
+		if !q.ExpiresAt.Equal(o.ExpiresAt) {
+			t.Fatalf("round trip expiry %s != %s", q.ExpiresAt, o.ExpiresAt)
+		}
+		q.ExpiresAt = o.ExpiresAt
+		if q != o {
+			t.Fatalf("round trip %+v != %+v", o, q)
+		}
+		for _, p := range policies {
+			err := o.validateFor(p, now)
+			if err != nil {
+				if _, ok := err.(*ValidationError); !ok {
+					t.Fatalf("validateFor error %T %v, want *ValidationError", err, err)
+				}
+			} else if o.Unlimited && p.Class == ClassSecurity {
+				t.Fatalf("exemption %+v accepted for security policy %s", o, p.ID)
+			}
+		}
 	})
 }
 

@@ -9,10 +9,12 @@ import (
 	"github.com/sluice-rl/sluice/engine"
 )
 
-// Override changes a policy's parameters for one subject until ExpiresAt.
+// Override changes a policy's parameters for one subject until ExpiresAt,
+// or, with Unlimited, exempts the subject from the policy until then.
 // A zero parameter keeps the policy's value. Overrides outlive policy
 // versions: they apply to whatever version of Policy is in force, and an
-// override whose parameters no longer fit that version is ignored.
+// override whose parameters no longer fit that version (or an exemption of
+// a policy that has become class security) is ignored.
 type Override struct {
 	// ID names the override: ^[a-z0-9][a-z0-9._-]{0,63}$.
 	ID string `json:"id"`
@@ -25,6 +27,13 @@ type Override struct {
 	Burst      float64 `json:"burst,omitempty"`
 	Count      float64 `json:"limit,omitempty"`
 	Window     float64 `json:"window,omitempty"` // seconds
+	// Unlimited exempts the subject from the policy: while the override
+	// is in force the policy is not evaluated for the subject at all (no
+	// state is read or written, it is in no RateLimit header) and Match
+	// reports it as an Exemption instead of an Applied. An unlimited
+	// override sets none of the parameters above, and a class security
+	// policy cannot be exempted (see validateFor).
+	Unlimited bool `json:"unlimited,omitempty"`
 	// ExpiresAt (RFC 3339) is when the override stops applying. It must be
 	// in the future when the override is created.
 	ExpiresAt time.Time `json:"expires_at"`
@@ -58,8 +67,19 @@ func (o Override) validateShape() error {
 	if !idPattern.MatchString(o.Policy) {
 		ve.add("policy", "must be a policy id, got %q", clip(o.Policy))
 	}
-	if o.RatePerSec == 0 && o.Burst == 0 && o.Count == 0 && o.Window == 0 {
-		ve.add("", "must set at least one of rate_per_sec, burst, limit, window")
+	if o.Unlimited {
+		// An exemption has no limit to tune: a parameter beside it is a
+		// mistake (which one did the operator mean?), not a no-op.
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"rate_per_sec", o.RatePerSec}, {"burst", o.Burst}, {"limit", o.Count}, {"window", o.Window}} {
+			if f.v != 0 {
+				ve.add(f.name, "must not be set with unlimited: an exemption has no limit (drop %s, or drop unlimited to change the limit instead)", f.name)
+			}
+		}
+	} else if o.RatePerSec == 0 && o.Burst == 0 && o.Count == 0 && o.Window == 0 {
+		ve.add("", "must set at least one of rate_per_sec, burst, limit, window, or unlimited")
 	}
 	if o.ExpiresAt.IsZero() {
 		ve.add("expires_at", "is required (RFC 3339)")
@@ -75,6 +95,12 @@ func (o Override) validateFor(p Policy, now time.Time) error {
 	}
 	if !o.ExpiresAt.IsZero() && !o.ExpiresAt.After(now) {
 		ve.add("expires_at", "must be in the future, got %s", o.ExpiresAt.Format(time.RFC3339))
+	}
+	if o.Unlimited {
+		if err := exemptable(p); err != nil {
+			ve.add("unlimited", "%v", err)
+		}
+		return ve.err()
 	}
 	l := p.Limit()
 	if l.Algorithm.Windowed() {
@@ -102,6 +128,19 @@ func (o Override) validateFor(p Policy, now time.Time) error {
 	}
 	validateLimit(ve, "", eff, burst, count)
 	return ve.err()
+}
+
+// exemptable reports why p cannot be exempted, or nil. A class security
+// policy (login, OTP, password reset) bounds how fast anyone can guess a
+// secret; an exemption would give its subject unlimited guesses, and since
+// security policies are never shown in headers or named to clients,
+// nothing would show it. A partner that needs more attempts gets an
+// ordinary override that raises the limit and still bounds guessing.
+func exemptable(p Policy) error {
+	if p.Class == ClassSecurity {
+		return fmt.Errorf("policy %s is class security and cannot be exempted: an exempt subject could guess without limit; raise its limit with an override (rate_per_sec, burst, limit, window) instead", p.ID)
+	}
+	return nil
 }
 
 // fits reports whether every parameter the override sets is used by a.

@@ -200,6 +200,7 @@ type activeOverride struct {
 	id      string
 	expires time.Time
 	limit   engine.Limit
+	exempt  bool // an unlimited override: the policy is left out
 }
 
 // view is an immutable, compiled picture of a state.
@@ -246,6 +247,14 @@ func buildView(s *state) (*view, []string) {
 			warnings = append(warnings, fmt.Sprintf("override %s: policy %s is not in force; ignored", o.ID, o.Policy))
 			continue
 		}
+		if o.Unlimited {
+			if err := exemptable(h.current.p); err != nil {
+				warnings = append(warnings, fmt.Sprintf("override %s no longer fits policy %s version %d (%v); ignored", o.ID, o.Policy, h.current.p.Version, err))
+				continue
+			}
+			v.overrides[ovKey{o.Subject, o.Policy}] = activeOverride{id: o.ID, expires: o.ExpiresAt, exempt: true}
+			continue
+		}
 		l := o.apply(h.current.limit)
 		err := l.Validate()
 		if err == nil && !o.fits(l.Algorithm) {
@@ -287,10 +296,23 @@ type Applied struct {
 	Override string
 }
 
+// Exemption is a policy that matched a request but that an unlimited
+// override in force takes out of it for the request's subject.
+type Exemption struct {
+	// Policy is the version in force. It is shared: do not modify it.
+	Policy *Policy
+	// Override is the id of the unlimited override.
+	Override string
+	// ExpiresAt is when the override stops applying and the policy
+	// applies to the subject again.
+	ExpiresAt time.Time
+}
+
 // Match returns the policies that apply to q, ordered by policy id, with
-// each one's cost and effective limit. At most MaxPoliciesPerRequest
-// policies can apply (Put refuses changes that would allow more). Match
-// takes no lock.
+// each one's cost and effective limit. A policy the subject is exempt from
+// (an unlimited override in force) does not apply and is left out; see
+// MatchExempt to learn which. At most MaxPoliciesPerRequest policies can
+// match (Put refuses changes that would allow more). Match takes no lock.
 func (r *Registry) Match(q Query) []Applied {
 	return r.AppendMatch(nil, q)
 }
@@ -298,6 +320,24 @@ func (r *Registry) Match(q Query) []Applied {
 // AppendMatch is Match appending to dst, so that a caller can reuse a
 // buffer and match without allocating.
 func (r *Registry) AppendMatch(dst []Applied, q Query) []Applied {
+	dst, _ = r.appendMatch(dst, nil, q, false)
+	return dst
+}
+
+// MatchExempt is Match that also returns the policies that matched q but
+// that the subject is exempt from, ordered by policy id. Together the two
+// lists hold at most MaxPoliciesPerRequest policies.
+func (r *Registry) MatchExempt(q Query) ([]Applied, []Exemption) {
+	return r.AppendMatchExempt(nil, nil, q)
+}
+
+// AppendMatchExempt is MatchExempt appending to dst and ex, so that a
+// caller can reuse buffers and match without allocating.
+func (r *Registry) AppendMatchExempt(dst []Applied, ex []Exemption, q Query) ([]Applied, []Exemption) {
+	return r.appendMatch(dst, ex, q, true)
+}
+
+func (r *Registry) appendMatch(dst []Applied, ex []Exemption, q Query, wantExempt bool) ([]Applied, []Exemption) {
 	v := r.view.Load()
 	list, ok := v.byTier[q.Tier]
 	if !ok {
@@ -319,13 +359,19 @@ func (r *Registry) AppendMatch(dst []Applied, q Query) []Applied {
 					now = r.now()
 				}
 				if now.Before(o.expires) {
+					if o.exempt {
+						if wantExempt {
+							ex = append(ex, Exemption{Policy: &c.p, Override: o.id, ExpiresAt: o.expires})
+						}
+						continue
+					}
 					a.Limit, a.Override = o.limit, o.id
 				}
 			}
 		}
 		dst = append(dst, a)
 	}
-	return dst
+	return dst, ex
 }
 
 func upperASCII(s string) string {
@@ -596,8 +642,9 @@ func (r *Registry) Seed(ctx context.Context, who string, ps []Policy) error {
 }
 
 // PutOverride creates or replaces (by id) an override. The policy must be
-// in force, the effective limit valid and ExpiresAt in the future. A
-// subject has at most one override per policy.
+// in force, the effective limit valid (or, for an unlimited override, the
+// policy not class security) and ExpiresAt in the future. A subject has at
+// most one override per policy, exemption or not.
 func (r *Registry) PutOverride(ctx context.Context, who string, o Override) (Override, error) {
 	err := r.update(ctx, who, func(s *state, now time.Time) ([]change, error) {
 		h, have := s.inForce(o.Policy)

@@ -271,6 +271,10 @@ type Usage struct {
 	Subject  string         `json:"subject"`
 	Tier     string         `json:"tier"`
 	Policies []PolicyResult `json:"policies"`
+	// Exempt lists, with ?route=, the policies that match the route but
+	// that the subject is exempt from (an unlimited override in force);
+	// they are not in Policies and their state is not read.
+	Exempt []ExemptResult `json:"exempt,omitempty"`
 	// GlobalShares gives each global-scope policy's division among the
 	// regions (multi-region daemons only). Global quotas are not divided:
 	// they are in GlobalQuotas instead.
@@ -424,9 +428,11 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		if t == "" {
 			t = quota.TierAnonymous
 		}
-		for _, a := range d.reg.Match(quota.Query{Tier: t, Subject: subject, Method: method, Route: route}) {
+		applied, exempt := d.reg.MatchExempt(quota.Query{Tier: t, Subject: subject, Method: method, Route: route})
+		for _, a := range applied {
 			add(a.Policy, a.Limit, a.Override)
 		}
+		out.Exempt = exemptResults(exempt)
 	} else {
 		for _, p := range d.reg.List(tier) {
 			add(&p, p.Limit(), "")

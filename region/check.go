@@ -96,6 +96,36 @@ type Decision struct {
 	// Source is store, deny_cache, fallback or none (no enforced policy).
 	Source   string         `json:"source"`
 	Policies []PolicyResult `json:"policies"`
+	// Exempt lists the policies that matched the request but that the
+	// subject is exempt from (an unlimited override in force), so that an
+	// operator can see why they did not limit it. They were not evaluated:
+	// no state was read or written for them and they are in no header.
+	Exempt []ExemptResult `json:"exempt,omitempty"`
+}
+
+// ExemptResult is a policy a Decision's subject is exempt from.
+type ExemptResult struct {
+	ID      string `json:"id"`
+	Version int    `json:"version"`
+	Mode    string `json:"mode"`
+	Class   string `json:"class"`
+	Scope   string `json:"scope"`
+	// Override is the id of the unlimited override that exempts the
+	// subject; it applies until ExpiresAt (RFC 3339, UTC).
+	Override  string    `json:"override"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func exemptResults(ex []quota.Exemption) []ExemptResult {
+	if len(ex) == 0 {
+		return nil
+	}
+	out := make([]ExemptResult, len(ex))
+	for i, e := range ex {
+		p := e.Policy
+		out[i] = ExemptResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Override: e.Override, ExpiresAt: e.ExpiresAt.UTC()}
+	}
+	return out
 }
 
 // PolicyResult is one policy's figures in a Decision.
@@ -232,16 +262,20 @@ func failureOf(s string) engine.Failure {
 // policy from spending. When the enforced set rejects, the request would
 // have spent nothing under a shadow policy either, so the shadow policies
 // are not evaluated (Evaluated false) and their state stays as it was.
+// Policies the subject is exempt from are not decided at all: they are
+// listed in Exempt and nowhere else.
 func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	who := d.reg.Resolve(t.id)
 	var buf [2 * engine.MaxChecks]quota.Applied
-	applied := d.reg.AppendMatch(buf[:0], quota.Query{Tier: who.Tier, Subject: who.Subject, Method: t.method, Route: t.route})
+	var exBuf [engine.MaxChecks]quota.Exemption
+	applied, exempt := d.reg.AppendMatchExempt(buf[:0], exBuf[:0], quota.Query{Tier: who.Tier, Subject: who.Subject, Method: t.method, Route: t.route})
 
 	v := verdict{status: http.StatusOK}
 	v.Allowed = true
 	v.Subject, v.Tier = who.Subject, who.Tier
 	v.Source = "none"
 	v.Policies = make([]PolicyResult, len(applied))
+	v.Exempt = exemptResults(exempt)
 
 	var enforced, shadow [engine.MaxChecks]engine.Check
 	var enfIdx, shIdx [engine.MaxChecks]int

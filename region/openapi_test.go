@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region/globalshare"
 )
 
@@ -94,7 +95,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	if err := json.Unmarshal(data, &doc); err != nil {
 		t.Fatalf("openapi.json: %v", err)
 	}
-	for name, v := range map[string]any{"GlobalQuota": GlobalQuota{}, "QuotaStat": globalshare.QuotaStat{}} {
+	for name, v := range map[string]any{"GlobalQuota": GlobalQuota{}, "QuotaStat": globalshare.QuotaStat{},
+		"Override": quota.Override{}, "Decision": Decision{}, "ExemptResult": ExemptResult{}} {
 		var want []string
 		for f := range reflect.TypeOf(v).Fields() {
 			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag != "" && tag != "-" {
