@@ -156,7 +156,7 @@ func TestAuthzAndSecurityNeverInHeaders(t *testing.T) {
 		t.Errorf("envoy-style authz = %d %s", r.status, r.body)
 	}
 	// nginx mode.
-	h.putPolicy("tiny", `{"algorithm":"fixed_window","limit":1,"window":60,"mode":"enforce","match":{"routes":["/tiny"]}}`)
+	h.putPolicy("tiny", `{"algorithm":"fixed_window","limit":1,"window":3600,"mode":"enforce","match":{"routes":["/tiny"]}}`)
 	h.do("GET", "/v1/authz?deny_status=403", "", "X-Original-URI", "/tiny")
 	r = h.do("GET", "/v1/authz?deny_status=403", "", "X-Original-URI", "/tiny")
 	if r.status != 403 || r.header.Get("X-Sluice-Status") != "429" || r.header.Get("Retry-After") == "" {
@@ -223,7 +223,7 @@ func TestBadPolicyKeepsOldAndRollback(t *testing.T) {
 
 func TestAdminFlow(t *testing.T) {
 	h := newHarness(t, nil)
-	h.putPolicy("pro", `{"match":{"tier":"pro"},"algorithm":"fixed_window","limit":10,"window":60,"mode":"enforce"}`)
+	h.putPolicy("pro", `{"match":{"tier":"pro"},"algorithm":"fixed_window","limit":10,"window":3600,"mode":"enforce"}`)
 	r := h.admin("PUT", "/v1/keys/key-123", `{"tier":"pro"}`)
 	if r.status != 200 {
 		t.Fatalf("put key = %d %s", r.status, r.body)

@@ -214,7 +214,7 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 
 			// Shadow: would reject, allowed.
-			r = d.admin("PUT", "/v1/policies/new-limit", `{"match":{"routes":["/v2/*"]},"algorithm":"fixed_window","limit":1,"window":60}`)
+			r = d.admin("PUT", "/v1/policies/new-limit", `{"match":{"routes":["/v2/*"]},"algorithm":"fixed_window","limit":1,"window":3600}`)
 			if r.status != 201 || !strings.Contains(r.body, `"mode":"shadow"`) {
 				t.Fatalf("shadow PUT = %d %s", r.status, r.body)
 			}
@@ -258,7 +258,7 @@ func TestServeSharedPolicies(t *testing.T) {
 			time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline
 		}
 	}
-	if r := a.admin("PUT", "/v1/policies/shared", `{"algorithm":"fixed_window","limit":2,"window":60,"mode":"enforce"}`); r.status != 201 {
+	if r := a.admin("PUT", "/v1/policies/shared", `{"algorithm":"fixed_window","limit":2,"window":3600,"mode":"enforce"}`); r.status != 201 {
 		t.Fatalf("PUT on a = %d %s", r.status, r.body)
 	}
 	took := waitVersion(b, "shared", 1)
@@ -277,7 +277,7 @@ func TestServeSharedPolicies(t *testing.T) {
 		t.Fatalf("check on a = %d, want 429 (shared Redis state)", r.status)
 	}
 	// Raise the limit on a; b enforces it within a second.
-	if r := a.admin("PUT", "/v1/policies/shared", `{"algorithm":"fixed_window","limit":5,"window":60,"mode":"enforce"}`); r.status != 200 {
+	if r := a.admin("PUT", "/v1/policies/shared", `{"algorithm":"fixed_window","limit":5,"window":3600,"mode":"enforce"}`); r.status != 200 {
 		t.Fatalf("PUT v2 = %d %s", r.status, r.body)
 	}
 	waitVersion(b, "shared", 2)
@@ -373,7 +373,7 @@ func TestServeThroughNginx(t *testing.T) {
 	}
 	empty := writeFile(t, "policies.json", "[]")
 	d := startDaemon(t, bin, "--policies", empty, "--trusted-proxies", "127.0.0.1/32")
-	if r := d.admin("PUT", "/v1/policies/hello", `{"match":{"routes":["/hello.txt"]},"algorithm":"fixed_window","limit":2,"window":60,"mode":"enforce"}`); r.status != 201 {
+	if r := d.admin("PUT", "/v1/policies/hello", `{"match":{"routes":["/hello.txt"]},"algorithm":"fixed_window","limit":2,"window":3600,"mode":"enforce"}`); r.status != 201 {
 		t.Fatalf("PUT = %d %s", r.status, r.body)
 	}
 
@@ -466,7 +466,7 @@ http {
 		if got, want := res.Header.Get("RateLimit"), fmt.Sprintf(`"hello";r=%d;t=`, 1-i); !strings.HasPrefix(got, want) {
 			t.Errorf("request %d RateLimit = %q, want %s...", i+1, got, want)
 		}
-		if got := res.Header.Get("RateLimit-Policy"); got != `"hello";q=2;w=60` {
+		if got := res.Header.Get("RateLimit-Policy"); got != `"hello";q=2;w=3600` {
 			t.Errorf("RateLimit-Policy = %q", got)
 		}
 	}
