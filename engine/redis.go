@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -242,6 +243,14 @@ func (s *RedisStore) eval(ctx context.Context, keys []string, args []any) ([]int
 //	redis://[user:password@]host:port[/db]   one server (*redis.Client)
 //	rediss://...                             the same over TLS
 //	redis-cluster://[user:password@]h1:p1,h2:p2,...   a cluster (*redis.ClusterClient)
+//	redis-sentinel://[user:password@]master@s1:p1,s2:p2,...[/db]
+//	                                         the primary that the Sentinels at
+//	                                         s1:p1,... name for master
+//	                                         (*redis.Client, a failover client)
+//
+// A Sentinel deployment is one primary, so the Limiter keeps one circuit
+// breaker for it, as for redis://. The credentials are the data nodes';
+// the Sentinels are asked without any.
 //
 // The client is set up for a rate limiter on the request path:
 //   - ContextTimeoutEnabled, so the per-check deadline (RedisConfig.Timeout)
@@ -302,8 +311,22 @@ func NewRedisClient(url string) (redis.UniversalClient, error) {
 			WriteTimeout:               ioTimeout,
 		}), nil
 	}
+	if strings.HasPrefix(url, "redis-sentinel://") {
+		opt, err := parseSentinelURL(url)
+		if err != nil {
+			return nil, err
+		}
+		opt.ContextTimeoutEnabled = true
+		opt.DialerRetries = 1
+		opt.MinRetryBackoff, opt.MaxRetryBackoff = retryBackoff, retryBackoff
+		opt.MaxRetries = maxRetries
+		opt.PoolSize = poolSize
+		opt.DialTimeout = dialTimeout
+		opt.ReadTimeout, opt.WriteTimeout = ioTimeout, ioTimeout
+		return redis.NewFailoverClient(opt), nil
+	}
 	if !strings.HasPrefix(url, "redis://") && !strings.HasPrefix(url, "rediss://") {
-		return nil, errors.New("redis url must start with redis://, rediss:// or redis-cluster://, got " + strconv.Quote(url))
+		return nil, errors.New("redis url must start with redis://, rediss://, redis-cluster:// or redis-sentinel://, got " + strconv.Quote(url))
 	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
@@ -317,6 +340,68 @@ func NewRedisClient(url string) (redis.UniversalClient, error) {
 	opt.DialTimeout = dialTimeout
 	opt.ReadTimeout, opt.WriteTimeout = ioTimeout, ioTimeout
 	return redis.NewClient(opt), nil
+}
+
+// parseSentinelURL reads a store URL of the form
+// redis-sentinel://[user:password@]master@host:port,host:port[/db] into the
+// failover options it names: master name, Sentinel addresses, database, and
+// the credentials of the data nodes. It sets no timeouts or pool sizes;
+// NewRedisClient adds those. Each error is one line naming what is wrong.
+func parseSentinelURL(url string) (*redis.FailoverOptions, error) {
+	const form = "redis-sentinel://MASTER@HOST:PORT[,HOST:PORT...][/DB]"
+	rest, ok := strings.CutPrefix(url, "redis-sentinel://")
+	if !ok {
+		return nil, fmt.Errorf("redis url %q must start with redis-sentinel://", url)
+	}
+	at := strings.LastIndex(rest, "@")
+	if i := strings.LastIndex(rest[:max(at, 0)], "@"); i >= 0 {
+		// Quote the URL in errors without its password.
+		user, _, _ := strings.Cut(rest[:i], ":")
+		url = "redis-sentinel://" + user + ":xxxxx" + rest[i:]
+	}
+	if at < 0 {
+		return nil, fmt.Errorf("redis url %q names no master: want %s", url, form)
+	}
+	who, hosts := rest[:at], rest[at+1:]
+	opt := &redis.FailoverOptions{MasterName: who}
+	if i := strings.LastIndex(who, "@"); i >= 0 {
+		opt.Username, opt.Password, _ = strings.Cut(who[:i], ":")
+		opt.MasterName = who[i+1:]
+	}
+	if opt.MasterName == "" {
+		return nil, fmt.Errorf("redis url %q names no master: want %s", url, form)
+	}
+	if strings.ContainsAny(opt.MasterName, " \t\r\n/,:") {
+		return nil, fmt.Errorf("redis url %q: master name %q may not contain spaces, '/', ',' or ':'", url, opt.MasterName)
+	}
+	if slash := strings.Index(hosts, "/"); slash >= 0 {
+		db := hosts[slash+1:]
+		hosts = hosts[:slash]
+		if db != "" {
+			n, err := strconv.Atoi(db)
+			if err != nil || n < 0 || strconv.Itoa(n) != db {
+				return nil, fmt.Errorf("redis url %q: database %q is not a non-negative integer", url, db)
+			}
+			opt.DB = n
+		}
+	}
+	for a := range strings.SplitSeq(hosts, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("redis url %q: sentinel address %q is not HOST:PORT", url, a)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return nil, fmt.Errorf("redis url %q: sentinel address %q has no port from 1 to 65535", url, a)
+		}
+		opt.SentinelAddrs = append(opt.SentinelAddrs, a)
+	}
+	if len(opt.SentinelAddrs) == 0 {
+		return nil, fmt.Errorf("redis url %q names no sentinel: want %s", url, form)
+	}
+	return opt, nil
 }
 
 // masterForKeyer is the part of *redis.ClusterClient that tells which

@@ -39,9 +39,11 @@ type Config struct {
 	// AdminListen, if set, serves the admin API there instead, so that it
 	// can be bound to a private interface.
 	AdminListen string
-	// Store is "memory", "redis://HOST:PORT[/DB]" or
-	// "redis-cluster://H1:P1,H2:P2". With Redis, limiter state and policies
-	// are shared by every daemon on it.
+	// Store is "memory", "redis://HOST:PORT[/DB]",
+	// "redis-cluster://H1:P1,H2:P2" or
+	// "redis-sentinel://MASTER@S1:P1,S2:P2[/DB]" (the primary that those
+	// Sentinels name). With Redis, limiter state and policies are shared by
+	// every daemon on it.
 	Store string
 	// StoreTimeout bounds every decision-store call.
 	StoreTimeout time.Duration
@@ -100,8 +102,8 @@ func (c Config) Validate() error {
 	if c.Listen == "" {
 		errs = append(errs, errors.New("listen address is required"))
 	}
-	if c.Store != "memory" && !strings.HasPrefix(c.Store, "redis://") && !strings.HasPrefix(c.Store, "rediss://") && !strings.HasPrefix(c.Store, "redis-cluster://") {
-		errs = append(errs, fmt.Errorf("store must be memory, redis://HOST:PORT or redis-cluster://H1:P1,H2:P2, got %q", c.Store))
+	if c.Store != "memory" && storeKind(c.Store) == "" {
+		errs = append(errs, fmt.Errorf("store must be memory, redis://HOST:PORT, redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2, got %q", c.Store))
 	}
 	if c.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("store timeout must be positive, got %v", c.StoreTimeout))
@@ -280,14 +282,20 @@ func (d *Daemon) loadPolicies(ctx context.Context) error {
 	return nil
 }
 
+// storeKind names the kind of store s is, as /ready reports it: memory,
+// redis, redis-cluster or redis-sentinel; "" if s is none of them.
 func storeKind(s string) string {
-	if s == "memory" {
+	switch {
+	case s == "memory":
 		return "memory"
-	}
-	if strings.HasPrefix(s, "redis-cluster://") {
+	case strings.HasPrefix(s, "redis-cluster://"):
 		return "redis-cluster"
+	case strings.HasPrefix(s, "redis-sentinel://"):
+		return "redis-sentinel"
+	case strings.HasPrefix(s, "redis://"), strings.HasPrefix(s, "rediss://"):
+		return "redis"
 	}
-	return "redis"
+	return ""
 }
 
 func (d *Daemon) close() {

@@ -120,7 +120,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", def.Listen, "address of the check API, /healthz, /readyz, /metrics (and the admin API without --admin-listen)")
 	f.StringVar(&cfg.AdminListen, "admin-listen", "", "serve the admin API on this address instead of --listen")
-	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB] or redis-cluster://H1:P1,H2:P2 (policies are then shared through it too)")
+	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB] (policies are then shared through it too)")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", def.StoreTimeout, "deadline of every decision-store call")
 	f.StringVar(&policiesFile, "policies", "", "JSON array of policy documents to seed at start, replacing the built-in defaults ([] = none)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")

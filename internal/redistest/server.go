@@ -61,6 +61,7 @@ type Server struct {
 	bin     string
 	dir     string
 	logPath string
+	conf    string   // config file given before every argument, or ""
 	args    []string // arguments after --port
 	port    int
 
@@ -94,8 +95,22 @@ func Start(t testing.TB, opts ...Option) *Server {
 // another process takes the port first.
 func startServer(t testing.TB, bin string, args []string, pick func() (int, error)) *Server {
 	t.Helper()
+	return startServerConf(t, bin, "", args, pick)
+}
+
+// startServerConf is startServer with a config file: conf, when not empty,
+// is written to redis.conf in the server's directory and named before the
+// arguments. Redis Sentinel needs one, to record what it learns.
+func startServerConf(t testing.TB, bin, conf string, args []string, pick func() (int, error)) *Server {
+	t.Helper()
 	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: args}
 	s.logPath = filepath.Join(s.dir, "redis.log")
+	if conf != "" {
+		s.conf = filepath.Join(s.dir, "redis.conf")
+		if err := os.WriteFile(s.conf, []byte(conf), 0o644); err != nil {
+			t.Fatalf("redistest: write %s: %v", s.conf, err)
+		}
+	}
 	t.Cleanup(s.cleanup)
 	for attempt := 1; ; attempt++ {
 		port, err := pick()
@@ -128,15 +143,19 @@ func (s *Server) launch(port int) (*process, error) {
 	}
 	logStart := fi.Size()
 
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args,
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
 		"--appendonly", "no",
 		"--daemonize", "no",
-		"--logfile", "",
-	}, s.args...)
+		"--logfile", "")
+	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	cmd.Stdout = logf
