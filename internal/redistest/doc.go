@@ -1,4 +1,5 @@
-// Package redistest runs real Redis servers and Redis Clusters for tests.
+// Package redistest runs real Redis servers, Redis Clusters and Sentinel
+// groups (StartSentinel: a primary, a replica and three sentinels) for tests.
 //
 // Sluice's tests make claims about how Redis behaves: that a Lua script is
 // atomic, that a key's slot moves to a replica after failover, that a paused
@@ -7,7 +8,7 @@
 // on free loopback ports instead, each in its own t.TempDir() with persistence
 // off, and kill it when the test ends.
 //
-// Start and StartCluster skip under go test -short. In the full run a missing
+// Start, StartCluster and StartSentinel skip under go test -short. In the full run a missing
 // redis-server or redis-cli is a test failure, not a skip, so CI cannot pass by
 // silently testing nothing.
 //
