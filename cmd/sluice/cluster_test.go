@@ -37,21 +37,7 @@ func TestServeOnRedisCluster(t *testing.T) {
 	const subjects, tries = 24, 8
 	for i := range subjects {
 		check := fmt.Sprintf(`{"user":"user-%d","route":"/orders"}`, i)
-		allowed := 0
-		for j := range tries {
-			d := a
-			if j%2 == 1 {
-				d = b
-			}
-			switch r := d.do("POST", "/v1/check", check); r.status {
-			case 200:
-				allowed++
-			case 429:
-			default:
-				t.Fatalf("user-%d check %d = %d %s", i, j, r.status, r.body)
-			}
-		}
-		if allowed != 5 {
+		if allowed := allowedAcross(t, a, b, check, tries); allowed != 5 {
 			t.Errorf("user-%d: %d of %d checks allowed across two daemons, want exactly the limit 5", i, allowed, tries)
 		}
 	}

@@ -42,21 +42,7 @@ func TestServeOnRedisSentinel(t *testing.T) {
 
 	for i := range 3 {
 		check := fmt.Sprintf(`{"user":"user-%d","route":"/orders"}`, i)
-		allowed := 0
-		for j := range 8 {
-			d := a
-			if j%2 == 1 {
-				d = b
-			}
-			switch r := d.do("POST", "/v1/check", check); r.status {
-			case 200:
-				allowed++
-			case 429:
-			default:
-				t.Fatalf("user-%d check %d = %d %s", i, j, r.status, r.body)
-			}
-		}
-		if allowed != 5 {
+		if allowed := allowedAcross(t, a, b, check, 8); allowed != 5 {
 			t.Errorf("user-%d: %d of 8 checks allowed across two daemons, want exactly the limit 5", i, allowed)
 		}
 	}

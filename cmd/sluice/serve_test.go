@@ -134,6 +134,27 @@ func (d *daemon) admin(method, path, body string, hdr ...string) reply {
 	return d.do(method, path, body, append([]string{"Authorization", "Bearer " + e2eToken}, hdr...)...)
 }
 
+// allowedAcross sends check tries times, alternating between daemons a and
+// b, and counts the checks allowed; anything but 200 or 429 fails the test.
+func allowedAcross(t *testing.T, a, b *daemon, check string, tries int) int {
+	t.Helper()
+	allowed := 0
+	for j := range tries {
+		d := a
+		if j%2 == 1 {
+			d = b
+		}
+		switch r := d.do("POST", "/v1/check", check); r.status {
+		case 200:
+			allowed++
+		case 429:
+		default:
+			t.Fatalf("check %d of %s = %d %s", j, check, r.status, r.body)
+		}
+	}
+	return allowed
+}
+
 func writeFile(t *testing.T, name, content string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
