@@ -201,10 +201,7 @@ func TestGlobalQuotaUsage(t *testing.T) {
 		limit  = 50
 		window = 24 * time.Hour
 	)
-	now := time.Now()
-	if end := time.Unix(0, (share.WindowIndex(now, window)+1)*int64(window)); end.Sub(now) < time.Minute {
-		t.Skip("within a minute of the quota window's end")
-	}
+	skipNearWindowEnd(t, window)
 	seed := []quota.Policy{
 		{ID: "daily", Algorithm: "fixed_window", Count: limit, Window: window.Seconds(), Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal},
 		{ID: "rate", Algorithm: "token_bucket", RatePerSec: 1000, Burst: 1000, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal},
@@ -327,10 +324,7 @@ func TestShadowGlobalQuotaCountsAcrossRegions(t *testing.T) {
 		limit  = 10
 		window = 24 * time.Hour
 	)
-	now := time.Now()
-	if end := time.Unix(0, (share.WindowIndex(now, window)+1)*int64(window)); end.Sub(now) < time.Minute {
-		t.Skip("within a minute of the quota window's end")
-	}
+	skipNearWindowEnd(t, window)
 	seed := []quota.Policy{
 		{ID: "daily", Algorithm: "fixed_window", Count: limit, Window: window.Seconds(), Mode: quota.ModeShadow, Scope: quota.ScopeGlobal},
 	}
@@ -370,5 +364,16 @@ func TestShadowGlobalQuotaCountsAcrossRegions(t *testing.T) {
 	got := []bool{check(b), check(b), check(b)}
 	if want := []bool{false, false, true}; !slices.Equal(got, want) {
 		t.Errorf("b's would_reject for checks 9, 10, 11 = %v, want %v: the limit %d counts both regions", got, want, limit)
+	}
+}
+
+// skipNearWindowEnd skips a test that counts a clock-aligned quota window
+// when that window ends within a minute: the count would start over
+// under it.
+func skipNearWindowEnd(t *testing.T, window time.Duration) {
+	t.Helper()
+	now := time.Now()
+	if end := time.Unix(0, (share.WindowIndex(now, window)+1)*int64(window)); end.Sub(now) < time.Minute {
+		t.Skip("within a minute of the quota window's end")
 	}
 }
