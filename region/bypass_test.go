@@ -70,6 +70,7 @@ func TestAuthzNoWayAroundLogin(t *testing.T) {
 		attempt{"rotating x-forwarded-for", "POST", "/login", "", []string{"X-Forwarded-For", "198.51.100.77"}},
 		attempt{"rotating x-real-ip", "POST", "/login", "", []string{"X-Real-IP", "198.51.100.77"}},
 		attempt{"tier header", "POST", "/login", "", []string{"X-Sluice-Tier", "pro"}},
+		attempt{"user header", "POST", "/login", "", []string{"X-User-Id", "someone-else"}},
 		attempt{"invented bearer", "POST", "/login", "", []string{"Authorization", "Bearer invented-77"}},
 		attempt{"invented x-api-key", "POST", "/login", "", []string{"X-API-Key", "invented-77"}},
 		attempt{"900-byte bearer", "POST", "/login", "", []string{"Authorization", "Bearer " + longToken}},
@@ -77,7 +78,7 @@ func TestAuthzNoWayAroundLogin(t *testing.T) {
 	)
 	for _, tt := range tries {
 		t.Run(tt.name, func(t *testing.T) {
-			h := loginHarness(t, nil)
+			h := loginHarness(t, func(c *Config) { c.UserHeader = "X-User-Id" })
 			h.spendLogins()
 			var r resp
 			if tt.path != "" {
