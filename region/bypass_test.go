@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -350,5 +351,17 @@ func TestCheckInventedKeys(t *testing.T) {
 	r := h.do("POST", "/v1/check", `{"api_key":"invented-7","ip":"192.0.2.20","method":"POST","route":"/login"}`)
 	if r.status != 200 || r.json(t)["subject"] != "ip:192.0.2.20" {
 		t.Errorf("invented key beside an ip = %d %s, want 200 as ip:192.0.2.20", r.status, r.body)
+	}
+}
+
+// The usage report's ?route= meets the policies a request to that route
+// would meet, in any spelling.
+func TestUsageRouteIsCanonical(t *testing.T) {
+	h := loginHarness(t, nil)
+	for _, route := range []string{"/login", "/login/", "//%6Cogin", "/x/../login"} {
+		r := h.admin("GET", "/v1/keys/ip:127.0.0.1/usage?method=POST&route="+url.QueryEscape(route), "")
+		if r.status != 200 || !strings.Contains(string(r.body), `"id":"login"`) {
+			t.Errorf("usage ?route=%s = %d %s, want the login policy", route, r.status, r.body)
+		}
 	}
 }
