@@ -113,3 +113,18 @@ func ExampleIdentify() {
 	// ip:198.51.100.3
 	// ip6:2001:db8:1:2::/64
 }
+
+func ExampleNormalizeRoute() {
+	for _, p := range []string{"/%6Cogin", "//login", "/login/", "/./login", "/x/../login", "/../login?next=/", "/a%2Fb", "/caf%c3%a9"} {
+		fmt.Printf("%-18s %s\n", p, quota.NormalizeRoute(p))
+	}
+	// Output:
+	// /%6Cogin           /login
+	// //login            /login
+	// /login/            /login
+	// /./login           /login
+	// /x/../login        /login
+	// /../login?next=/   /login
+	// /a%2Fb             /a/b
+	// /caf%c3%a9         /caf%C3%A9
+}

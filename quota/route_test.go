@@ -120,3 +120,13 @@ func FuzzNormalizeRoute(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkNormalizeRoute(b *testing.B) {
+	for _, p := range []string{"/v1/orders/7/items", "/v1//orders/%37/./items/"} {
+		b.Run(p, func(b *testing.B) {
+			for b.Loop() {
+				NormalizeRoute(p)
+			}
+		})
+	}
+}
