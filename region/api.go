@@ -195,7 +195,9 @@ func (c Config) validateEdge() error {
 // fuzzed.
 func forwardedTarget(h http.Header, pair authzHeaders, method, path string, prefixed bool) (string, string, *Problem) {
 	m, u := method, path
+	fieldM, fieldU := "method", "path" // of the call itself
 	if !prefixed {
+		fieldM, fieldU = pair.method, pair.uri
 		var p *Problem
 		if m, p = oneHeader(h, pair.method); p != nil {
 			return "", "", p
@@ -205,15 +207,15 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 		}
 	}
 	if !methodPattern.MatchString(m) {
-		return "", "", invalid(pair.method, "must be an HTTP method such as GET, got %q", clipStr(m))
+		return "", "", invalid(fieldM, "must be an HTTP method such as GET, got %q", clipStr(m))
 	}
 	if len(u) > maxRouteLen {
-		return "", "", invalid(pair.uri, "longer than %d bytes", maxRouteLen)
+		return "", "", invalid(fieldU, "longer than %d bytes", maxRouteLen)
 	}
 	if !strings.HasPrefix(u, "/") {
 		pu, err := url.Parse(u)
 		if err != nil || !pu.IsAbs() || pu.Host == "" {
-			return "", "", invalid(pair.uri, "must be a path or an absolute URL, got %q", clipStr(u))
+			return "", "", invalid(fieldU, "must be a path or an absolute URL, got %q", clipStr(u))
 		}
 		u = pu.EscapedPath()
 		if u == "" {
@@ -224,7 +226,7 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 		u = u[:i]
 	}
 	if err := validRoute(u); err != nil {
-		return "", "", invalid(pair.uri, "%v", err)
+		return "", "", invalid(fieldU, "%v", err)
 	}
 	return strings.ToUpper(m), quota.NormalizeRoute(u), nil
 }
