@@ -36,7 +36,12 @@ func compileGlob(p string) (*glob, error) {
 		}
 	}
 	g := &glob{src: p}
-	segs := strings.Split(p[1:], "/")
+	if strings.Contains(p, "//") {
+		return nil, fmt.Errorf("empty path segment in %q", p)
+	}
+	// Requests are matched in NormalizeRoute's form, so the pattern is
+	// too: "/login/" matches what "/login" matches.
+	segs := strings.Split(NormalizeRoute(p)[1:], "/")
 	for i, s := range segs {
 		last := i == len(segs)-1
 		if s == "" && !last {

@@ -29,12 +29,46 @@ type IdentityConfig struct {
 	// trusted peers; "" disables it.
 	TierHeader string
 	// TrustedProxies are the networks of the proxies and gateways whose
-	// Forwarded / X-Forwarded-For, user and tier headers are believed.
+	// client-address (ClientIPHeader), user and tier headers are believed.
 	// Empty: every peer is a client, and only its socket address counts.
 	TrustedProxies []netip.Prefix
+	// ClientIPHeader is the one header that names the client address when
+	// the socket peer is a trusted proxy: ClientIPXForwardedFor (also ""),
+	// ClientIPXRealIP, ClientIPForwarded or ClientIPNone (the socket peer
+	// always). No other forwarding header is ever read.
+	ClientIPHeader string
 	// MaxHeaderBytes bounds each header Identify reads (all of its lines
 	// together); a longer one is an *IdentityError. Zero means 8192.
 	MaxHeaderBytes int
+}
+
+// The values of IdentityConfig.ClientIPHeader.
+const (
+	// ClientIPXForwardedFor walks X-Forwarded-For from the right and takes
+	// the first address that is not a trusted proxy.
+	ClientIPXForwardedFor = "X-Forwarded-For"
+	// ClientIPXRealIP takes the single address of X-Real-IP.
+	ClientIPXRealIP = "X-Real-IP"
+	// ClientIPForwarded walks the for= parameters of Forwarded (RFC 7239)
+	// from the right, like X-Forwarded-For.
+	ClientIPForwarded = "Forwarded"
+	// ClientIPNone believes no header: the socket peer is the client.
+	ClientIPNone = "none"
+)
+
+// ParseClientIPHeader returns the canonical spelling of a ClientIPHeader
+// value, compared case-insensitively ("" is ClientIPXForwardedFor), or an
+// error naming the accepted values.
+func ParseClientIPHeader(s string) (string, error) {
+	for _, v := range []string{ClientIPXForwardedFor, ClientIPXRealIP, ClientIPForwarded, ClientIPNone} {
+		if strings.EqualFold(s, v) {
+			return v, nil
+		}
+	}
+	if s == "" {
+		return ClientIPXForwardedFor, nil
+	}
+	return "", fmt.Errorf("client IP header must be X-Forwarded-For, X-Real-IP, Forwarded or none, got %q", clip(s))
 }
 
 // DefaultKeyHeaders returns where an API key is looked for by default:
@@ -50,15 +84,19 @@ func DefaultIdentityConfig() IdentityConfig {
 }
 
 // Validate reports a configuration Identify cannot use: an invalid header
-// name, a negative size, an invalid or IPv4-mapped trusted prefix (peers
-// are compared unmapped, so "::ffff:10.0.0.0/104" would never match).
+// name, an unknown ClientIPHeader, a negative size, an invalid, zoned or
+// IPv4-mapped trusted prefix (peers are compared unmapped and without zone,
+// so "::ffff:10.0.0.0/104" would never match).
 func (c IdentityConfig) Validate() error {
+	if _, err := ParseClientIPHeader(c.ClientIPHeader); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
 	names := append(slices.Clone(c.KeyHeaders), c.UserHeader, c.TierHeader)
 	for i, h := range names {
 		if h == "" && i >= len(c.KeyHeaders) {
 			continue
 		}
-		if !validHeaderName(h) {
+		if !ValidHeaderName(h) {
 			return fmt.Errorf("identity: invalid header name %q", h)
 		}
 	}
@@ -76,11 +114,18 @@ func (c IdentityConfig) Validate() error {
 // maxHops bounds how many Forwarded / X-Forwarded-For entries are walked.
 const maxHops = 32
 
+// UnknownKeySubject is the one subject shared by every request whose API
+// key is unknown (or malformed) and that has no user or address to be
+// counted by: inventing keys never buys a bucket of its own. A KeyID is 32
+// hex digits, so no registered key can have this subject.
+const UnknownKeySubject = "key:unknown"
+
 // maxKeyLen bounds an API key in bytes.
 const maxKeyLen = 512
 
-// IdentityError is a malformed or oversized identity header. The HTTP layer
-// answers it with 400 naming Header.
+// IdentityError is a malformed or oversized user or tier header from a
+// trusted gateway. The HTTP layer answers it with 400 naming Header. A bad
+// API key or forwarding header is never an IdentityError (see Identify).
 type IdentityError struct {
 	Header string
 	Reason string
@@ -108,6 +153,10 @@ type Identity struct {
 	Tier string
 	// Raw is a subject the caller chose explicitly (check API "subject").
 	Raw string
+	// KeyInvalid is set when an API key was presented but was oversized or
+	// malformed, and so was dropped (APIKey and KeyID stay ""). Resolve
+	// counts such a request as one with an unknown key.
+	KeyInvalid bool
 }
 
 // keyIDLen is the length of a KeyID in hex digits (128 bits).
@@ -157,8 +206,9 @@ func IPSubject(a netip.Addr) string {
 	return "ip6:" + p.String()
 }
 
-// SubjectFields are the identity fields of a check API body. Exactly one
-// must be set.
+// SubjectFields are the identity fields of a check API body: exactly one
+// of APIKey, User, IP and Subject, or IP together with APIKey or User (the
+// address an unknown key is then counted by).
 type SubjectFields struct {
 	APIKey  string `json:"api_key,omitempty"`
 	User    string `json:"user,omitempty"`
@@ -168,17 +218,20 @@ type SubjectFields struct {
 
 // Identity validates the fields and returns the Identity they name, whose
 // Subject equals that of Identify for the same key, user or address.
-// Errors are *ValidationError naming the JSON field.
+// Errors are *ValidationError naming the JSON field. An oversized or
+// malformed api_key is not an error: like a bad key header it is dropped
+// and marked KeyInvalid.
 func (f SubjectFields) Identity() (Identity, error) {
 	var id Identity
 	ve := &ValidationError{}
 	n := 0
 	if f.APIKey != "" {
 		n++
-		if err := validKey(f.APIKey); err != nil {
-			ve.add("api_key", "%v", err)
+		if validKey(f.APIKey) == nil {
+			id.APIKey, id.KeyID = f.APIKey, KeyID(f.APIKey)
+		} else {
+			id.KeyInvalid = true
 		}
-		id.APIKey, id.KeyID = f.APIKey, KeyID(f.APIKey)
 	}
 	if f.User != "" {
 		n++
@@ -188,7 +241,9 @@ func (f SubjectFields) Identity() (Identity, error) {
 		id.User = f.User
 	}
 	if f.IP != "" {
-		n++
+		if f.APIKey == "" && f.User == "" {
+			n++ // else it only accompanies them
+		}
 		a, err := netip.ParseAddr(f.IP)
 		if err != nil {
 			ve.add("ip", "must be an IPv4 or IPv6 address, got %q", clip(f.IP))
@@ -203,7 +258,7 @@ func (f SubjectFields) Identity() (Identity, error) {
 		id.Raw = f.Subject
 	}
 	if n != 1 && len(ve.Problems) == 0 {
-		ve.add("", "exactly one of api_key, user, ip, subject must be set, got %d", n)
+		ve.add("", "exactly one of api_key, user, ip, subject must be set (ip may accompany api_key or user), got %d", n)
 	}
 	if err := ve.err(); err != nil {
 		return Identity{}, err
@@ -212,16 +267,24 @@ func (f SubjectFields) Identity() (Identity, error) {
 }
 
 // Identify reads a request's identity (see IdentityConfig). It never
-// panics; a malformed or oversized header is an *IdentityError, and a
-// request with no key, user or parsable peer address is ErrNoSubject.
+// panics. A request with no key, user or parsable peer address is
+// ErrNoSubject; a malformed or oversized user or tier header from a trusted
+// peer is an *IdentityError.
+//
+// The API key is the first well-formed one among KeyHeaders. A key header
+// that is oversized or malformed (e.g. a 900-byte JWT, longer than any API
+// key) is skipped and the Identity marked KeyInvalid: a bad key is no key,
+// never an error, so a gateway never turns it into a 5xx.
 //
 // The client address is the socket peer (r.RemoteAddr) unless that peer is
-// a trusted proxy. Then Forwarded (RFC 7239; preferred) or X-Forwarded-For
-// is walked from the right, skipping trusted proxies; the first untrusted
-// address is the client. If the walk meets an entry that is not an address
-// ("unknown", an obfuscated name, garbage), the last trusted hop is taken
-// as the client, so that no client can choose its address. Headers from an
-// untrusted peer are ignored.
+// a trusted proxy. Then the one header ClientIPHeader names is read:
+// X-Forwarded-For or Forwarded (RFC 7239, its for= parameters) is walked
+// from the right, skipping trusted proxies, and the first untrusted address
+// is the client; X-Real-IP must hold exactly one address. If the walk meets
+// an entry that is not an address ("unknown", an obfuscated name, garbage),
+// or X-Real-IP is missing, repeated or not an address, the last trusted hop
+// is taken as the client, so that no client can choose its address. Headers
+// from an untrusted peer are ignored.
 func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 	var id Identity
 	limit := cfg.MaxHeaderBytes
@@ -238,7 +301,8 @@ func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 	for _, h := range keyHeaders {
 		v, ok, err := headerValue(r.Header, h, limit)
 		if err != nil {
-			return Identity{}, err
+			id.KeyInvalid = true
+			continue
 		}
 		if !ok {
 			continue
@@ -251,10 +315,11 @@ func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 			v = tok
 		}
 		v = strings.TrimSpace(v)
-		if err := validKey(v); err != nil {
-			return Identity{}, &IdentityError{Header: h, Reason: err.Error()}
+		if validKey(v) != nil {
+			id.KeyInvalid = true
+			continue
 		}
-		id.APIKey, id.KeyID = v, KeyID(v)
+		id.APIKey, id.KeyID, id.KeyInvalid = v, KeyID(v), false
 		break
 	}
 
@@ -282,22 +347,19 @@ func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 		if id.Tier != "" && !idPattern.MatchString(id.Tier) {
 			return Identity{}, &IdentityError{Header: cfg.TierHeader, Reason: fmt.Sprintf("not a tier name: %q", clip(id.Tier))}
 		}
-		ip, err := forwardedClient(r.Header, peer, cfg.TrustedProxies, limit)
-		if err != nil {
-			return Identity{}, err
-		}
-		id.IP = ip
+		id.IP = clientAddr(r.Header, peer, cfg)
 	} else {
 		id.IP = peer
 	}
-	if id.Subject() == "" {
+	if id.Subject() == "" && !id.KeyInvalid {
 		return Identity{}, ErrNoSubject
 	}
 	return id, nil
 }
 
-// validHeaderName reports whether h is an RFC 9110 token.
-func validHeaderName(h string) bool {
+// ValidHeaderName reports whether h can name a header: an RFC 9110 token
+// of at most 256 bytes.
+func ValidHeaderName(h string) bool {
 	if h == "" || len(h) > 256 {
 		return false
 	}
@@ -365,53 +427,71 @@ func isTrusted(a netip.Addr, nets []netip.Prefix) bool {
 	return false
 }
 
-// forwardedClient walks Forwarded (or, without it, X-Forwarded-For) from
-// the right. peer is trusted.
-func forwardedClient(h http.Header, peer netip.Addr, trusted []netip.Prefix, limit int) (netip.Addr, error) {
-	name := "Forwarded"
-	v, ok, err := headerValue(h, name, limit)
-	if !ok && err == nil {
-		name = "X-Forwarded-For"
-		v, ok, err = headerValue(h, name, limit)
+// clientAddr reads the client address from the one header cfg names; peer
+// is trusted. It never fails: whatever it cannot read yields the last
+// trusted hop.
+func clientAddr(h http.Header, peer netip.Addr, cfg IdentityConfig) netip.Addr {
+	name, err := ParseClientIPHeader(cfg.ClientIPHeader)
+	if err != nil || name == ClientIPNone {
+		return peer
 	}
-	if err != nil {
-		return netip.Addr{}, err
+	vs := h.Values(name)
+	if len(vs) == 0 {
+		return peer
 	}
-	if !ok {
-		return peer, nil
-	}
-	client := peer
-	rest := v
-	for hops := 0; hops < maxHops && rest != ""; hops++ {
-		var elem string
-		if i := lastTopLevelComma(rest); i >= 0 {
-			elem, rest = rest[i+1:], rest[:i]
-		} else {
-			elem, rest = rest, ""
+	if name == ClientIPXRealIP {
+		if len(vs) != 1 {
+			return peer // a second line was not set by the trusted proxy
 		}
+		if a, ok := parseNode(strings.TrimSpace(vs[0])); ok {
+			return a
+		}
+		return peer
+	}
+	return walkForwarded(strings.Join(vs, ", "), name == ClientIPForwarded, peer, cfg.TrustedProxies)
+}
+
+// walkForwarded walks the elements of an X-Forwarded-For or (forwarded)
+// Forwarded value from the right, at most maxHops of them, and returns the
+// first untrusted address, or the last trusted hop when it meets an entry
+// that is not an address or runs out. It reads v once, so its cost is
+// linear in len(v) whatever the number of elements.
+func walkForwarded(v string, forwarded bool, peer netip.Addr, trusted []netip.Prefix) netip.Addr {
+	client := peer
+	end := len(v)
+	cuts := topLevelCommas(v, forwarded)
+	for hops := 0; hops < maxHops && end >= 0; hops++ {
+		start := 0
+		if len(cuts) > 0 {
+			start = cuts[len(cuts)-1] + 1
+			cuts = cuts[:len(cuts)-1]
+		}
+		elem := v[start:end]
+		end = start - 1
 		var a netip.Addr
 		var ok bool
-		if name == "Forwarded" {
+		if forwarded {
 			a, ok = forwardedFor(elem)
 		} else {
 			a, ok = parseNode(strings.TrimSpace(elem))
 		}
 		if !ok {
-			return client, nil // the last trusted hop
+			return client // the last trusted hop
 		}
 		client = a
 		if !isTrusted(a, trusted) {
-			return a, nil
+			return a
 		}
 	}
-	return client, nil
+	return client
 }
 
-// lastTopLevelComma finds the last comma outside a quoted string.
-func lastTopLevelComma(s string) int {
-	// Forwarded values may quote commas; X-Forwarded-For has no quotes, so
-	// this is exact for both. Scan forward to know the quoting state.
-	last, inQuote := -1, false
+// topLevelCommas returns the offsets of the commas that separate elements:
+// for Forwarded those outside quoted strings, for X-Forwarded-For (which
+// has no quoting) all of them. Only the last maxHops are kept.
+func topLevelCommas(s string, quoting bool) []int {
+	var cuts []int
+	inQuote := false
 	for i := 0; i < len(s); i++ {
 		switch s[i] {
 		case '\\':
@@ -419,14 +499,19 @@ func lastTopLevelComma(s string) int {
 				i++
 			}
 		case '"':
-			inQuote = !inQuote
+			if quoting {
+				inQuote = !inQuote
+			}
 		case ',':
 			if !inQuote {
-				last = i
+				if len(cuts) == maxHops {
+					cuts = append(cuts[:0], cuts[1:]...)
+				}
+				cuts = append(cuts, i)
 			}
 		}
 	}
-	return last
+	return cuts
 }
 
 // forwardedFor extracts the for= node of one Forwarded element.
@@ -468,30 +553,40 @@ type Principal struct {
 	Subject string
 	Tier    string
 	// UnknownKey is set when the request named an API key that neither the
-	// registry nor a trusted gateway vouches for. Such a request is counted
-	// by user or address, not by key, so that inventing keys does not
-	// multiply quota.
+	// registry nor a trusted gateway vouches for, or a malformed one. Such
+	// a request is counted by user or address, not by key, so that
+	// inventing keys does not multiply quota; with neither, by the one
+	// shared UnknownKeySubject.
 	UnknownKey bool
 }
 
 // Resolve decides the tier and subject of an identity: the trusted tier
 // (id.Tier) if any, else the registered tier of its key, else
-// TierAnonymous. See "Tiers" in the package documentation.
+// TierAnonymous. A key that no tier vouches for (unregistered, or
+// KeyInvalid) never gets a subject of its own: the request counts by its
+// user, else its address, else UnknownKeySubject. An explicit subject
+// (id.Raw) is kept as given. See "Tiers" in the package documentation.
 func (r *Registry) Resolve(id Identity) Principal {
 	p := Principal{Tier: id.Tier, Subject: id.Subject()}
-	if id.KeyID != "" && p.Tier == "" {
-		if t, ok := r.KeyTier(id.KeyID); ok {
-			p.Tier = t
-		} else {
-			p.UnknownKey = true
-			if id.Raw == "" {
-				fallback := id
-				fallback.KeyID, fallback.APIKey = "", ""
-				if s := fallback.Subject(); s != "" {
-					p.Subject = s
-				}
+	if p.Tier == "" {
+		switch {
+		case id.KeyID != "":
+			if t, ok := r.KeyTier(id.KeyID); ok {
+				p.Tier = t
+			} else {
+				p.UnknownKey = true
 			}
+		case id.KeyInvalid:
+			p.UnknownKey = true
 		}
+	}
+	if p.UnknownKey && id.Raw == "" {
+		fallback := id
+		fallback.KeyID, fallback.APIKey = "", ""
+		p.Subject = fallback.Subject()
+	}
+	if p.Subject == "" && (p.UnknownKey || id.KeyInvalid) {
+		p.Subject = UnknownKeySubject
 	}
 	if p.Tier == "" {
 		p.Tier = TierAnonymous

@@ -15,6 +15,8 @@ func TestIdentify(t *testing.T) {
 	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
 	cfg := IdentityConfig{TrustedProxies: proxies, UserHeader: "X-User-Id", TierHeader: "X-Sluice-Tier"}
 	key := func(k string) string { return "key:" + KeyID(k) }
+	with := func(h string) IdentityConfig { c := cfg; c.ClientIPHeader = h; return c }
+	fwd, realIP, none := with(ClientIPForwarded), with(ClientIPXRealIP), with(ClientIPNone)
 	tests := []struct {
 		name    string
 		remote  string
@@ -46,10 +48,26 @@ func TestIdentify(t *testing.T) {
 		{"xff all trusted", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"10.3.3.3, 10.2.2.2"}}, nil, "ip:10.3.3.3", "ip:10.3.3.3", ""},
 		{"xff garbage takes last trusted hop", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"203.0.113.5, nonsense, 10.2.2.2"}}, nil, "ip:10.2.2.2", "ip:10.2.2.2", ""},
 		{"xff with port and ipv6", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"[2001:db8:5:6::9]:80"}}, nil, "ip6:2001:db8:5:6::/64", "ip6:2001:db8:5:6::/64", ""},
-		{"forwarded preferred over xff", "10.0.0.1:1", map[string][]string{"Forwarded": {`for="[2001:db8:a:b::1]:4711";proto=https, for=10.9.9.9`}, "X-Forwarded-For": {"198.51.100.1"}}, nil, "ip6:2001:db8:a:b::/64", "ip6:2001:db8:a:b::/64", ""},
-		{"forwarded quoted comma", "10.0.0.1:1", map[string][]string{"Forwarded": {`for=198.51.100.2;by="a,b"`}}, nil, "ip:198.51.100.2", "ip:198.51.100.2", ""},
-		{"forwarded unknown takes last trusted hop", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, nil, "ip:10.0.0.1", "ip:10.0.0.1", ""},
-		{"forwarded obfuscated", "[fd00::1]:1", map[string][]string{"Forwarded": {`for=203.0.113.1, for="_hidden", for=fd00::2`}}, nil, "ip6:fd00::/64", "ip6:fd00::/64", ""},
+		{"xff mode ignores forwarded", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=198.51.100.9"}, "X-Forwarded-For": {"203.0.113.5"}}, nil, "ip:203.0.113.5", "ip:203.0.113.5", ""},
+		{"xff mode ignores x-real-ip", "10.0.0.1:1", map[string][]string{"X-Real-Ip": {"198.51.100.9"}}, nil, "ip:10.0.0.1", "ip:10.0.0.1", ""},
+		{"xff over many hops walks only the right end", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {strings.Repeat("198.51.100.1, ", 5000) + "203.0.113.5"}}, nil, "ip:203.0.113.5", "ip:203.0.113.5", ""},
+		{"forwarded", "10.0.0.1:1", map[string][]string{"Forwarded": {`for="[2001:db8:a:b::1]:4711";proto=https, for=10.9.9.9`}, "X-Forwarded-For": {"198.51.100.1"}}, &fwd, "ip6:2001:db8:a:b::/64", "ip6:2001:db8:a:b::/64", ""},
+		{"forwarded quoted comma", "10.0.0.1:1", map[string][]string{"Forwarded": {`for=198.51.100.2;by="a,b"`}}, &fwd, "ip:198.51.100.2", "ip:198.51.100.2", ""},
+		{"forwarded unknown takes last trusted hop", "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, &fwd, "ip:10.0.0.1", "ip:10.0.0.1", ""},
+		{"forwarded obfuscated", "[fd00::1]:1", map[string][]string{"Forwarded": {`for=203.0.113.1, for="_hidden", for=fd00::2`}}, &fwd, "ip6:fd00::/64", "ip6:fd00::/64", ""},
+		{"forwarded mode ignores xff", "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"203.0.113.5"}}, &fwd, "ip:10.0.0.1", "ip:10.0.0.1", ""},
+		{"x-real-ip", "10.0.0.1:1", map[string][]string{"X-Real-Ip": {" 203.0.113.7 "}, "X-Forwarded-For": {"198.51.100.1"}, "Forwarded": {"for=198.51.100.2"}}, &realIP, "ip:203.0.113.7", "ip:203.0.113.7", ""},
+		{"x-real-ip twice takes the peer", "10.0.0.1:1", map[string][]string{"X-Real-Ip": {"198.51.100.1", "203.0.113.7"}}, &realIP, "ip:10.0.0.1", "ip:10.0.0.1", ""},
+		{"x-real-ip garbage takes the peer", "10.0.0.1:1", map[string][]string{"X-Real-Ip": {"203.0.113.7, 1.1.1.1"}}, &realIP, "ip:10.0.0.1", "ip:10.0.0.1", ""},
+		{"none: the peer", "10.0.0.1:1", map[string][]string{"X-Real-Ip": {"203.0.113.7"}, "X-Forwarded-For": {"198.51.100.1"}, "Forwarded": {"for=198.51.100.2"}}, &none, "ip:10.0.0.1", "ip:10.0.0.1", ""},
+		{"untrusted peer, x-real-ip mode", "192.0.2.7:1", map[string][]string{"X-Real-Ip": {"203.0.113.7"}}, &realIP, "ip:192.0.2.7", "ip:192.0.2.7", ""},
+		{"untrusted peer, forwarded mode", "192.0.2.7:1", map[string][]string{"Forwarded": {"for=203.0.113.7"}}, &fwd, "ip:192.0.2.7", "ip:192.0.2.7", ""},
+
+		// Bad keys are no keys.
+		{"900-byte bearer is no key", "192.0.2.7:1", map[string][]string{"Authorization": {"Bearer " + strings.Repeat("j", 900)}}, nil, "ip:192.0.2.7", "ip:192.0.2.7", ""},
+		{"bad bearer, good x-api-key", "192.0.2.7:1", map[string][]string{"Authorization": {"Bearer " + strings.Repeat("j", 900)}, "X-Api-Key": {"sk_2"}}, nil, key("sk_2"), "ip:192.0.2.7", ""},
+		{"empty bearer is no key", "192.0.2.7:1", map[string][]string{"Authorization": {"Bearer "}}, nil, "ip:192.0.2.7", "ip:192.0.2.7", ""},
+		{"control chars are no key", "192.0.2.7:1", map[string][]string{"X-Api-Key": {"a\x01b"}}, nil, "ip:192.0.2.7", "ip:192.0.2.7", ""},
 		{"trusted user and tier", "10.0.0.1:1", map[string][]string{"X-User-Id": {"42"}, "X-Sluice-Tier": {"pro"}, "X-Forwarded-For": {"203.0.113.5"}}, nil, "user:42", "ip:203.0.113.5", "pro"},
 		{"key beats user", "10.0.0.1:1", map[string][]string{"X-User-Id": {"42"}, "X-Api-Key": {"k"}}, nil, key("k"), "ip:10.0.0.1", ""},
 		{"unix socket peer with key", "@", map[string][]string{"X-Api-Key": {"k"}}, nil, key("k"), "", ""},
@@ -86,10 +104,7 @@ func TestIdentifyErrors(t *testing.T) {
 		headers map[string]string
 		header  string // the header the error names; "" for ErrNoSubject
 	}{
-		{"huge xff", "10.0.0.1:1", map[string]string{"X-Forwarded-For": strings.Repeat("1.2.3.4, ", 100)}, "X-Forwarded-For"},
-		{"huge key", "192.0.2.1:1", map[string]string{"X-Api-Key": strings.Repeat("k", 300)}, "X-API-Key"},
-		{"empty bearer", "192.0.2.1:1", map[string]string{"Authorization": "Bearer "}, "Authorization"},
-		{"key with control chars", "192.0.2.1:1", map[string]string{"X-Api-Key": "a\x01b"}, "X-API-Key"},
+		{"huge user", "10.0.0.1:1", map[string]string{"X-User-Id": strings.Repeat("u", 300)}, "X-User-Id"},
 		{"bad user", "10.0.0.1:1", map[string]string{"X-User-Id": "a b{c}"}, "X-User-Id"},
 		{"bad tier", "10.0.0.1:1", map[string]string{"X-Sluice-Tier": "Gold!"}, "X-Sluice-Tier"},
 		{"nothing", "not-an-address", nil, ""},
@@ -148,7 +163,7 @@ func TestSubjectFieldsMatchIdentify(t *testing.T) {
 	if id, err := (SubjectFields{Subject: "tenant:7"}).Identity(); err != nil || id.Subject() != "tenant:7" {
 		t.Errorf("explicit subject = %q, %v", id.Subject(), err)
 	}
-	for _, f := range []SubjectFields{{}, {APIKey: "a", User: "b"}, {IP: "nope"}, {Subject: "has space"}, {User: "{x}"}, {APIKey: "a b"}} {
+	for _, f := range []SubjectFields{{}, {APIKey: "a", User: "b"}, {IP: "nope"}, {Subject: "has space"}, {User: "{x}"}, {IP: "192.0.2.1", Subject: "s"}, {IP: "192.0.2.1", APIKey: "k", User: "u"}} {
 		if _, err := f.Identity(); !errors.Is(err, ErrInvalidPolicy) && err == nil {
 			t.Errorf("%+v.Identity() = nil error", f)
 		}
@@ -165,6 +180,8 @@ func TestIdentityConfigValidate(t *testing.T) {
 		{MaxHeaderBytes: -1},
 		{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}},
 		{TrustedProxies: []netip.Prefix{{}}},
+		{ClientIPHeader: "X-Client-IP"},
+		{ClientIPHeader: "True-Client-IP"},
 	}
 	for _, c := range bad {
 		if err := c.Validate(); err == nil {

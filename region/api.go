@@ -145,64 +145,123 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// forwardedTarget reads the limited request's method and path from a
-// forward-auth call: X-Forwarded-Method / X-Original-Method and
-// X-Forwarded-Uri / X-Original-URI (nginx, Traefik, Caddy), or, for Envoy's
-// ext_authz, the path after /v1/authz and the request's own method. It is
-// separate from the handler so that it can be fuzzed.
-func forwardedTarget(h http.Header, method, rest string, prefixed bool) (string, string, *Problem) {
-	m := firstHeader(h, "X-Forwarded-Method", "X-Original-Method")
-	field := "X-Forwarded-Method"
-	if m == "" {
-		if prefixed {
-			m = method
-		} else {
-			m = http.MethodGet
+// The values of Config.ForwardAuthHeaders.
+const (
+	// ForwardAuthOriginal reads X-Original-Method and X-Original-URI, the
+	// pair nginx's auth_request configuration sets.
+	ForwardAuthOriginal = "original"
+	// ForwardAuthForwarded reads X-Forwarded-Method and X-Forwarded-Uri,
+	// the pair Traefik's ForwardAuth and Caddy's forward_auth set.
+	ForwardAuthForwarded = "forwarded"
+)
+
+// authzHeaders is the header pair a plain /v1/authz call carries the
+// limited request's method and URI in.
+type authzHeaders struct{ method, uri string }
+
+// forwardAuthHeaders returns the pair mode names ("" is
+// ForwardAuthOriginal). Only that pair is read: the other one may come from
+// the client, passed on by a gateway that does not clear it.
+func forwardAuthHeaders(mode string) authzHeaders {
+	if mode == ForwardAuthForwarded {
+		return authzHeaders{"X-Forwarded-Method", "X-Forwarded-Uri"}
+	}
+	return authzHeaders{"X-Original-Method", "X-Original-URI"}
+}
+
+// identityConfig is the quota.IdentityConfig of the configuration.
+func (c Config) identityConfig() quota.IdentityConfig {
+	return quota.IdentityConfig{KeyHeaders: c.KeyHeaders, TrustedProxies: c.TrustedProxies, TierHeader: c.TierHeader,
+		UserHeader: c.UserHeader, ClientIPHeader: c.ClientIPHeader}
+}
+
+// validateEdge reports unusable identity and forward-auth settings: an
+// invalid header name, an unknown client IP header or forward-auth mode,
+// a trusted-proxy prefix that can never match.
+func (c Config) validateEdge() error {
+	if c.ForwardAuthHeaders != "" && c.ForwardAuthHeaders != ForwardAuthOriginal && c.ForwardAuthHeaders != ForwardAuthForwarded {
+		return fmt.Errorf("forward-auth headers must be %s or %s, got %q", ForwardAuthOriginal, ForwardAuthForwarded, clipStr(c.ForwardAuthHeaders))
+	}
+	return c.identityConfig().Validate()
+}
+
+// forwardedTarget reads the limited request's method and route from a
+// forward-auth call. A plain /v1/authz call (prefixed false) carries them
+// in the configured header pair, each exactly once; a missing, repeated or
+// malformed one is a problem naming it. An Envoy ext_authz call,
+// /v1/authz/<path> (prefixed true), is the limited request's own method and
+// escaped path, and no header is read. The route is normalised
+// (quota.NormalizeRoute). It is separate from the handler so that it can be
+// fuzzed.
+func forwardedTarget(h http.Header, pair authzHeaders, method, path string, prefixed bool) (string, string, *Problem) {
+	m, u := method, path
+	if !prefixed {
+		var p *Problem
+		if m, p = oneHeader(h, pair.method); p != nil {
+			return "", "", p
+		}
+		if u, p = oneHeader(h, pair.uri); p != nil {
+			return "", "", p
 		}
 	}
 	if !methodPattern.MatchString(m) {
-		return "", "", invalid(field, "must be an HTTP method such as GET, got %q", clipStr(m))
-	}
-	u := firstHeader(h, "X-Forwarded-Uri", "X-Original-Uri")
-	field = "X-Forwarded-Uri"
-	if u == "" {
-		if !prefixed {
-			return "", "", invalid(field, "required: the forwarded request's path (X-Forwarded-Uri or X-Original-URI), or call /v1/authz/<path>")
-		}
-		u = "/" + rest
+		return "", "", invalid(pair.method, "must be an HTTP method such as GET, got %q", clipStr(m))
 	}
 	if len(u) > maxRouteLen {
-		return "", "", invalid(field, "longer than %d bytes", maxRouteLen)
+		return "", "", invalid(pair.uri, "longer than %d bytes", maxRouteLen)
 	}
 	if !strings.HasPrefix(u, "/") {
 		pu, err := url.Parse(u)
-		if err != nil || pu.Path == "" {
-			return "", "", invalid(field, "must be a path or an absolute URL, got %q", clipStr(u))
+		if err != nil || !pu.IsAbs() || pu.Host == "" {
+			return "", "", invalid(pair.uri, "must be a path or an absolute URL, got %q", clipStr(u))
 		}
 		u = pu.EscapedPath()
+		if u == "" {
+			u = "/"
+		}
 	}
 	if i := strings.IndexAny(u, "?#"); i >= 0 {
 		u = u[:i]
 	}
 	if err := validRoute(u); err != nil {
-		return "", "", invalid(field, "%v", err)
+		return "", "", invalid(pair.uri, "%v", err)
 	}
-	return strings.ToUpper(m), u, nil
+	return strings.ToUpper(m), quota.NormalizeRoute(u), nil
 }
 
-func firstHeader(h http.Header, names ...string) string {
-	for _, n := range names {
-		if v := strings.TrimSpace(h.Get(n)); v != "" {
-			return v
-		}
+// oneHeader returns the value of a header sent exactly once.
+func oneHeader(h http.Header, name string) (string, *Problem) {
+	vs := h.Values(name)
+	switch {
+	case len(vs) == 0 || strings.TrimSpace(vs[0]) == "":
+		return "", invalid(name, "required: the gateway must set it on every /v1/authz call (or call /v1/authz/<path>)")
+	case len(vs) > 1:
+		return "", invalid(name, "sent %d times; the gateway must replace it, not append to it", len(vs))
 	}
-	return ""
+	return strings.TrimSpace(vs[0]), nil
+}
+
+// authzPrefix is the path of the Envoy ext_authz form, /v1/authz/<path>.
+const authzPrefix = "/v1/authz/"
+
+// authzPrefixed serves /v1/authz/<path> itself, before next (the
+// ServeMux), which would answer a path holding "//", "." or ".." segments
+// with a redirect to its cleaned form instead of limiting it.
+func (d *Daemon) authzPrefixed(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.EscapedPath(), authzPrefix) {
+			r.Pattern = authzPrefix + "{path...}"
+			d.handleAuthz(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
-	rest := r.PathValue("path")
-	prefixed := strings.HasPrefix(r.URL.Path, "/v1/authz/")
-	method, route, p := forwardedTarget(r.Header, r.Method, rest, prefixed)
+	path, prefixed := strings.CutPrefix(r.URL.EscapedPath(), "/v1/authz")
+	prefixed = prefixed && path != ""
+	method, route, p := forwardedTarget(r.Header, forwardAuthHeaders(d.cfg.ForwardAuthHeaders), r.Method, path, prefixed)
 	if p != nil {
 		d.fail(w, r, p)
 		return
@@ -236,7 +295,9 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	// nginx auth_request understands only 2xx, 401 and 403: ?deny_status=403
 	// makes a rejection a 403 that nginx can turn back into 429 or 503
 	// with error_page (see deploy/nginx). X-Sluice-Status keeps the real one.
-	if ds := r.URL.Query().Get("deny_status"); ds == "403" || ds == "401" {
+	// Only on plain /v1/authz: on /v1/authz/<path> the query is the
+	// client's own.
+	if ds := r.URL.Query().Get("deny_status"); !prefixed && (ds == "403" || ds == "401") {
 		if ds == "403" {
 			prob.Status = http.StatusForbidden
 		} else {

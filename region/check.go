@@ -58,7 +58,8 @@ type WholeShare struct{}
 func (WholeShare) Share(string, string) float64 { return 1 }
 
 // CheckRequest is the body of POST /v1/check and one element of a batch.
-// Exactly one of api_key, user, ip, subject names the requester.
+// Exactly one of api_key, user, ip, subject names the requester; ip may
+// also accompany api_key or user, to count an unknown key by address.
 type CheckRequest struct {
 	quota.SubjectFields
 	// Tier is the requester's tier as the calling gateway knows it; empty
@@ -66,7 +67,8 @@ type CheckRequest struct {
 	Tier string `json:"tier,omitempty"`
 	// Method is the HTTP method of the request being limited; default GET.
 	Method string `json:"method,omitempty"`
-	// Route is its path (a query string is ignored); required.
+	// Route is its path (a query string is ignored); required. It is
+	// matched in quota.NormalizeRoute's canonical form.
 	Route string `json:"route"`
 	// Cost, when given, replaces every policy's cost-table cost; zero
 	// reads the state without spending.
@@ -241,7 +243,7 @@ func (in *CheckRequest) target(prefix string) (target, *Problem) {
 	if in.Cost != nil && *in.Cost < 0 {
 		return target{}, invalid(at("cost"), "must not be negative, got %d", *in.Cost)
 	}
-	return target{id: id, method: strings.ToUpper(method), route: in.Route, cost: in.Cost, field: prefix}, nil
+	return target{id: id, method: strings.ToUpper(method), route: quota.NormalizeRoute(in.Route), cost: in.Cost, field: prefix}, nil
 }
 
 func failureOf(s string) engine.Failure {

@@ -65,6 +65,14 @@ type Config struct {
 	KeyHeaders []string
 	// TierHeader and UserHeader are read from trusted proxies only.
 	TierHeader, UserHeader string
+	// ClientIPHeader is the one header that names the client address when
+	// the peer is a trusted proxy: X-Forwarded-For (also ""), X-Real-IP,
+	// Forwarded or none (see quota.IdentityConfig).
+	ClientIPHeader string
+	// ForwardAuthHeaders names the header pair /v1/authz reads the limited
+	// request's method and URI from: ForwardAuthOriginal (also "") or
+	// ForwardAuthForwarded.
+	ForwardAuthHeaders string
 	// MaxBodyBytes caps a request body.
 	MaxBodyBytes int64
 	// ShutdownTimeout bounds how long in-flight requests may take to
@@ -113,6 +121,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 || c.PolicyRefresh <= 0 {
 		errs = append(errs, errors.New("shutdown timeout and policy refresh must be positive"))
+	}
+	if err := c.validateEdge(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -168,7 +179,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 	if d.shares == nil {
 		d.shares = WholeShare{}
 	}
-	d.ident = quota.IdentityConfig{KeyHeaders: cfg.KeyHeaders, TrustedProxies: cfg.TrustedProxies, TierHeader: cfg.TierHeader, UserHeader: cfg.UserHeader}
+	d.ident = cfg.identityConfig()
 	if cfg.AdminToken != "" {
 		d.token = sha256.Sum256([]byte(cfg.AdminToken))
 		d.hasTok = true
@@ -375,6 +386,9 @@ func (d *Daemon) mux(include func(Route) bool) http.Handler {
 			h = d.requireAdmin(h)
 		}
 		mux.HandleFunc(pattern, h)
+	}
+	if include(Route{Path: authzPrefix + "{path...}"}) {
+		return d.recoverer(d.authzPrefixed(d.notFound(mux)))
 	}
 	return d.recoverer(d.notFound(mux))
 }

@@ -130,7 +130,7 @@ func TestTokenBucketBurst(t *testing.T) {
 
 func TestAuthzAndSecurityNeverInHeaders(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Policies = quota.DefaultPolicies() })
-	r := h.do("GET", "/v1/authz", "", "X-Forwarded-Uri", "/login?x=1", "X-Forwarded-Method", "POST")
+	r := h.do("GET", "/v1/authz", "", "X-Original-URI", "/login?x=1", "X-Original-Method", "POST")
 	if r.status != 200 {
 		t.Fatalf("authz = %d %s", r.status, r.body)
 	}
@@ -138,9 +138,9 @@ func TestAuthzAndSecurityNeverInHeaders(t *testing.T) {
 		t.Errorf("RateLimit = %q: want anonymous-per-ip and never the security policy", got)
 	}
 	for i := 0; i < 4; i++ {
-		h.do("GET", "/v1/authz", "", "X-Forwarded-Uri", "/login", "X-Forwarded-Method", "POST")
+		h.do("GET", "/v1/authz", "", "X-Original-URI", "/login", "X-Original-Method", "POST")
 	}
-	r = h.do("GET", "/v1/authz", "", "X-Forwarded-Uri", "/login", "X-Forwarded-Method", "POST")
+	r = h.do("GET", "/v1/authz", "", "X-Original-URI", "/login", "X-Original-Method", "POST")
 	if r.status != 429 {
 		t.Fatalf("6th login = %d, want 429", r.status)
 	}
@@ -157,8 +157,8 @@ func TestAuthzAndSecurityNeverInHeaders(t *testing.T) {
 	}
 	// nginx mode.
 	h.putPolicy("tiny", `{"algorithm":"fixed_window","limit":1,"window":3600,"mode":"enforce","match":{"routes":["/tiny"]}}`)
-	h.do("GET", "/v1/authz?deny_status=403", "", "X-Original-URI", "/tiny")
-	r = h.do("GET", "/v1/authz?deny_status=403", "", "X-Original-URI", "/tiny")
+	h.do("GET", "/v1/authz?deny_status=403", "", "X-Original-URI", "/tiny", "X-Original-Method", "GET")
+	r = h.do("GET", "/v1/authz?deny_status=403", "", "X-Original-URI", "/tiny", "X-Original-Method", "GET")
 	if r.status != 403 || r.header.Get("X-Sluice-Status") != "429" || r.header.Get("Retry-After") == "" {
 		t.Errorf("deny_status=403: %d %v", r.status, r.header)
 	}
@@ -325,14 +325,15 @@ func TestBadInputIsProblem(t *testing.T) {
 		{"negative cost", "POST", "/v1/check", `{"user":"u","route":"/","cost":-1}`, false, 400, "cost"},
 		{"cost too large", "POST", "/v1/check", `{"user":"u","route":"/","cost":6}`, false, 400, "cost"},
 		{"no subject", "POST", "/v1/check", `{"route":"/"}`, false, 400, ""},
-		{"two subjects", "POST", "/v1/check", `{"user":"u","ip":"1.2.3.4","route":"/"}`, false, 400, ""},
+		{"two subjects", "POST", "/v1/check", `{"user":"u","subject":"s","route":"/"}`, false, 400, ""},
+		{"ip beside subject", "POST", "/v1/check", `{"subject":"s","ip":"1.2.3.4","route":"/"}`, false, 400, ""},
 		{"bad ip", "POST", "/v1/check", `{"ip":"1.2.3","route":"/"}`, false, 400, "ip"},
 		{"bad route", "POST", "/v1/check", `{"user":"u","route":"x"}`, false, 400, "route"},
 		{"bad tier", "POST", "/v1/check", `{"user":"u","route":"/","tier":"A B"}`, false, 400, "tier"},
 		{"huge body", "POST", "/v1/check", big, false, 413, ""},
 		{"trailing data", "POST", "/v1/check", `{"user":"u","route":"/"} {}`, false, 400, ""},
 		{"batch too big", "POST", "/v1/check/batch", `{"checks":[` + strings.Repeat(`{"user":"u","route":"/"},`, 100) + `{"user":"u","route":"/"}]}`, false, 400, "checks"},
-		{"authz no uri", "GET", "/v1/authz", "", false, 400, "X-Forwarded-Uri"},
+		{"authz no method", "GET", "/v1/authz", "", false, 400, "X-Original-Method"},
 		{"invalid glob", "PUT", "/v1/policies/q", `{"algorithm":"token_bucket","rate_per_sec":1,"burst":1,"match":{"routes":["v1/**x"]}}`, true, 400, "match.routes[0]"},
 		{"unknown algorithm", "PUT", "/v1/policies/q", `{"algorithm":"magic"}`, true, 400, "algorithm"},
 		{"unknown policy field", "PUT", "/v1/policies/q", `{"algorithm":"token_bucket","rate_per_sec":1,"burst":1,"colour":"red"}`, true, 400, "colour"},

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/sluice-rl/sluice/quota"
 )
 
 // FuzzCheckRequest feeds arbitrary bodies to the check decoder and
@@ -29,23 +31,30 @@ func FuzzCheckRequest(f *testing.F) {
 	})
 }
 
-// FuzzForwardedTarget fuzzes the forward-auth header parsing.
+// FuzzForwardedTarget fuzzes the forward-auth header parsing: never a
+// panic, every failure a 400, every accepted route canonical.
 func FuzzForwardedTarget(f *testing.F) {
-	f.Add("GET", "/v1/x?y=1", "", "a/b", false)
-	f.Add("", "https://h/p", "POST", "", true)
-	f.Add("g e t", "%zz", "", "", false)
-	f.Fuzz(func(t *testing.T, method, uri, origMethod, rest string, prefixed bool) {
+	f.Add("GET", "/v1/x?y=1", "", "/a/b", false, false)
+	f.Add("", "https://h/p", "POST", "", true, true)
+	f.Add("g e t", "%zz", "", "", false, false)
+	f.Add("POST", "/x/..%2F%2e%2E/%6Cogin/", "POST", "//a/./b", false, true)
+	f.Fuzz(func(t *testing.T, method, uri, origMethod, path string, prefixed, forwarded bool) {
+		mode := ForwardAuthOriginal
+		if forwarded {
+			mode = ForwardAuthForwarded
+		}
+		pair := forwardAuthHeaders(mode)
 		h := http.Header{}
-		h.Set("X-Forwarded-Method", method)
-		h.Set("X-Forwarded-Uri", uri)
-		m, route, p := forwardedTarget(h, origMethod, rest, prefixed)
+		h.Set(pair.method, method)
+		h.Set(pair.uri, uri)
+		m, route, p := forwardedTarget(h, pair, origMethod, path, prefixed)
 		if p != nil {
-			if p.Status != 400 {
-				t.Fatalf("status %d", p.Status)
+			if p.Status != 400 || len(p.Errors) == 0 {
+				t.Fatalf("problem %+v", p)
 			}
 			return
 		}
-		if !methodPattern.MatchString(m) || validRoute(route) != nil || strings.ContainsAny(route, "?#") {
+		if !methodPattern.MatchString(m) || validRoute(route) != nil || strings.ContainsAny(route, "?#") || quota.NormalizeRoute(route) != route {
 			t.Fatalf("accepted method %q route %q", m, route)
 		}
 	})

@@ -68,20 +68,8 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			// go-redis logs every failed dial through a process-wide
 			// logger: one unstructured line per check while Redis is down.
 			redis.SetLogger(engine.RedisLogger{L: log})
-			for _, s := range trusted {
-				s = strings.TrimSpace(s)
-				if s == "" {
-					continue
-				}
-				p, err := netip.ParsePrefix(s)
-				if err != nil {
-					a, aerr := netip.ParseAddr(s)
-					if aerr != nil {
-						return fmt.Errorf("--trusted-proxies: %q is not a CIDR or address", s)
-					}
-					p = netip.PrefixFrom(a, a.BitLen())
-				}
-				cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
+			if err := identityFlags(&cfg, trusted); err != nil {
+				return err
 			}
 			if policiesFile != "" {
 				data, err := os.ReadFile(policiesFile)
@@ -125,7 +113,9 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&policiesFile, "policies", "", "JSON array of policy documents to seed at start, replacing the built-in defaults ([] = none)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")
 	f.StringVar(&tokenFile, "admin-token-file", "", "file holding the admin API bearer token (or set SLUICE_ADMIN_TOKEN)")
-	f.StringSliceVar(&trusted, "trusted-proxies", nil, "comma-separated CIDRs of proxies whose Forwarded/X-Forwarded-For, tier and user headers are believed")
+	f.StringSliceVar(&trusted, "trusted-proxies", nil, "comma-separated CIDRs or addresses of the gateways whose --client-ip-header, tier and user headers are believed")
+	f.StringVar(&cfg.ClientIPHeader, "client-ip-header", quota.ClientIPXForwardedFor, "where the client address comes from when the peer is a trusted proxy: X-Forwarded-For (right-most untrusted address), X-Real-IP, Forwarded (RFC 7239 for=, from the right) or none (the socket peer); no other forwarding header is read")
+	f.StringVar(&cfg.ForwardAuthHeaders, "forward-auth-headers", region.ForwardAuthOriginal, "header pair /v1/authz reads the limited request's method and URI from: original (X-Original-Method, X-Original-URI: nginx) or forwarded (X-Forwarded-Method, X-Forwarded-Uri: Traefik, Caddy)")
 	f.StringSliceVar(&cfg.KeyHeaders, "key-headers", quota.DefaultKeyHeaders(), "headers carrying the API key, in order (Authorization is read as Bearer)")
 	f.StringVar(&cfg.TierHeader, "tier-header", def.TierHeader, "header a trusted gateway sets to name the tier (empty: off)")
 	f.StringVar(&cfg.UserHeader, "user-header", "", "header a trusted gateway sets to name the user (empty: off)")
@@ -136,6 +126,56 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	mr.register(f)
 	return cmd
+}
+
+// identityFlags parses --trusted-proxies into cfg and checks the identity
+// flags, so that a setting that could never work is a one-line error at
+// start: a prefix that can never match a peer (IPv4-mapped IPv6, zoned), an
+// unknown --client-ip-header or --forward-auth-headers, an invalid header
+// name.
+func identityFlags(cfg *region.Config, trusted []string) error {
+	for _, s := range trusted {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if strings.Contains(s, "%") {
+			return fmt.Errorf("--trusted-proxies: %q has a zone; peers are compared without zone, so it would never match: drop the %%zone", s)
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return fmt.Errorf("--trusted-proxies: %q is not a CIDR or address", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Addr().Is4In6() {
+			return fmt.Errorf("--trusted-proxies: %q is IPv4-mapped IPv6; peers are compared as IPv4, so it would never match: write the IPv4 form (e.g. 10.0.0.0/8)", s)
+		}
+		cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
+	}
+	h, err := quota.ParseClientIPHeader(cfg.ClientIPHeader)
+	if err != nil || cfg.ClientIPHeader == "" {
+		return fmt.Errorf("--client-ip-header: must be X-Forwarded-For, X-Real-IP, Forwarded or none, got %q", cfg.ClientIPHeader)
+	}
+	cfg.ClientIPHeader = h
+	switch cfg.ForwardAuthHeaders {
+	case region.ForwardAuthOriginal, region.ForwardAuthForwarded:
+	default:
+		return fmt.Errorf("--forward-auth-headers: must be original or forwarded, got %q", cfg.ForwardAuthHeaders)
+	}
+	for _, fl := range []struct{ name, v string }{{"--tier-header", cfg.TierHeader}, {"--user-header", cfg.UserHeader}} {
+		if fl.v != "" && !quota.ValidHeaderName(fl.v) {
+			return fmt.Errorf("%s: %q is not a valid header name", fl.name, fl.v)
+		}
+	}
+	for _, k := range cfg.KeyHeaders {
+		if !quota.ValidHeaderName(k) {
+			return fmt.Errorf("--key-headers: %q is not a valid header name", k)
+		}
+	}
+	return nil
 }
 
 // applyConfigFile sets every flag not already set on the command line or

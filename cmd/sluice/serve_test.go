@@ -204,7 +204,7 @@ func TestServeEndToEnd(t *testing.T) {
 				t.Errorf("429 body = %s", r.body)
 			}
 			// Forward-auth sees the same state.
-			r = d.do("GET", "/v1/authz", "", "X-Forwarded-Uri", "/v1/orders", "X-Forwarded-Method", "POST", "X-API-Key", "client-1")
+			r = d.do("GET", "/v1/authz", "", "X-Original-URI", "/v1/orders", "X-Original-Method", "POST", "X-API-Key", "client-1")
 			if r.status != 429 || !strings.Contains(r.header.Get("Content-Type"), "problem+json") || !strings.Contains(r.body, `"violated-policies":["burst"]`) {
 				t.Errorf("authz = %d %s", r.status, r.body)
 			}
