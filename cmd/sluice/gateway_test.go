@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"go.yaml.in/yaml/v3"
 )
 
 // The attack suite: the shipped gateway configurations of deploy/, unchanged
@@ -612,4 +615,261 @@ func startCaddy(t *testing.T, siteConf, listen string) {
 	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
 	exited, out := gatewayProcess(t, cmd, func() string { return "" })
 	waitListening(t, listen, exited, out)
+}
+
+// believedHeaders are the headers Sluice may believe from a trusted gateway
+// (with the flags the shipped configurations prescribe): a gateway must set
+// them itself or keep the client's from Sluice.
+var believedHeaders = []string{
+	"Forwarded", "X-Forwarded-For", "X-Real-IP",
+	"X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method", "X-Original-URI",
+	"X-Sluice-Tier", "X-Sluice-User",
+}
+
+// traefikDynamic is the part of Traefik's (v3.7) dynamic configuration that
+// deploy/traefik/dynamic.yml uses, field names as in Traefik's
+// pkg/config/dynamic; decoding with KnownFields catches a misspelt option,
+// which Traefik would otherwise ignore.
+type traefikDynamic struct {
+	HTTP struct {
+		Middlewares map[string]struct {
+			ForwardAuth *struct {
+				Address             string   `yaml:"address"`
+				TrustForwardHeader  *bool    `yaml:"trustForwardHeader"`
+				AuthRequestHeaders  []string `yaml:"authRequestHeaders"`
+				AuthResponseHeaders []string `yaml:"authResponseHeaders"`
+			} `yaml:"forwardAuth"`
+		} `yaml:"middlewares"`
+		Routers map[string]struct {
+			Rule        string   `yaml:"rule"`
+			Service     string   `yaml:"service"`
+			Middlewares []string `yaml:"middlewares"`
+		} `yaml:"routers"`
+		Services map[string]struct {
+			LoadBalancer struct {
+				Servers []struct {
+					URL string `yaml:"url"`
+				} `yaml:"servers"`
+			} `yaml:"loadBalancer"`
+		} `yaml:"services"`
+	} `yaml:"http"`
+}
+
+// TestTraefikConfigStructure checks deploy/traefik/dynamic.yml without a
+// Traefik binary (none can be built here): every option is one Traefik
+// knows, the client's forwarding headers are not trusted, only the API key
+// headers reach Sluice, and every router goes through Sluice.
+func TestTraefikConfigStructure(t *testing.T) {
+	const name = "../../deploy/traefik/dynamic.yml"
+	raw, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	var c traefikDynamic
+	if err := dec.Decode(&c); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	mw, ok := c.HTTP.Middlewares["sluice"]
+	if !ok || mw.ForwardAuth == nil {
+		t.Fatalf("%s: no forwardAuth middleware named sluice", name)
+	}
+	fa := mw.ForwardAuth
+	if fa.Address != "http://127.0.0.1:8080/v1/authz" {
+		t.Errorf("forwardAuth.address = %q, want http://127.0.0.1:8080/v1/authz", fa.Address)
+	}
+	if fa.TrustForwardHeader == nil || *fa.TrustForwardHeader {
+		t.Errorf("forwardAuth.trustForwardHeader must be false, explicitly (unset keeps some client X-Forwarded-* headers)")
+	}
+	if got, want := canonicalSet(fa.AuthRequestHeaders), canonicalSet([]string{"Authorization", "X-API-Key"}); !equalSets(got, want) {
+		t.Errorf("forwardAuth.authRequestHeaders = %v, want exactly %v (the API key headers)", fa.AuthRequestHeaders, []string{"Authorization", "X-API-Key"})
+	}
+	for _, h := range believedHeaders {
+		if canonicalSet(fa.AuthRequestHeaders)[http.CanonicalHeaderKey(h)] {
+			t.Errorf("forwardAuth.authRequestHeaders passes the client's %s to Sluice", h)
+		}
+	}
+	for _, h := range []string{"RateLimit", "RateLimit-Policy"} {
+		if !canonicalSet(fa.AuthResponseHeaders)[http.CanonicalHeaderKey(h)] {
+			t.Errorf("forwardAuth.authResponseHeaders lacks %s", h)
+		}
+	}
+	if len(c.HTTP.Routers) == 0 {
+		t.Errorf("%s: no routers", name)
+	}
+	for rn, r := range c.HTTP.Routers {
+		if !slices.Contains(r.Middlewares, "sluice") {
+			t.Errorf("router %s does not use the sluice middleware", rn)
+		}
+		s, ok := c.HTTP.Services[r.Service]
+		if !ok || len(s.LoadBalancer.Servers) == 0 {
+			t.Errorf("router %s: service %q has no servers", rn, r.Service)
+		}
+	}
+	flags := prescribedFlags(t, name, string(raw), "127.0.0.1:8080")
+	if got := flagValue(flags, "--forward-auth-headers"); got != "forwarded" {
+		t.Errorf("prescribed --forward-auth-headers = %q, want forwarded (Traefik sends X-Forwarded-Method/-Uri)", got)
+	}
+	if got := flagValue(flags, "--trusted-proxies"); got == "" {
+		t.Errorf("prescribed flags lack --trusted-proxies")
+	}
+}
+
+// TestEnvoyConfigStructure checks deploy/envoy/envoy.yaml without an Envoy
+// binary (none can be installed here): the ext_authz filter asks Sluice at
+// /v1/authz/<path>, fails open, sends only the API key and X-Forwarded-For
+// (which Envoy appends the socket peer to), and passes the RateLimit
+// headers to the client. Envoy's own schema (protobuf) is not checked.
+func TestEnvoyConfigStructure(t *testing.T) {
+	const name = "../../deploy/envoy/envoy.yaml"
+	raw, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root map[string]any
+	if err := yaml.Unmarshal(raw, &root); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	hcm, _ := yamlAt(t, root, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config").(map[string]any)
+	if got := yamlAt(t, hcm, "@type"); got != "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager" {
+		t.Errorf("first network filter is %v, want the HTTP connection manager", got)
+	}
+	if got := yamlAt(t, hcm, "use_remote_address"); got != true {
+		t.Errorf("use_remote_address = %v, want true (else Envoy does not append the client's address to X-Forwarded-For)", got)
+	}
+	if hops, ok := hcm["xff_num_trusted_hops"]; ok && hops != 0 {
+		t.Errorf("xff_num_trusted_hops = %v, want 0", hops)
+	}
+	filters, _ := yamlAt(t, hcm, "http_filters").([]any)
+	authz, router := -1, -1
+	for i, f := range filters {
+		switch yamlAt(t, f, "name") {
+		case "envoy.filters.http.ext_authz":
+			authz = i
+		case "envoy.filters.http.router":
+			router = i
+		}
+	}
+	if authz < 0 || router < 0 || authz > router {
+		t.Fatalf("http_filters: ext_authz at %d, router at %d; want ext_authz before router", authz, router)
+	}
+	ea := yamlAt(t, filters[authz], "typed_config")
+	if got := yamlAt(t, ea, "@type"); got != "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz" {
+		t.Errorf("ext_authz @type = %v", got)
+	}
+	if got := yamlAt(t, ea, "failure_mode_allow"); got != true {
+		t.Errorf("failure_mode_allow = %v, want true (NFR-03: Sluice down must not take the API down)", got)
+	}
+	hs := yamlAt(t, ea, "http_service")
+	if got := yamlAt(t, hs, "path_prefix"); got != "/v1/authz" {
+		t.Errorf("http_service.path_prefix = %v, want /v1/authz", got)
+	}
+	cluster := yamlAt(t, hs, "server_uri", "cluster")
+	found := false
+	for _, c := range yamlAt(t, root, "static_resources", "clusters").([]any) {
+		if yamlAt(t, c, "name") == cluster {
+			found = true
+			sa := yamlAt(t, c, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
+			if yamlAt(t, sa, "address") != "127.0.0.1" || yamlAt(t, sa, "port_value") != 8080 {
+				t.Errorf("cluster %v is at %v, want 127.0.0.1:8080", cluster, sa)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("server_uri.cluster %v is not among the clusters", cluster)
+	}
+	if got, want := envoyPatterns(t, yamlAt(t, hs, "authorization_request", "allowed_headers")), canonicalSet([]string{"Authorization", "X-API-Key", "X-Forwarded-For"}); !equalSets(got, want) {
+		t.Errorf("allowed_headers = %v, want exactly %v", keys(got), keys(want))
+	}
+	for field, want := range map[string][]string{
+		"allowed_client_headers":            {"RateLimit", "RateLimit-Policy", "Retry-After"},
+		"allowed_client_headers_on_success": {"RateLimit", "RateLimit-Policy"},
+	} {
+		got := envoyPatterns(t, yamlAt(t, hs, "authorization_response", field))
+		for _, h := range want {
+			if !got[http.CanonicalHeaderKey(h)] {
+				t.Errorf("authorization_response.%s lacks %s", field, h)
+			}
+		}
+	}
+	flags := prescribedFlags(t, name, string(raw), "127.0.0.1:8080")
+	if got := flagValue(flags, "--trusted-proxies"); got == "" {
+		t.Errorf("prescribed flags lack --trusted-proxies")
+	}
+}
+
+// yamlAt walks a decoded YAML document by map keys and list indexes.
+func yamlAt(t *testing.T, v any, path ...any) any {
+	t.Helper()
+	for i, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(map[string]any)
+			if !ok {
+				t.Fatalf("at %v: not a map", path[:i+1])
+			}
+			v = m[k]
+		case int:
+			l, ok := v.([]any)
+			if !ok || k >= len(l) {
+				t.Fatalf("at %v: no item %d", path[:i+1], k)
+			}
+			v = l[k]
+		}
+	}
+	return v
+}
+
+// envoyPatterns returns the header names of a ListStringMatcher of exact
+// patterns; any other kind of pattern fails the test, since it could let
+// more headers through than the list shows.
+func envoyPatterns(t *testing.T, v any) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	pats, _ := yamlAt(t, v, "patterns").([]any)
+	for _, p := range pats {
+		m, _ := p.(map[string]any)
+		s, ok := m["exact"].(string)
+		if len(m) != 1 || !ok {
+			t.Errorf("header pattern %v: want only exact names", p)
+			continue
+		}
+		out[http.CanonicalHeaderKey(s)] = true
+	}
+	return out
+}
+
+func canonicalSet(names []string) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range names {
+		out[http.CanonicalHeaderKey(n)] = true
+	}
+	return out
+}
+
+func equalSets(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]bool) []string {
+	return slices.Sorted(maps.Keys(m))
+}
+
+// flagValue is the value given to flag in flags, or "".
+func flagValue(flags []string, flag string) string {
+	for i := 0; i+1 < len(flags); i++ {
+		if flags[i] == flag {
+			return flags[i+1]
+		}
+	}
+	return ""
 }
