@@ -189,3 +189,28 @@ func TestIdentityConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// ip accompanies api_key or user; a bad api_key is dropped, not refused.
+func TestSubjectFieldsCombinations(t *testing.T) {
+	long := strings.Repeat("j", 900)
+	tests := []struct {
+		f       SubjectFields
+		subject string
+		ip      string
+		invalid bool
+	}{
+		{SubjectFields{APIKey: "k", IP: "192.0.2.1"}, "key:" + KeyID("k"), "ip:192.0.2.1", false},
+		{SubjectFields{User: "u", IP: "2001:db8:1:2::5"}, "user:u", "ip6:2001:db8:1:2::/64", false},
+		{SubjectFields{APIKey: long, IP: "192.0.2.1"}, "ip:192.0.2.1", "ip:192.0.2.1", true},
+		{SubjectFields{APIKey: "a b"}, "", "", true},
+	}
+	for _, tt := range tests {
+		id, err := tt.f.Identity()
+		if err != nil {
+			t.Fatalf("%+v.Identity() = %v", tt.f, err)
+		}
+		if id.Subject() != tt.subject || id.IPSubject() != tt.ip || id.KeyInvalid != tt.invalid {
+			t.Errorf("%+v.Identity() = subject %q ip %q invalid %v, want %q %q %v", tt.f, id.Subject(), id.IPSubject(), id.KeyInvalid, tt.subject, tt.ip, tt.invalid)
+		}
+	}
+}

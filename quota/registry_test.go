@@ -411,6 +411,13 @@ func TestRegistryKeysAndResolve(t *testing.T) {
 		{"unknown key falls back to ip", Identity{APIKey: "made_up", KeyID: KeyID("made_up"), IP: ip.IP}, Principal{Subject: "ip:192.0.2.1", Tier: TierAnonymous, UnknownKey: true}},
 		{"trusted tier vouches for key", Identity{APIKey: "made_up", KeyID: KeyID("made_up"), Tier: "free"}, Principal{Subject: "key:" + KeyID("made_up"), Tier: "free"}},
 		{"ip only", ip, Principal{Subject: "ip:192.0.2.1", Tier: TierAnonymous}},
+		{"unknown key falls back to user", Identity{KeyID: KeyID("made_up"), User: "u7", IP: ip.IP}, Principal{Subject: "user:u7", Tier: TierAnonymous, UnknownKey: true}},
+		{"unknown key alone shares one bucket", Identity{APIKey: "made_up", KeyID: KeyID("made_up")}, Principal{Subject: UnknownKeySubject, Tier: TierAnonymous, UnknownKey: true}},
+		{"another unknown key alone, the same bucket", Identity{APIKey: "other", KeyID: KeyID("other")}, Principal{Subject: UnknownKeySubject, Tier: TierAnonymous, UnknownKey: true}},
+		{"invalid key counts by ip", Identity{KeyInvalid: true, IP: ip.IP}, Principal{Subject: "ip:192.0.2.1", Tier: TierAnonymous, UnknownKey: true}},
+		{"invalid key alone shares one bucket", Identity{KeyInvalid: true}, Principal{Subject: UnknownKeySubject, Tier: TierAnonymous, UnknownKey: true}},
+		{"invalid key beside a registered one is ignored", Identity{APIKey: "sk_live_1", KeyID: KeyID("sk_live_1")}, Principal{Subject: "key:" + KeyID("sk_live_1"), Tier: "pro"}},
+		{"unknown key with raw subject keeps it", Identity{KeyID: KeyID("made_up"), Raw: "tenant:9"}, Principal{Subject: "tenant:9", Tier: TierAnonymous, UnknownKey: true}},
 		{"raw subject", Identity{Raw: "tenant:9", Tier: "pro"}, Principal{Subject: "tenant:9", Tier: "pro"}},
 	}
 	for _, tt := range tests {

@@ -30,6 +30,12 @@ func NormalizeRoute(raw string) string {
 	if isCanonicalRoute(raw) {
 		return raw
 	}
+	return normalizePath(raw)
+}
+
+// normalizePath is NormalizeRoute for a path without query or fragment,
+// without the fast path.
+func normalizePath(raw string) string {
 	// Pass 1: escapes and raw bytes.
 	var b strings.Builder
 	b.Grow(len(raw) + 1)
