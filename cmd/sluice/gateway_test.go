@@ -92,6 +92,10 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 	flags := prescribedFlags(t, gw.config, shipped, daemonAddr)
 	t.Logf("sluice serve %s", strings.Join(flags, " "))
 	d := startDaemon(t, bin, flags...)
+	stopDaemon := sync.OnceFunc(func() {
+		d.cmd.Process.Kill()
+		<-d.done
+	})
 	gw.start(t, conf, gwAddr)
 
 	clients := &attackClients{gw: gwAddr, next: 10}
@@ -134,6 +138,9 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 		{name: "rotating user header", path: "/login", hdr: func(i int) []string { return []string{"X-Sluice-User", fmt.Sprintf("user-%d", i+1)} }},
 		{name: "invented Authorization Bearer keys", path: "/login", hdr: func(i int) []string { return []string{"Authorization", fmt.Sprintf("Bearer invented-key-%d", i+1)} }},
 		{name: "invented X-API-Key keys", path: "/login", hdr: func(i int) []string { return []string{"X-API-Key", fmt.Sprintf("invented-key-%d", i+1)} }},
+		{name: "invented keys with tier header pro", path: "/login", hdr: func(i int) []string {
+			return []string{"Authorization", fmt.Sprintf("Bearer invented-key-%d", i+1), "X-Sluice-Tier", "pro"}
+		}},
 	}
 	for _, bp := range bypasses {
 		t.Run("bypass/"+bp.name, func(t *testing.T) {
@@ -240,7 +247,7 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 	})
 
 	t.Run("daemon down fails open", func(t *testing.T) {
-		stopDaemon(d)
+		stopDaemon()
 		c := clients.new(t)
 		before := api.served("/orders")
 		if r := c.send("GET", "/orders", ""); r.status != 200 {
@@ -255,9 +262,7 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 	})
 
 	t.Run("daemon answering 5xx fails open, 4xx does not", func(t *testing.T) {
-		if d.cmd.ProcessState == nil {
-			t.Fatal("needs the daemon of the previous subtest stopped")
-		}
+		stopDaemon() // its address is taken over by a broken one
 		for _, tc := range []struct {
 			status     int // what the broken daemon answers
 			wantStatus int // what the client gets
@@ -288,11 +293,9 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 	})
 
 	t.Run("closed policy answers 503 when its store fails", func(t *testing.T) {
-		if d.cmd.ProcessState == nil {
-			t.Fatal("needs the daemon of the previous subtest stopped")
-		}
+		stopDaemon() // its address is taken over by one on Redis
 		rs := redistest.Start(t)
-		rflags := append(slicesWithout(flags, "--store"), "--store", "redis://"+rs.Addr(), "--store-timeout", "50ms")
+		rflags := append(withoutFlag(flags, "--store"), "--store", "redis://"+rs.Addr(), "--store-timeout", "50ms")
 		startDaemon(t, bin, rflags...)
 		c := clients.new(t)
 		if r := login(t, c, "/login"); r.status != 200 {
@@ -353,8 +356,8 @@ func prescribedFlags(t *testing.T, name, conf, listen string) []string {
 	return cmd
 }
 
-// slicesWithout returns flags without flag and its value.
-func slicesWithout(flags []string, flag string) []string {
+// withoutFlag returns flags without flag and its value.
+func withoutFlag(flags []string, flag string) []string {
 	var out []string
 	for i := 0; i < len(flags); i++ {
 		if flags[i] == flag {
@@ -364,14 +367,6 @@ func slicesWithout(flags []string, flag string) []string {
 		out = append(out, flags[i])
 	}
 	return out
-}
-
-func stopDaemon(d *daemon) {
-	if d.cmd.ProcessState != nil {
-		return
-	}
-	d.cmd.Process.Kill()
-	<-d.done
 }
 
 // freeLoopbackAddr returns 127.0.0.1:port for a port free a moment ago.
