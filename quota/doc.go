@@ -9,7 +9,8 @@
 //
 //	id, err := quota.Identify(req, cfg)        // or SubjectFields.Identity() for a JSON body
 //	who := reg.Resolve(id)                     // subject and tier
-//	applied := reg.Match(quota.Query{Tier: who.Tier, Subject: who.Subject, Method: m, Route: path})
+//	route := quota.NormalizeRoute(path)        // one canonical spelling
+//	applied := reg.Match(quota.Query{Tier: who.Tier, Subject: who.Subject, Method: m, Route: route})
 //
 // and each Applied carries the engine.Limit to check and the cost to spend.
 // A policy the subject is exempt from (an Override with Unlimited) is not
@@ -24,17 +25,18 @@
 //
 // A route glob is a path pattern that starts with '/'. It is split into
 // segments at '/', and matched segment by segment against the request path
-// (without its query string):
+// (without its query string) in the canonical form of NormalizeRoute, in
+// which the glob itself is compiled too ("/login/" is "/login"):
 //
 //   - a literal character matches itself (matching is case-sensitive);
 //   - '*' inside a segment matches any run of characters except '/',
 //     including none: "/v1/orders/*/items" matches "/v1/orders/7/items";
 //   - a '*' that ends the pattern also matches any further segments, so
-//     "/v1/*" matches "/v1/orders" and "/v1/orders/7" (and "/v1/", but not
-//     "/v1"), and "/v1/ord*" matches "/v1/orders/7";
+//     "/v1/*" matches "/v1/orders" and "/v1/orders/7" (but not "/v1"), and
+//     "/v1/ord*" matches "/v1/orders/7";
 //   - "**" is allowed only as the whole last segment and matches any number
-//     of further segments, including none: "/v1/**" matches "/v1",
-//     "/v1/" and "/v1/orders/7"; "/**" matches every path.
+//     of further segments, including none: "/v1/**" matches "/v1" and
+//     "/v1/orders/7"; "/**" matches every path.
 //
 // Anything else is rejected when the policy is validated: a pattern that
 // does not start with '/', empty segments ("//"), "**" elsewhere, '?', '[',
@@ -61,5 +63,6 @@
 // "ip6:<prefix>/64" per IPv6 /64, or a subject the check API caller names
 // outright. Identify and SubjectFields.Identity produce the same subject for
 // the same requester; Registry.Resolve counts a key that nobody vouches for
-// by user or address instead, so that invented keys do not multiply quota.
+// (or a malformed one) by user or address instead, and with neither by the
+// one shared UnknownKeySubject, so that invented keys do not multiply quota.
 package quota

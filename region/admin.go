@@ -428,7 +428,7 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		if t == "" {
 			t = quota.TierAnonymous
 		}
-		applied, exempt := d.reg.MatchExempt(quota.Query{Tier: t, Subject: subject, Method: method, Route: route})
+		applied, exempt := d.reg.MatchExempt(quota.Query{Tier: t, Subject: subject, Method: method, Route: quota.NormalizeRoute(route)})
 		for _, a := range applied {
 			add(a.Policy, a.Limit, a.Override)
 		}

@@ -12,7 +12,8 @@ import (
 // validator: never a panic, and every failure a 4xx problem.
 func FuzzCheckRequest(f *testing.F) {
 	for _, s := range []string{`{"user":"u","route":"/"}`, `{"api_key":"k","route":"/a","cost":3,"tier":"pro","method":"post"}`,
-		`{"ip":"::1","route":"/x?y"}`, `{"checks":[{"user":"u","route":"/"}]}`, `{"cost":-1}`, `[]`, `{"route":"/\u0000"}`} {
+		`{"ip":"::1","route":"/x?y"}`, `{"checks":[{"user":"u","route":"/"}]}`, `{"cost":-1}`, `[]`, `{"route":"/\u0000"}`,
+		`{"ip":"192.0.2.1","api_key":"k","route":"/x/..%2F%6Cogin/"}`, `{"user":"u","ip":"::1","subject":"s","route":"//a"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -23,8 +24,12 @@ func FuzzCheckRequest(f *testing.F) {
 			}
 			return
 		}
-		if _, p := in.target(""); p != nil && (p.Status != 400 || len(p.Errors) == 0) {
+		tg, p := in.target("")
+		if p != nil && (p.Status != 400 || len(p.Errors) == 0) {
 			t.Fatalf("target problem %+v", p)
+		}
+		if p == nil && quota.NormalizeRoute(tg.route) != tg.route {
+			t.Fatalf("target route %q is not canonical", tg.route)
 		}
 		var b BatchRequest
 		_ = decodeBytes(body, &b)
