@@ -127,6 +127,8 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 		{name: "path /login/", path: "/login/"},
 		{name: "path /./login", path: "/./login"},
 		{name: "path /x/../login", path: "/x/../login"},
+		{name: "path /x/..%2Flogin", path: "/x/..%2Flogin"},
+		{name: "query /login?a=N", path: "/login?a=1"},
 		{name: "rotating Forwarded", path: "/login", hdr: func(i int) []string { return []string{"Forwarded", fmt.Sprintf("for=198.51.100.%d", i+1)} }},
 		{name: "rotating X-Forwarded-For", path: "/login", hdr: func(i int) []string { return []string{"X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i+1)} }},
 		{name: "rotating X-Real-IP", path: "/login", hdr: func(i int) []string { return []string{"X-Real-IP", fmt.Sprintf("198.51.100.%d", i+1)} }},
@@ -134,6 +136,12 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 		{name: "X-Forwarded-Uri elsewhere", path: "/login", hdr: func(int) []string { return []string{"X-Forwarded-Uri", "/elsewhere"} }},
 		{name: "X-Original-Method GET", path: "/login", hdr: func(int) []string { return []string{"X-Original-Method", "GET"} }},
 		{name: "X-Original-URI elsewhere", path: "/login", hdr: func(int) []string { return []string{"X-Original-URI", "/elsewhere"} }},
+		{name: "method and URI pairs sent twice", path: "/login", hdr: func(int) []string {
+			return []string{
+				"X-Original-Method", "GET", "X-Original-Method", "GET", "X-Original-URI", "/elsewhere", "X-Original-URI", "/elsewhere",
+				"X-Forwarded-Method", "GET", "X-Forwarded-Method", "GET", "X-Forwarded-Uri", "/elsewhere", "X-Forwarded-Uri", "/elsewhere",
+			}
+		}},
 		{name: "tier header pro", path: "/login", hdr: func(int) []string { return []string{"X-Sluice-Tier", "pro"} }},
 		{name: "rotating user header", path: "/login", hdr: func(i int) []string { return []string{"X-Sluice-User", fmt.Sprintf("user-%d", i+1)} }},
 		{name: "invented Authorization Bearer keys", path: "/login", hdr: func(i int) []string { return []string{"Authorization", fmt.Sprintf("Bearer invented-key-%d", i+1)} }},
@@ -462,7 +470,7 @@ func (c *attackClient) send(method, path, body string, hdr ...string) reply {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+		req.Header.Add(hdr[i], hdr[i+1]) // a name given twice is sent twice
 	}
 	res, err := c.http.Do(req)
 	if err != nil {
