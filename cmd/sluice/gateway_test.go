@@ -46,29 +46,28 @@ type gatewayUnderTest struct {
 	start func(t *testing.T, conf, listen string)
 }
 
-var gatewaysUnderTest = []gatewayUnderTest{
-	{
-		name:   "nginx",
-		config: "../../deploy/nginx/sluice.conf",
-		placeholders: func(listen, daemon, backend string) [][2]string {
-			return [][2]string{{"127.0.0.1:8080", daemon}, {"listen 80;", "listen " + listen + ";"}, {"http://backend", backend}}
-		},
-		start: startNginx,
-	},
-	{
-		name:   "caddy",
-		config: "../../deploy/caddy/Caddyfile",
-		placeholders: func(listen, daemon, backend string) [][2]string {
-			_, port, _ := net.SplitHostPort(listen)
-			return [][2]string{{"127.0.0.1:8080", daemon}, {"\n:80 {", "\n:" + port + " {"}, {"http://backend", backend}}
-		},
-		start: startCaddy,
-	},
-}
-
 func TestGatewayAttackSuite(t *testing.T) {
+	gateways := []gatewayUnderTest{
+		{
+			name:   "nginx",
+			config: "../../deploy/nginx/sluice.conf",
+			placeholders: func(listen, daemon, backend string) [][2]string {
+				return [][2]string{{"127.0.0.1:8080", daemon}, {"listen 80;", "listen " + listen + ";"}, {"http://backend", backend}}
+			},
+			start: startNginx,
+		},
+		{
+			name:   "caddy",
+			config: "../../deploy/caddy/Caddyfile",
+			placeholders: func(listen, daemon, backend string) [][2]string {
+				_, port, _ := net.SplitHostPort(listen)
+				return [][2]string{{"127.0.0.1:8080", daemon}, {"\n:80 {", "\n:" + port + " {"}, {"http://backend", backend}}
+			},
+			start: startCaddy,
+		},
+	}
 	bin := buildSluice(t)
-	for _, gw := range gatewaysUnderTest {
+	for _, gw := range gateways {
 		t.Run(gw.name, func(t *testing.T) { runAttackSuite(t, bin, gw) })
 	}
 }
@@ -620,15 +619,6 @@ func startCaddy(t *testing.T, siteConf, listen string) {
 	waitListening(t, listen, exited, out)
 }
 
-// believedHeaders are the headers Sluice may believe from a trusted gateway
-// (with the flags the shipped configurations prescribe): a gateway must set
-// them itself or keep the client's from Sluice.
-var believedHeaders = []string{
-	"Forwarded", "X-Forwarded-For", "X-Real-IP",
-	"X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method", "X-Original-URI",
-	"X-Sluice-Tier", "X-Sluice-User",
-}
-
 // traefikDynamic is the part of Traefik's (v3.7) dynamic configuration that
 // deploy/traefik/dynamic.yml uses, field names as in Traefik's
 // pkg/config/dynamic; decoding with KnownFields catches a misspelt option,
@@ -688,7 +678,14 @@ func TestTraefikConfigStructure(t *testing.T) {
 	if got, want := canonicalSet(fa.AuthRequestHeaders), canonicalSet([]string{"Authorization", "X-API-Key"}); !equalSets(got, want) {
 		t.Errorf("forwardAuth.authRequestHeaders = %v, want exactly %v (the API key headers)", fa.AuthRequestHeaders, []string{"Authorization", "X-API-Key"})
 	}
-	for _, h := range believedHeaders {
+	// The headers Sluice may believe from a trusted gateway: Traefik must
+	// set them itself, never pass the client's.
+	believed := []string{
+		"Forwarded", "X-Forwarded-For", "X-Real-IP",
+		"X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method", "X-Original-URI",
+		"X-Sluice-Tier", "X-Sluice-User",
+	}
+	for _, h := range believed {
 		if canonicalSet(fa.AuthRequestHeaders)[http.CanonicalHeaderKey(h)] {
 			t.Errorf("forwardAuth.authRequestHeaders passes the client's %s to Sluice", h)
 		}
