@@ -302,7 +302,9 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 	t.Run("closed policy answers 503 when its store fails", func(t *testing.T) {
 		stopDaemon() // its address is taken over by one on Redis
 		rs := redistest.Start(t)
-		rflags := append(withoutFlag(flags, "--store"), "--store", "redis://"+rs.Addr(), "--store-timeout", "50ms")
+		// A generous store timeout: the store must answer the first login
+		// even on a loaded machine; once it is killed it refuses at once.
+		rflags := append(withoutFlag(flags, "--store"), "--store", "redis://"+rs.Addr(), "--store-timeout", "500ms")
 		startDaemon(t, bin, rflags...)
 		c := clients.new(t)
 		if r := login(t, c, "/login"); r.status != 200 {
