@@ -37,8 +37,10 @@ type IdentityConfig struct {
 	// ClientIPXRealIP, ClientIPForwarded or ClientIPNone (the socket peer
 	// always). No other forwarding header is ever read.
 	ClientIPHeader string
-	// MaxHeaderBytes bounds each header Identify reads (all of its lines
-	// together); a longer one is an *IdentityError. Zero means 8192.
+	// MaxHeaderBytes bounds each key, user and tier header Identify reads
+	// (all of its lines together): a longer key header is no key, a longer
+	// user or tier header an *IdentityError. The client-address header is
+	// not bounded: it is read once, from the right. Zero means 8192.
 	MaxHeaderBytes int
 }
 
