@@ -68,6 +68,20 @@ type Config struct {
 	// new port). Default: 30 s (lan), 60 s (wan), 1 s (local).
 	DeadNodeReclaim time.Duration
 
+	// ClockTolerance is how far from this node's clock a received epoch,
+	// quota window or policy revision may lie (default 30 s, plus one
+	// Interval for epochs); anything further is rejected, so that a message
+	// from the far future cannot silence a region's real reports or freeze
+	// policy sync until a restart.
+	ClockTolerance time.Duration
+	// QuotaWindow returns the window of a global quota (nil or false: not
+	// known here, and its counters are not checked against the clock: the
+	// receiver ignores counters of policies it does not enforce).
+	QuotaWindow func(policy string) (time.Duration, bool)
+	// Now is the clock received messages are judged by; nil is time.Now.
+	// Tests that drive the allocation on a virtual clock pass theirs.
+	Now func() time.Time
+
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered
 }
@@ -78,6 +92,7 @@ const (
 	DefaultQueueSize      = 1024
 	DefaultMaxMessageSize = 16 << 20
 	DefaultLeaveTimeout   = 2 * time.Second
+	DefaultClockTolerance = 30 * time.Second
 	maxNameLen            = 128
 )
 
@@ -96,7 +111,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gossip: BindPort %d out of range", c.BindPort)
 	case c.AdvertisePort < 0 || c.AdvertisePort > 65535:
 		return fmt.Errorf("gossip: AdvertisePort %d out of range", c.AdvertisePort)
-	case c.Interval < 0, c.QueueSize < 0, c.MaxMessageSize < 0, c.LeaveTimeout < 0, c.DeadNodeReclaim < 0:
+	case c.Interval < 0, c.QueueSize < 0, c.MaxMessageSize < 0, c.LeaveTimeout < 0, c.DeadNodeReclaim < 0, c.ClockTolerance < 0:
 		return errors.New("gossip: durations and sizes must not be negative")
 	case c.MaxMessageSize > 20<<20:
 		return errors.New("gossip: MaxMessageSize above memberlist's 20 MiB stream limit")
@@ -137,6 +152,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LeaveTimeout == 0 {
 		c.LeaveTimeout = DefaultLeaveTimeout
+	}
+	if c.ClockTolerance == 0 {
+		c.ClockTolerance = DefaultClockTolerance
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.Preset == "" {
 		c.Preset = PresetLAN

@@ -12,6 +12,7 @@ import (
 
 type metrics struct {
 	dropped       *prometheus.CounterVec
+	rejected      *prometheus.CounterVec
 	received      *prometheus.CounterVec
 	receivedBytes *prometheus.CounterVec
 	sent          *prometheus.CounterVec
@@ -25,7 +26,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gossip_dropped_total",
-			Help: "Gossip messages dropped, by reason (malformed, version, kind, invalid, oversized, queue_full, auth, self).",
+			Help: "Gossip messages dropped before decoding, by reason (queue_full, auth, self).",
+		}, []string{"reason"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gossip_rejected_total",
+			Help: "Received gossip messages rejected whole, never applied nor relayed, by reason (malformed, version, kind, invalid, oversized, limit, value, epoch, revision, sender, region).",
 		}, []string{"reason"}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gossip_received_total",
@@ -57,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dropped, m.received, m.receivedBytes, m.sent, m.sentBytes, m.sendErrors, m.queueLen, m.members)
+		reg.MustRegister(m.dropped, m.rejected, m.received, m.receivedBytes, m.sent, m.sentBytes, m.sendErrors, m.queueLen, m.members)
 	}
 	return m
 }

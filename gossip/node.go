@@ -85,6 +85,9 @@ type Node struct {
 	hmu       sync.RWMutex
 	onMessage []func(Message)
 
+	rmu          sync.Mutex
+	rejectLogged map[string]time.Time // reason → when last logged
+
 	pmu          sync.Mutex
 	policyVer    uint64
 	policyLatest []byte            // encoded envelope of the newest policy seen
@@ -99,11 +102,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	cfg = cfg.withDefaults()
 	n := &Node{
-		cfg:        cfg,
-		queue:      make(chan []byte, cfg.QueueSize),
-		members:    map[string]Member{},
-		reportSeen: map[string]uint64{},
-		metrics:    newMetrics(cfg.Registerer),
+		cfg:          cfg,
+		queue:        make(chan []byte, cfg.QueueSize),
+		members:      map[string]Member{},
+		reportSeen:   map[string]uint64{},
+		rejectLogged: map[string]time.Time{},
+		metrics:      newMetrics(cfg.Registerer),
 	}
 	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region}
 	meta, err := marshal(n.metaFields)
@@ -301,18 +305,15 @@ func (n *Node) decodeLoop(ctx context.Context) {
 
 func (n *Node) handle(b []byte) {
 	m, err := Decode(b, n.cfg.MaxMessageSize)
-	if err != nil {
-		var de *DecodeError
-		reason := ReasonMalformed
-		if errors.As(err, &de) {
-			reason = de.Reason
-		}
-		n.metrics.dropped.WithLabelValues(reason).Inc()
-		n.cfg.Logger.Debug("gossip: dropped message", "reason", reason, "err", err, "bytes", len(b))
+	if err == nil && m.From == n.cfg.Node {
+		n.metrics.dropped.WithLabelValues(ReasonSelf).Inc()
 		return
 	}
-	if m.From == n.cfg.Node {
-		n.metrics.dropped.WithLabelValues(ReasonSelf).Inc()
+	if err == nil {
+		err = n.admit(m)
+	}
+	if err != nil {
+		n.reject(m, err, len(b))
 		return
 	}
 	switch m.Kind {
@@ -341,6 +342,47 @@ func (n *Node) handle(b []byte) {
 	}
 }
 
+// admit checks a decoded message against what this node knows: its
+// sender's membership (checkSender) and its clock (clockCheck).
+func (n *Node) admit(m Message) error {
+	n.mu.Lock()
+	sender, known := n.members[m.From]
+	n.mu.Unlock()
+	if err := checkSender(m, sender, known, n.cfg.Region); err != nil {
+		return err
+	}
+	cc := clockCheck{now: n.cfg.Now(), interval: n.cfg.Interval, tolerance: n.cfg.ClockTolerance, quotaWindow: n.cfg.QuotaWindow}
+	return cc.check(m)
+}
+
+// reject counts a message that is not applied and logs it, at most once a
+// second per reason, with the sending node's name when its header was
+// read.
+func (n *Node) reject(m Message, err error, size int) {
+	reason := ReasonMalformed
+	var de *DecodeError
+	if errors.As(err, &de) {
+		reason = de.Reason
+	}
+	n.metrics.rejected.WithLabelValues(reason).Inc()
+	now := time.Now()
+	n.rmu.Lock()
+	last, seen := n.rejectLogged[reason]
+	quiet := seen && now.Sub(last) < time.Second
+	if !quiet {
+		n.rejectLogged[reason] = now
+	}
+	n.rmu.Unlock()
+	if quiet {
+		return
+	}
+	from := m.From
+	if from == "" {
+		from = "unknown"
+	}
+	n.cfg.Logger.Warn("gossip: rejected message", "reason", reason, "node", from, "region", m.Region, "kind", m.Kind.String(), "bytes", size, "err", err)
+}
+
 // noteReport records that region's report for epoch was seen; false if it
 // (or a later one) was seen before.
 func (n *Node) noteReport(region string, epoch uint64) bool {
@@ -355,20 +397,27 @@ func (n *Node) noteReport(region string, epoch uint64) bool {
 
 // notePolicy records the newest policy envelope; false if v is not newer.
 func (n *Node) notePolicy(v uint64, env []byte) bool {
+	ok, _ := n.notePolicyHave(v, env)
+	return ok
+}
+
+// notePolicyHave is notePolicy that also returns the version held, read
+// under the same lock.
+func (n *Node) notePolicyHave(v uint64, env []byte) (bool, uint64) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	if v <= n.policyVer && n.policyLatest != nil {
-		return false
+		return false, n.policyVer
 	}
 	n.policyVer, n.policyLatest = v, env
-	return true
+	return true, v
 }
 
 // enqueue is the receive path of NotifyMsg and MergeRemoteState: copy,
 // offer to the bounded queue, return at once.
 func (n *Node) enqueue(b []byte) {
 	if len(b) > n.cfg.MaxMessageSize {
-		n.metrics.dropped.WithLabelValues(ReasonOversized).Inc()
+		n.metrics.rejected.WithLabelValues(ReasonOversized).Inc()
 		return
 	}
 	c := slices.Clone(b)
@@ -443,8 +492,8 @@ func (n *Node) BroadcastPolicy(ctx context.Context, p PolicyUpdate) error {
 	if err != nil {
 		return err
 	}
-	if !n.notePolicy(p.Version, b) {
-		return fmt.Errorf("gossip: policy version %d is not newer than %d", p.Version, n.policyVer)
+	if ok, have := n.notePolicyHave(p.Version, b); !ok {
+		return fmt.Errorf("gossip: policy version %d is not newer than %d", p.Version, have)
 	}
 	all := func(Member) bool { return true }
 	if len(b) <= MaxPacketPayload {

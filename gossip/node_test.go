@@ -54,11 +54,15 @@ func (tn *testNode) close() {
 	<-tn.done
 }
 
+// testNow is the clock test nodes judge received messages by: inside
+// epoch 100 of the default interval, the epochs the tests send.
+func testNow() time.Time { return time.Unix(0, 100*int64(DefaultInterval)).Add(time.Second) }
+
 func startNode(t *testing.T, name, region string, key []byte, join ...string) *testNode {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: key, Preset: PresetLocal,
-		Join: join, Registerer: reg, LeaveTimeout: 500 * time.Millisecond, Logger: testLogger(name)})
+		Join: join, Registerer: reg, LeaveTimeout: 500 * time.Millisecond, Logger: testLogger(name), Now: testNow})
 	if err != nil {
 		t.Fatalf("New(%s) = %v", name, err)
 	}
@@ -118,12 +122,18 @@ func memberState(n *Node, name string) (Member, bool) {
 
 func dropped(tn *testNode, reason string) float64 { return droppedN(tn.Node, reason) }
 
+// droppedN counts n's messages dropped or rejected for reason (the two
+// vectors' reasons are disjoint).
 func droppedN(n *Node, reason string) float64 {
-	var m dto.Metric
-	if err := n.metrics.dropped.WithLabelValues(reason).Write(&m); err != nil {
-		panic(err)
+	total := 0.0
+	for _, v := range []*prometheus.CounterVec{n.metrics.dropped, n.metrics.rejected} {
+		var m dto.Metric
+		if err := v.WithLabelValues(reason).Write(&m); err != nil {
+			panic(err)
+		}
+		total += m.GetCounter().GetValue()
 	}
-	return m.GetCounter().GetValue()
+	return total
 }
 
 func TestClusterMembershipAndReports(t *testing.T) {
@@ -246,10 +256,12 @@ func TestBorrowRouting(t *testing.T) {
 	}
 	ctx := context.Background()
 	req := testBorrow("us")
+	req.Epoch = 100
 	if err := us1.SendBorrowRequest(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	loan := testLoan("eu", "us")
+	loan.Epoch = 100
 	if err := eu1.SendLoan(ctx, loan); err != nil {
 		t.Fatal(err)
 	}
@@ -340,11 +352,11 @@ func TestGarbageOnPortsKeepsServing(t *testing.T) {
 	_ = n2.ml.SendReliable(target, []byte{0x83, 0xa1, 0x76, 0x01, 0xff})
 	waitFor(t, 5*time.Second, "g1 to count the malformed user message", func() bool { return dropped(n1, ReasonMalformed) >= 1 })
 
-	if err := n2.BroadcastReport(context.Background(), testReport("us", 9, 2)); err != nil {
+	if err := n2.BroadcastReport(context.Background(), testReport("us", 99, 2)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "g1 to receive a valid report after the junk", func() bool {
-		_, ok := n1.in.findReport("us", 9)
+		_, ok := n1.in.findReport("us", 99)
 		return ok
 	})
 	if n1.NumLive() != 2 {
@@ -397,11 +409,11 @@ func TestFailureLeaveAndRestart(t *testing.T) {
 		defer n3b.in.mu.Unlock()
 		return len(n3b.in.policies) > 0 && n3b.in.policies[len(n3b.in.policies)-1].Version == 5
 	})
-	if err := n3b.BroadcastReport(ctx, testReport("ap", 3, 1)); err != nil {
+	if err := n3b.BroadcastReport(ctx, testReport("ap", 100, 1)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "r1 to receive the restarted node's report", func() bool {
-		_, ok := n1.in.findReport("ap", 3)
+		_, ok := n1.in.findReport("ap", 100)
 		return ok
 	})
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/sluice-rl/sluice/share"
 	"github.com/vmihailenco/msgpack/v5"
@@ -117,19 +116,30 @@ type Message struct {
 	Loan   share.Loan          // KindLoan
 }
 
-// Drop reasons (the "reason" label of sluice_gossip_dropped_total).
+// Reasons a received message is dropped. Those of a message that is
+// rejected (it arrived whole, but is not one this node may apply) label
+// sluice_gossip_rejected_total; queue_full, auth and self label
+// sluice_gossip_dropped_total.
 const (
-	ReasonMalformed = "malformed"  // not msgpack, truncated, wrong types
-	ReasonVersion   = "version"    // envelope version unknown (newer or zero)
-	ReasonKind      = "kind"       // unknown message kind
-	ReasonInvalid   = "invalid"    // decodes, but inconsistent (no sender, region mismatch)
-	ReasonOversized = "oversized"  // larger than MaxMessageSize
+	ReasonMalformed = "malformed" // not msgpack, truncated, wrong types, a field twice
+	ReasonVersion   = "version"   // envelope or layout version unknown (newer or zero)
+	ReasonKind      = "kind"      // unknown message kind
+	ReasonInvalid   = "invalid"   // decodes, but inconsistent (no sender, region mismatch, unsorted counter)
+	ReasonOversized = "oversized" // larger than MaxMessageSize
+	ReasonLimit     = "limit"     // more keys, counters or components than the caps, or a name too long
+	ReasonValue     = "value"     // a float not finite or out of range, a count above MaxQuotaCount
+	ReasonEpoch     = "epoch"     // an epoch or quota window too far from this node's clock
+	ReasonRevision  = "revision"  // a policy revision from the future of this node's clock
+	ReasonSender    = "sender"    // the sending node is not a live member
+	ReasonRegion    = "region"    // the message names another region than the sender's membership metadata, or one it may not speak for
+
 	ReasonQueueFull = "queue_full" // receive queue full
 	ReasonAuth      = "auth"       // memberlist could not decrypt it (wrong or no key)
 	ReasonSelf      = "self"       // our own message came back
 )
 
-// DecodeError is returned by Decode; Reason is one of the Reason* values.
+// DecodeError is returned by Decode and Check; Reason is one of the Reason*
+// values.
 type DecodeError struct {
 	Reason string
 	Err    error
@@ -179,23 +189,20 @@ func marshal(v any) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func unmarshal(b []byte, v any) error {
-	dec := msgpack.GetDecoder()
-	defer msgpack.PutDecoder(dec)
-	r := bytes.NewReader(b)
-	dec.Reset(r)
-	if err := dec.Decode(v); err != nil {
-		return err
+// readErr names the drop reason of a reader error.
+func readErr(err error) error {
+	if errors.Is(err, errLimit) {
+		return decodeErr(ReasonLimit, err)
 	}
-	if r.Len() != 0 {
-		return errors.New("trailing bytes")
-	}
-	return nil
+	return decodeErr(ReasonMalformed, err)
 }
 
-// Decode parses one message of at most maxSize bytes (0: no limit). Every
-// failure is a *DecodeError naming the drop reason. It never panics, however
-// hostile b is (FuzzDecode).
+// Decode parses one message of at most maxSize bytes (0: no limit) and
+// checks what it can without a clock or a member list: names, layout
+// versions, caps (MaxKeys and its siblings), finite in-range figures and
+// well-formed counters. Every failure is a *DecodeError naming the drop
+// reason. It never panics and allocates at most a small multiple of len(b),
+// however hostile b is (FuzzDecode and the per-kind fuzz targets).
 func Decode(b []byte, maxSize int) (m Message, err error) {
 	defer func() {
 		if r := recover(); r != nil { // belt and braces: a decoder bug drops one message, not the node
@@ -205,49 +212,124 @@ func Decode(b []byte, maxSize int) (m Message, err error) {
 	if maxSize > 0 && len(b) > maxSize {
 		return Message{}, decodeErr(ReasonOversized, fmt.Errorf("%d bytes > %d", len(b), maxSize))
 	}
-	var env envelope
-	if err := unmarshal(b, &env); err != nil {
-		return Message{}, decodeErr(ReasonMalformed, err)
+	var env envelopeView
+	if err := decodeWhole(b, func(r *reader) error { return r.envelope(&env) }); err != nil {
+		return Message{}, readErr(err)
 	}
+	// From here on a failure returns the header, for the log line.
+	hdr := Message{Version: env.V, Kind: env.Kind, From: env.From, Region: env.Region, Size: len(b)}
 	if env.V < MinWireVersion || env.V > WireVersion {
-		return Message{}, decodeErr(ReasonVersion, fmt.Errorf("version %d not in [%d,%d]", env.V, MinWireVersion, WireVersion))
+		return hdr, decodeErr(ReasonVersion, fmt.Errorf("version %d not in [%d,%d]", env.V, MinWireVersion, WireVersion))
 	}
 	if env.From == "" || env.Region == "" {
-		return Message{}, decodeErr(ReasonInvalid, errors.New("no sender or region"))
+		return hdr, decodeErr(ReasonInvalid, errors.New("no sender or region"))
 	}
-	m = Message{Version: env.V, Kind: env.Kind, From: env.From, Region: env.Region, Size: len(b)}
+	if len(env.Payload) == 0 || env.Payload[0] == 0xc0 {
+		return hdr, decodeErr(ReasonMalformed, errors.New("no payload"))
+	}
+	m = hdr
+	var check func() error
 	switch env.Kind {
 	case KindReport:
-		err = unmarshal(env.Payload, &m.Report)
-		if err == nil && m.Report.Region != env.Region {
-			return Message{}, decodeErr(ReasonInvalid, fmt.Errorf("report of region %q sent from region %q", m.Report.Region, env.Region))
-		}
+		err = decodeWhole(env.Payload, func(r *reader) error { return r.report(&m.Report) })
+		check = func() error { return checkReport(m.Report, env.Region) }
 	case KindNodeUsage:
-		err = unmarshal(env.Payload, &m.Usage)
-		if err == nil && (m.Usage.Node != env.From || m.Usage.Region != env.Region) {
-			return Message{}, decodeErr(ReasonInvalid, errors.New("node usage sender mismatch"))
-		}
+		err = decodeWhole(env.Payload, func(r *reader) error { return r.nodeUsage(&m.Usage) })
+		check = func() error { return checkNodeUsage(m.Usage, env.From, env.Region) }
 	case KindPolicy:
-		err = unmarshal(env.Payload, &m.Policy)
+		err = decodeWhole(env.Payload, func(r *reader) error { return r.policy(&m.Policy) })
+		check = func() error { return nil }
 	case KindBorrow:
-		if err = unmarshal(env.Payload, &m.Borrow); err == nil {
-			if e := checkBorrow(m.Borrow, env.Region); e != nil {
-				return Message{}, e
-			}
-		}
+		err = decodeWhole(env.Payload, func(r *reader) error { return r.borrow(&m.Borrow) })
+		check = func() error { return checkBorrow(m.Borrow, env.Region) }
 	case KindLoan:
-		if err = unmarshal(env.Payload, &m.Loan); err == nil {
-			if e := checkLoan(m.Loan, env.Region); e != nil {
-				return Message{}, e
-			}
-		}
+		err = decodeWhole(env.Payload, func(r *reader) error { return r.loan(&m.Loan) })
+		check = func() error { return checkLoan(m.Loan, env.Region) }
 	default:
-		return Message{}, decodeErr(ReasonKind, fmt.Errorf("unknown kind %d", env.Kind))
+		return hdr, decodeErr(ReasonKind, fmt.Errorf("unknown kind %d", env.Kind))
 	}
 	if err != nil {
-		return Message{}, decodeErr(ReasonMalformed, err)
+		return hdr, readErr(err)
+	}
+	if err := check(); err != nil {
+		return hdr, err
 	}
 	return m, nil
+}
+
+// MaxRate bounds every rate in a report or node usage, in units per second
+// (a limit, offered, recent, demand or admitted figure): far above any real
+// limit, and small enough that summing the figures of every node and region
+// stays finite.
+const MaxRate = 1e15
+
+// rate reports whether v is a finite rate in [0, MaxRate].
+func rate(v float64) bool { return v >= 0 && v <= MaxRate }
+
+// fraction reports whether v is a finite fraction in [0, 1].
+func fraction(v float64) bool { return v >= 0 && v <= 1 }
+
+func checkReport(r share.Report, region string) error {
+	if r.Version > share.ReportVersion {
+		return decodeErr(ReasonVersion, fmt.Errorf("report layout %d > %d", r.Version, share.ReportVersion))
+	}
+	if r.Region != region {
+		return decodeErr(ReasonInvalid, fmt.Errorf("report of region %q sent from region %q", r.Region, region))
+	}
+	for i, k := range r.Keys {
+		if k.Policy == "" || k.Subject == "" {
+			return decodeErr(ReasonInvalid, fmt.Errorf("key %d without policy or subject", i))
+		}
+		if !(k.Limit > 0) || !rate(k.Limit) || !rate(k.Offered) || !rate(k.Recent) || !rate(k.Demand) || !rate(k.Admitted) || !fraction(k.Share) {
+			return decodeErr(ReasonValue, fmt.Errorf("key %s/%s: limit %v offered %v recent %v demand %v admitted %v share %v",
+				k.Policy, k.Subject, k.Limit, k.Offered, k.Recent, k.Demand, k.Admitted, k.Share))
+		}
+	}
+	return checkQuotas(r.Quotas, "")
+}
+
+func checkNodeUsage(u NodeUsage, from, region string) error {
+	if u.Node != from || u.Region != region {
+		return decodeErr(ReasonInvalid, errors.New("node usage sender mismatch"))
+	}
+	for i, k := range u.Keys {
+		if k.Policy == "" || k.Subject == "" {
+			return decodeErr(ReasonInvalid, fmt.Errorf("key %d without policy or subject", i))
+		}
+		if !(k.Limit > 0) || !rate(k.Limit) || !rate(k.Offered) || !rate(k.Recent) || !rate(k.Admitted) {
+			return decodeErr(ReasonValue, fmt.Errorf("key %s/%s: limit %v offered %v recent %v admitted %v",
+				k.Policy, k.Subject, k.Limit, k.Offered, k.Recent, k.Admitted))
+		}
+	}
+	return checkQuotas(u.Quotas, from)
+}
+
+// checkQuotas checks received G-counters: each names its key, has a
+// non-negative window and its components sorted by name without
+// duplicates, each at most MaxQuotaCount, so that no counter's total wraps
+// around. With only set (a NodeUsage), a counter must be that node's
+// component alone.
+func checkQuotas(qs []share.QuotaCounter, only string) error {
+	for _, q := range qs {
+		if q.Policy == "" || q.Subject == "" {
+			return decodeErr(ReasonInvalid, errors.New("quota counter without policy or subject"))
+		}
+		if q.Window < 0 {
+			return decodeErr(ReasonEpoch, fmt.Errorf("quota counter %s/%s: window %d", q.Policy, q.Subject, q.Window))
+		}
+		if only != "" && (len(q.Counts) != 1 || q.Counts[0].Region != only) {
+			return decodeErr(ReasonInvalid, fmt.Errorf("quota counter %s/%s: components not of node %q alone", q.Policy, q.Subject, only))
+		}
+		for i, c := range q.Counts {
+			if c.Region == "" || (i > 0 && q.Counts[i-1].Region >= c.Region) {
+				return decodeErr(ReasonInvalid, fmt.Errorf("quota counter %s/%s: components unsorted, repeated or unnamed", q.Policy, q.Subject))
+			}
+			if c.Count > MaxQuotaCount {
+				return decodeErr(ReasonValue, fmt.Errorf("quota counter %s/%s: component %q of %d > %d", q.Policy, q.Subject, c.Region, c.Count, uint64(MaxQuotaCount)))
+			}
+		}
+	}
+	return nil
 }
 
 // checkBorrow validates a decoded BorrowRequest sent from region. The
@@ -262,8 +344,8 @@ func checkBorrow(r share.BorrowRequest, region string) error {
 		return decodeErr(ReasonInvalid, fmt.Errorf("borrow request of region %q sent from region %q", r.Region, region))
 	case r.Policy == "" || r.Subject == "":
 		return decodeErr(ReasonInvalid, errors.New("borrow request without key"))
-	case !(r.Want > 0) || math.IsInf(r.Want, 0): // NaN fails too; above 1 is a region offered more than L
-		return decodeErr(ReasonInvalid, fmt.Errorf("borrow request wants %v of the limit", r.Want))
+	case !(r.Want > 0) || !rate(r.Want): // NaN fails too; above 1 is a region offered more than L
+		return decodeErr(ReasonValue, fmt.Errorf("borrow request wants %v of the limit", r.Want))
 	}
 	return nil
 }
@@ -280,7 +362,7 @@ func checkLoan(l share.Loan, region string) error {
 	case l.Policy == "" || l.Subject == "":
 		return decodeErr(ReasonInvalid, errors.New("loan without key"))
 	case !(l.Amount > 0 && l.Amount <= 1):
-		return decodeErr(ReasonInvalid, fmt.Errorf("loan of %v of the limit", l.Amount))
+		return decodeErr(ReasonValue, fmt.Errorf("loan of %v of the limit", l.Amount))
 	}
 	return nil
 }
@@ -298,7 +380,7 @@ type nodeMeta struct {
 
 func decodeMeta(b []byte) (nodeMeta, bool) {
 	var m nodeMeta
-	if len(b) == 0 || unmarshal(b, &m) != nil || m.Region == "" {
+	if len(b) == 0 || decodeWhole(b, func(r *reader) error { return r.meta(&m) }) != nil || m.Region == "" {
 		return nodeMeta{}, false
 	}
 	return m, true

@@ -1,0 +1,672 @@
+package gossip
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/sluice-rl/sluice/share"
+)
+
+// Caps on one decoded message. A msgpack header may claim any length; the
+// decoder checks every claimed length against the bytes left before it
+// allocates, and these caps bound what a message may hold however large it
+// is, so decoding a message of MaxMessageSize (16 MiB) allocates at most a
+// few times that (FuzzDecodeReport and its siblings measure it). A message
+// above a cap is dropped whole (reason "limit").
+const (
+	// MaxKeys is the most keys one Report or NodeUsage lists: above the
+	// 170 000 that fit in 16 MiB at 97 bytes per key.
+	MaxKeys = 200_000
+	// MaxQuotaCounters is the most global-quota counters one Report or
+	// NodeUsage carries.
+	MaxQuotaCounters = 100_000
+	// MaxCounterComponents is the most components (regions, or nodes in a
+	// NodeUsage) of one counter.
+	MaxCounterComponents = 64
+	// MaxComponents is the most counter components in one message, over all
+	// its counters.
+	MaxComponents = 200_000
+	// MaxQuotaCount is the largest component of a counter (2^53 units):
+	// MaxCounterComponents of them sum to 2^59, so a counter's total never
+	// wraps around.
+	MaxQuotaCount = 1 << 53
+	// MaxNameLen bounds node, region, policy and subject names in bytes.
+	MaxNameLen = 1024
+	// maxDepth bounds the nesting of values the decoder skips (fields of a
+	// newer build it does not know).
+	maxDepth = 32
+)
+
+var (
+	errTruncated = errors.New("truncated")
+	errLimit     = errors.New("limit")
+)
+
+// reader is a bounded msgpack reader over one message. Every length read
+// from a header is checked against the bytes left before anything is
+// allocated: each element of an array takes at least one byte and each map
+// entry two, so no header can make it allocate more than the message holds.
+// It reads what msgpack/v5 writes for the wire types (compact integers and
+// floats included) and rejects duplicate struct fields.
+type reader struct {
+	b []byte
+	i int
+	// components counts counter components decoded so far (MaxComponents).
+	components int
+}
+
+func (r *reader) left() int { return len(r.b) - r.i }
+
+func (r *reader) byte() (byte, error) {
+	if r.i >= len(r.b) {
+		return 0, errTruncated
+	}
+	c := r.b[r.i]
+	r.i++
+	return c, nil
+}
+
+func (r *reader) n(k int) ([]byte, error) {
+	if k < 0 || k > r.left() {
+		return nil, errTruncated
+	}
+	s := r.b[r.i : r.i+k]
+	r.i += k
+	return s, nil
+}
+
+func (r *reader) uintN(size int) (uint64, error) {
+	s, err := r.n(size)
+	if err != nil {
+		return 0, err
+	}
+	switch size {
+	case 1:
+		return uint64(s[0]), nil
+	case 2:
+		return uint64(binary.BigEndian.Uint16(s)), nil
+	case 4:
+		return uint64(binary.BigEndian.Uint32(s)), nil
+	}
+	return binary.BigEndian.Uint64(s), nil
+}
+
+// length reads a length of size bytes and checks that per·length bytes are
+// left.
+func (r *reader) length(size, per int) (int, error) {
+	v, err := r.uintN(size)
+	if err != nil {
+		return 0, err
+	}
+	if v > uint64(r.left()/per) {
+		return 0, fmt.Errorf("length %d beyond the %d bytes left", v, r.left())
+	}
+	return int(v), nil
+}
+
+// arrayLen reads an array header; nil is an empty array.
+func (r *reader) arrayLen() (int, error) {
+	c, err := r.byte()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == 0xc0:
+		return 0, nil
+	case c >= 0x90 && c <= 0x9f:
+		n := int(c & 0x0f)
+		if n > r.left() {
+			return 0, errTruncated
+		}
+		return n, nil
+	case c == 0xdc:
+		return r.length(2, 1)
+	case c == 0xdd:
+		return r.length(4, 1)
+	}
+	return 0, fmt.Errorf("want an array, got 0x%02x", c)
+}
+
+// mapLen reads a map header; nil is an empty map.
+func (r *reader) mapLen() (int, error) {
+	c, err := r.byte()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == 0xc0:
+		return 0, nil
+	case c >= 0x80 && c <= 0x8f:
+		n := int(c & 0x0f)
+		if 2*n > r.left() {
+			return 0, errTruncated
+		}
+		return n, nil
+	case c == 0xde:
+		return r.length(2, 2)
+	case c == 0xdf:
+		return r.length(4, 2)
+	}
+	return 0, fmt.Errorf("want a map, got 0x%02x", c)
+}
+
+// raw reads a str or bin value (nil: empty) without copying.
+func (r *reader) raw() ([]byte, error) {
+	c, err := r.byte()
+	if err != nil {
+		return nil, err
+	}
+	var k int
+	switch {
+	case c == 0xc0:
+		return nil, nil
+	case c >= 0xa0 && c <= 0xbf:
+		k = int(c & 0x1f)
+	case c == 0xd9 || c == 0xc4:
+		k, err = r.length(1, 1)
+	case c == 0xda || c == 0xc5:
+		k, err = r.length(2, 1)
+	case c == 0xdb || c == 0xc6:
+		k, err = r.length(4, 1)
+	default:
+		return nil, fmt.Errorf("want a string, got 0x%02x", c)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r.n(k)
+}
+
+func (r *reader) str(max int) (string, error) {
+	s, err := r.raw()
+	if err != nil {
+		return "", err
+	}
+	if len(s) > max {
+		return "", fmt.Errorf("%w: string of %d bytes > %d", errLimit, len(s), max)
+	}
+	return string(s), nil
+}
+
+// number reads any msgpack integer or float: u is its value as an
+// unsigned integer (ok false when negative or fractional), f as a float.
+func (r *reader) number() (u uint64, i int64, f float64, kind byte, err error) {
+	c, err := r.byte()
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	switch {
+	case c <= 0x7f:
+		return uint64(c), int64(c), float64(c), 'u', nil
+	case c >= 0xe0:
+		i = int64(int8(c))
+		return 0, i, float64(i), 'i', nil
+	case c >= 0xcc && c <= 0xcf:
+		u, err = r.uintN(1 << (c - 0xcc))
+		return u, int64(u), float64(u), 'u', err
+	case c >= 0xd0 && c <= 0xd3:
+		size := 1 << (c - 0xd0)
+		v, err := r.uintN(size)
+		switch size {
+		case 1:
+			i = int64(int8(v))
+		case 2:
+			i = int64(int16(v))
+		case 4:
+			i = int64(int32(v))
+		default:
+			i = int64(v)
+		}
+		if i >= 0 {
+			return uint64(i), i, float64(i), 'u', err
+		}
+		return 0, i, float64(i), 'i', err
+	case c == 0xca:
+		v, err := r.uintN(4)
+		return 0, 0, float64(math.Float32frombits(uint32(v))), 'f', err
+	case c == 0xcb:
+		v, err := r.uintN(8)
+		return 0, 0, math.Float64frombits(v), 'f', err
+	}
+	return 0, 0, 0, 0, fmt.Errorf("want a number, got 0x%02x", c)
+}
+
+func (r *reader) uint(max uint64) (uint64, error) {
+	u, i, _, kind, err := r.number()
+	switch {
+	case err != nil:
+		return 0, err
+	case kind != 'u':
+		return 0, fmt.Errorf("want an unsigned integer, got %d (kind %c)", i, kind)
+	case u > max:
+		return 0, fmt.Errorf("%w: %d > %d", errLimit, u, max)
+	}
+	return u, nil
+}
+
+func (r *reader) int() (int64, error) {
+	u, i, _, kind, err := r.number()
+	switch {
+	case err != nil:
+		return 0, err
+	case kind == 'f':
+		return 0, errors.New("want an integer, got a float")
+	case kind == 'u' && u > math.MaxInt64:
+		return 0, fmt.Errorf("integer %d out of range", u)
+	}
+	return i, nil
+}
+
+// float reads a float; msgpack/v5 writes an integral float64 as an integer
+// (UseCompactFloats).
+func (r *reader) float() (float64, error) {
+	_, _, f, _, err := r.number()
+	return f, err
+}
+
+// skip passes over one value of any type.
+func (r *reader) skip(depth int) error {
+	if depth > maxDepth {
+		return errors.New("nested too deep")
+	}
+	c, err := r.byte()
+	if err != nil {
+		return err
+	}
+	var k int // bytes to pass
+	elems := 0
+	switch {
+	case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
+	case c >= 0x80 && c <= 0x8f:
+		elems = 2 * int(c&0x0f)
+	case c >= 0x90 && c <= 0x9f:
+		elems = int(c & 0x0f)
+	case c >= 0xa0 && c <= 0xbf:
+		k = int(c & 0x1f)
+	case c == 0xc4 || c == 0xd9:
+		k, err = r.length(1, 1)
+	case c == 0xc5 || c == 0xda:
+		k, err = r.length(2, 1)
+	case c == 0xc6 || c == 0xdb:
+		k, err = r.length(4, 1)
+	case c == 0xc7:
+		k, err = r.length(1, 1)
+		k++
+	case c == 0xc8:
+		k, err = r.length(2, 1)
+		k++
+	case c == 0xc9:
+		k, err = r.length(4, 1)
+		k++
+	case c == 0xca:
+		k = 4
+	case c == 0xcb:
+		k = 8
+	case c >= 0xcc && c <= 0xcf:
+		k = 1 << (c - 0xcc)
+	case c >= 0xd0 && c <= 0xd3:
+		k = 1 << (c - 0xd0)
+	case c >= 0xd4 && c <= 0xd8:
+		k = 1 + 1<<(c-0xd4)
+	case c == 0xdc:
+		elems, err = r.length(2, 1)
+	case c == 0xdd:
+		elems, err = r.length(4, 1)
+	case c == 0xde:
+		elems, err = r.length(2, 2)
+		elems *= 2
+	case c == 0xdf:
+		elems, err = r.length(4, 2)
+		elems *= 2
+	default:
+		return fmt.Errorf("unknown code 0x%02x", c)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := r.n(k); err != nil {
+		return err
+	}
+	for range elems {
+		if err := r.skip(depth + 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fields reads a struct written as a msgpack map: field is called with
+// each key's name and reads its value (false: unknown, skipped). A key seen
+// twice is malformed.
+func (r *reader) fields(field func(key string) (bool, error)) error {
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	var seen []string
+	for range n {
+		kb, err := r.raw()
+		if err != nil {
+			return fmt.Errorf("map key: %w", err)
+		}
+		key := string(kb) // small: compared, not kept
+		for _, s := range seen {
+			if s == key {
+				return fmt.Errorf("field %q twice", key)
+			}
+		}
+		if len(seen) < 64 { // a struct has a dozen fields; unknown ones beyond are skipped unchecked
+			seen = append(seen, key)
+		}
+		known, err := field(key)
+		if err != nil {
+			return fmt.Errorf("field %q: %w", key, err)
+		}
+		if !known {
+			if err := r.skip(0); err != nil {
+				return fmt.Errorf("field %q: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// array reads an array of at most max elements into a slice sized by its
+// header (checked against the bytes left), each element by elem.
+func array[T any](r *reader, max int, elem func(*T) error) ([]T, error) {
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n > max {
+		return nil, fmt.Errorf("%w: %d elements > %d", errLimit, n, max)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	out := make([]T, n)
+	for i := range out {
+		if err := elem(&out[i]); err != nil {
+			return nil, fmt.Errorf("element %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+// keyField reads the fields of an embedded share.Key.
+func (r *reader) keyField(k *share.Key, key string) (bool, error) {
+	var err error
+	switch key {
+	case "p":
+		k.Policy, err = r.str(MaxNameLen)
+	case "s":
+		k.Subject, err = r.str(MaxNameLen)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+type envelopeView struct {
+	V       uint8
+	Kind    Kind
+	From    string
+	Region  string
+	Payload []byte // a slice of the message, not a copy
+}
+
+func (r *reader) envelope(e *envelopeView) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		var u uint64
+		switch key {
+		case "v":
+			u, err = r.uint(math.MaxUint8)
+			e.V = uint8(u)
+		case "k":
+			u, err = r.uint(math.MaxUint8)
+			e.Kind = Kind(u)
+		case "n":
+			e.From, err = r.str(MaxNameLen)
+		case "r":
+			e.Region, err = r.str(MaxNameLen)
+		case "p":
+			start := r.i
+			if err = r.skip(0); err == nil {
+				e.Payload = r.b[start:r.i]
+			}
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+func (r *reader) report(rep *share.Report) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		var u uint64
+		switch key {
+		case "v":
+			u, err = r.uint(math.MaxUint8)
+			rep.Version = uint8(u)
+		case "r":
+			rep.Region, err = r.str(MaxNameLen)
+		case "e":
+			rep.Epoch, err = r.uint(math.MaxUint64)
+		case "k":
+			rep.Keys, err = array(r, MaxKeys, r.keyReport)
+		case "q":
+			rep.Quotas, err = array(r, MaxQuotaCounters, r.quotaCounter)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+func (r *reader) keyReport(k *share.KeyReport) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "l":
+			k.Limit, err = r.float()
+		case "o":
+			k.Offered, err = r.float()
+		case "x":
+			k.Recent, err = r.float()
+		case "d":
+			k.Demand, err = r.float()
+		case "a":
+			k.Admitted, err = r.float()
+		case "f":
+			k.Share, err = r.float()
+		default:
+			return r.keyField(&k.Key, key)
+		}
+		return true, err
+	})
+}
+
+func (r *reader) quotaCounter(q *share.QuotaCounter) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "w":
+			q.Window, err = r.int()
+		case "n":
+			q.Counts, err = array(r, MaxCounterComponents, r.regionCount)
+		default:
+			return r.keyField(&q.Key, key)
+		}
+		return true, err
+	})
+}
+
+func (r *reader) regionCount(c *share.RegionCount) error {
+	if r.components++; r.components > MaxComponents {
+		return fmt.Errorf("%w: more than %d counter components", errLimit, MaxComponents)
+	}
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "r":
+			c.Region, err = r.str(MaxNameLen)
+		case "c":
+			c.Count, err = r.uint(math.MaxUint64)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+func (r *reader) nodeUsage(u *NodeUsage) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "n":
+			u.Node, err = r.str(MaxNameLen)
+		case "r":
+			u.Region, err = r.str(MaxNameLen)
+		case "e":
+			u.Epoch, err = r.uint(math.MaxUint64)
+		case "k":
+			u.Keys, err = array(r, MaxKeys, r.keyUsage)
+		case "q":
+			u.Quotas, err = array(r, MaxQuotaCounters, r.quotaCounter)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+func (r *reader) keyUsage(k *KeyUsage) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "l":
+			k.Limit, err = r.float()
+		case "o":
+			k.Offered, err = r.float()
+		case "x":
+			k.Recent, err = r.float()
+		case "a":
+			k.Admitted, err = r.float()
+		default:
+			return r.keyField(&k.Key, key)
+		}
+		return true, err
+	})
+}
+
+func (r *reader) policy(p *PolicyUpdate) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "v":
+			p.Version, err = r.uint(math.MaxUint64)
+		case "d":
+			var b []byte
+			if b, err = r.raw(); err == nil && b != nil {
+				p.Data = append([]byte{}, b...)
+			}
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+func (r *reader) borrow(b *share.BorrowRequest) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		var u uint64
+		switch key {
+		case "v":
+			u, err = r.uint(math.MaxUint8)
+			b.Version = uint8(u)
+		case "r":
+			b.Region, err = r.str(MaxNameLen)
+		case "e":
+			b.Epoch, err = r.uint(math.MaxUint64)
+		case "w":
+			b.Want, err = r.float()
+		default:
+			return r.keyField(&b.Key, key)
+		}
+		return true, err
+	})
+}
+
+func (r *reader) loan(l *share.Loan) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		var u uint64
+		switch key {
+		case "v":
+			u, err = r.uint(math.MaxUint8)
+			l.Version = uint8(u)
+		case "r":
+			l.Lender, err = r.str(MaxNameLen)
+		case "b":
+			l.Borrower, err = r.str(MaxNameLen)
+		case "e":
+			l.Epoch, err = r.uint(math.MaxUint64)
+		case "a":
+			l.Amount, err = r.float()
+		case "n":
+			l.Seq, err = r.uint(math.MaxUint64)
+		default:
+			return r.keyField(&l.Key, key)
+		}
+		return true, err
+	})
+}
+
+func (r *reader) meta(m *nodeMeta) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		var u uint64
+		switch key {
+		case "v":
+			u, err = r.uint(math.MaxUint8)
+			m.V = uint8(u)
+		case "r":
+			m.Region, err = r.str(MaxNameLen)
+		case "l":
+			var c byte
+			if c, err = r.byte(); err == nil {
+				switch c {
+				case 0xc2, 0xc0:
+				case 0xc3:
+					m.Leaving = true
+				default:
+					err = fmt.Errorf("want a bool, got 0x%02x", c)
+				}
+			}
+		case "p":
+			m.PolicyRev, err = r.uint(math.MaxUint64)
+		case "h":
+			m.PolicyHash, err = r.str(MaxNameLen)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+// decodeWhole runs read over all of b: trailing bytes are malformed.
+func decodeWhole(b []byte, read func(*reader) error) error {
+	r := &reader{b: b}
+	if err := read(r); err != nil {
+		return err
+	}
+	if r.left() != 0 {
+		return errors.New("trailing bytes")
+	}
+	return nil
+}
