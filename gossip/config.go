@@ -48,7 +48,9 @@ type Config struct {
 	// encryption and authentication of every packet and stream. Nodes with
 	// different keys cannot join or exchange messages. Required unless Dev.
 	SecretKey []byte
-	// Dev allows running without a SecretKey (plaintext, unauthenticated).
+	// Dev allows running without a SecretKey (plaintext, unauthenticated),
+	// on loopback only: BindAddr defaults to 127.0.0.1 and must be a
+	// loopback address.
 	Dev bool
 
 	// Preset is "lan" (default), "wan" or "local".
@@ -125,6 +127,9 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("gossip: SecretKey must be 16, 24 or 32 bytes, got %d", len(c.SecretKey))
 	}
+	if c.Dev && c.BindAddr != "" && !IsLoopback(c.BindAddr) {
+		return fmt.Errorf("gossip: Dev binds to loopback only, not %q", c.BindAddr)
+	}
 	switch c.Preset {
 	case "", PresetLAN, PresetWAN, PresetLocal:
 	default:
@@ -174,6 +179,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BindAddr == "" {
 		c.BindAddr = "0.0.0.0"
+		if c.Dev {
+			c.BindAddr = "127.0.0.1"
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -218,4 +226,14 @@ func (c Config) rejoinInterval() time.Duration {
 		return 30 * time.Second
 	}
 	return 10 * time.Second
+}
+
+// IsLoopback reports whether host (a name or an IP address, without a
+// port) is a loopback address: localhost, 127.0.0.0/8 or ::1.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -122,17 +122,24 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 	if gcfg.Interval <= 0 {
 		gcfg.Interval = gossip.DefaultInterval
 	}
+	sc := gcfg.Share
+	if sc.Interval == 0 {
+		sc = ShareConfig(gcfg.Interval)
+	}
 	cfg, err := gcfg.gossipConfig(d.log.With("component", "gossip"), reg)
 	if err != nil {
 		return err
 	}
+	// Received epochs are judged in the allocation's epochs, and quota
+	// windows by their policy's window.
+	cfg.Interval = sc.Interval
+	cfg.QuotaWindow = d.globalQuota
 	g, err := gossip.New(cfg)
 	if err != nil {
 		return err
 	}
-	sc := gcfg.Share
-	if sc.Interval == 0 {
-		sc = ShareConfig(gcfg.Interval)
+	if gcfg.Dev {
+		d.log.Warn("gossip in development mode: unencrypted and unauthenticated, bound to loopback only", "listen", g.Addr())
 	}
 	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
 		Limit: d.globalLimit, Quota: d.globalQuota, NodeLocalStore: d.mem != nil, Logger: d.log.With("component", "globalshare"), Registerer: reg}

@@ -34,7 +34,7 @@ func (m *multiRegionFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&m.interval, "gossip-interval", gossip.DefaultInterval, "usage report interval; every region must use the same")
 	f.StringVar(&m.keyFile, "gossip-key-file", "", "file holding the gossip AES key: 16, 24 or 32 bytes, raw or base64 (required unless --dev)")
 	f.StringVar(&m.preset, "gossip-preset", gossip.PresetLAN, "memberlist timings: lan, wan (regions across the world) or local (loopback tests)")
-	f.BoolVar(&m.dev, "dev", false, "development mode: allow unencrypted, unauthenticated gossip without --gossip-key-file")
+	f.BoolVar(&m.dev, "dev", false, "development mode: unencrypted, unauthenticated gossip without --gossip-key-file, bound to loopback only (--gossip-listen defaults to 127.0.0.1:7946 and must be a loopback address)")
 }
 
 // config returns the daemon's GossipConfig, nil without --region.
@@ -60,8 +60,15 @@ func (m *multiRegionFlags) config(fs *pflag.FlagSet) (*region.GossipConfig, erro
 			return nil, fmt.Errorf("--%s %q: at most 128 bytes, no spaces", pair[0], pair[1])
 		}
 	}
-	if err := checkHostPort("--gossip-listen", m.listen, true); err != nil {
+	listen := m.listen
+	if m.dev && !fs.Changed("gossip-listen") {
+		listen = "127.0.0.1:7946"
+	}
+	if err := checkHostPort("--gossip-listen", listen, true); err != nil {
 		return nil, err
+	}
+	if host, _, _ := net.SplitHostPort(listen); m.dev && !gossip.IsLoopback(host) {
+		return nil, fmt.Errorf("--gossip-listen %q: --dev gossip is unauthenticated and binds to loopback only (127.0.0.1, ::1 or localhost)", listen)
 	}
 	if m.advertise != "" {
 		if err := checkHostPort("--gossip-advertise", m.advertise, false); err != nil {
@@ -87,7 +94,7 @@ func (m *multiRegionFlags) config(fs *pflag.FlagSet) (*region.GossipConfig, erro
 	default:
 		return nil, fmt.Errorf("--gossip-preset %q: want lan, wan or local", m.preset)
 	}
-	gc := &region.GossipConfig{Region: m.region, Node: node, Listen: m.listen, Advertise: m.advertise, Join: join,
+	gc := &region.GossipConfig{Region: m.region, Node: node, Listen: listen, Advertise: m.advertise, Join: join,
 		Interval: m.interval, Dev: m.dev, Preset: m.preset}
 	if m.keyFile != "" {
 		key, err := readGossipKey(m.keyFile)
