@@ -73,7 +73,10 @@ func TestHostileMessagesToLiveNode(t *testing.T) {
 		}
 		return p
 	}
-	policy := func(v uint64) []byte { p, _ := msgpack.Marshal(PolicyUpdate{Version: v, Data: []byte("evil")}); return p }
+	policy := func(v uint64) []byte {
+		p, _ := msgpack.Marshal(PolicyUpdate{Version: v, Data: []byte("evil")})
+		return p
+	}
 	tests := []struct {
 		name   string
 		msg    []byte
