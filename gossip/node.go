@@ -609,6 +609,20 @@ func (n *Node) Regions() map[string][]string {
 // NumLive returns the number of live nodes, this one included.
 func (n *Node) NumLive() int { return max(n.numLive(), 1) }
 
+// NumLiveInRegion returns the number of live nodes of this node's region,
+// this one included: at least 1, whatever the membership says.
+func (n *Node) NumLiveInRegion() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	live := 0
+	for _, x := range n.members {
+		if x.State.Live() && x.Region == n.cfg.Region && x.Node != n.cfg.Node {
+			live++
+		}
+	}
+	return live + 1
+}
+
 func (n *Node) numLive() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()

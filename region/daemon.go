@@ -87,6 +87,12 @@ type Config struct {
 	// Gossip, if set, makes the daemon a node of a multi-region cluster
 	// (GossipConfig); nil runs it single-region.
 	Gossip *GossipConfig
+	// LocalDaemons is how many daemons share one store when it is down: a
+	// policy with on_store_failure "local" then admits its rate divided by
+	// this many on each daemon, so together they stay within the rate. With
+	// Gossip the count is the live daemons of this region in the membership
+	// instead, and LocalDaemons must be 0; 0 without Gossip means 1.
+	LocalDaemons int
 }
 
 // DefaultConfig returns the documented defaults: listen on 127.0.0.1:8080,
@@ -118,6 +124,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("max body bytes must be at least 1024, got %d", c.MaxBodyBytes))
+	}
+	if c.LocalDaemons < 0 {
+		errs = append(errs, fmt.Errorf("local daemons must not be negative, got %d", c.LocalDaemons))
+	}
+	if c.LocalDaemons > 0 && c.Gossip != nil {
+		errs = append(errs, errors.New("local daemons is counted from the gossip membership in multi-region mode; do not set it"))
 	}
 	if c.ShutdownTimeout <= 0 || c.PolicyRefresh <= 0 {
 		errs = append(errs, errors.New("shutdown timeout and policy refresh must be positive"))
@@ -225,7 +237,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
-	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log})
+	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
 	if d.watcher != nil {
 		d.watcher.SetTarget(d.reg)
@@ -291,6 +303,17 @@ func (d *Daemon) loadPolicies(ctx context.Context) error {
 	}
 	d.log.Info("policies loaded", "count", len(d.reg.List("")), "store", storeKind(d.cfg.Store))
 	return nil
+}
+
+// localDaemons is the divisor of on_store_failure "local": the live
+// daemons of this region by gossip membership (this one included), else
+// Config.LocalDaemons, at least 1. It returns at once: it runs on the check
+// path while the store is down.
+func (d *Daemon) localDaemons() int {
+	if d.cl != nil {
+		return d.cl.g.NumLiveInRegion()
+	}
+	return max(d.cfg.LocalDaemons, 1)
 }
 
 // storeKind names the kind of store s is, as /ready reports it: memory,

@@ -64,6 +64,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				return err
 			}
 			cfg.Gossip = gc
+			cfg.LocalDaemons = mr.localCount()
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			// go-redis logs every failed dial through a process-wide
 			// logger: one unstructured line per check while Redis is down.

@@ -23,6 +23,8 @@ type multiRegionFlags struct {
 	join                                             []string
 	interval                                         time.Duration
 	dev                                              bool
+	// localDaemons is --local-daemons: single-region only.
+	localDaemons int
 }
 
 func (m *multiRegionFlags) register(f *pflag.FlagSet) {
@@ -34,11 +36,18 @@ func (m *multiRegionFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&m.interval, "gossip-interval", gossip.DefaultInterval, "usage report interval; every region must use the same")
 	f.StringVar(&m.keyFile, "gossip-key-file", "", "file holding the gossip AES key: 16, 24 or 32 bytes, raw or base64 (required unless --dev)")
 	f.StringVar(&m.preset, "gossip-preset", gossip.PresetLAN, "memberlist timings: lan, wan (regions across the world) or local (loopback tests)")
+	f.IntVar(&m.localDaemons, "local-daemons", 1, "single-region: how many daemons share the store; while it is down each admits 1/N of an on_store_failure=local policy's rate (with --region the live daemons of the region are counted instead)")
 	f.BoolVar(&m.dev, "dev", false, "development mode: unencrypted, unauthenticated gossip without --gossip-key-file, bound to loopback only (--gossip-listen defaults to 127.0.0.1:7946 and must be a loopback address)")
 }
 
 // config returns the daemon's GossipConfig, nil without --region.
 func (m *multiRegionFlags) config(fs *pflag.FlagSet) (*region.GossipConfig, error) {
+	if m.localDaemons < 1 {
+		return nil, fmt.Errorf("--local-daemons %d: must be at least 1", m.localDaemons)
+	}
+	if m.region != "" && m.localDaemons != 1 {
+		return nil, errors.New("--local-daemons is for single-region mode: with --region the live daemons of the region are counted")
+	}
 	if m.region == "" {
 		for _, name := range []string{"node", "gossip-listen", "gossip-advertise", "join", "gossip-interval", "gossip-key-file", "gossip-preset"} {
 			if fs.Changed(name) {
@@ -106,6 +115,15 @@ func (m *multiRegionFlags) config(fs *pflag.FlagSet) (*region.GossipConfig, erro
 		return nil, errors.New("--gossip-key-file is required with --region (or --dev for unencrypted gossip)")
 	}
 	return gc, nil
+}
+
+// localCount is region.Config.LocalDaemons: --local-daemons, or 0 with
+// --region (the membership is counted).
+func (m *multiRegionFlags) localCount() int {
+	if m.region != "" {
+		return 0
+	}
+	return m.localDaemons
 }
 
 func checkHostPort(flag, s string, allowZero bool) error {
