@@ -15,7 +15,7 @@ build:
 # the tests start themselves on loopback ports.
 test: lint
 	$(GO) test -count=1 -timeout 45m $(PKGS)
-	$(GO) test -count=1 -race -timeout 30m ./engine/... ./quota/... ./region/... ./gossip/...
+	$(GO) test -count=1 -race -timeout 45m $(PKGS)
 
 # Unit tests only: everything that needs a real server skips.
 test-short:

@@ -149,6 +149,7 @@ type Daemon struct {
 	reg     *quota.Registry
 	audit   *quota.AuditLog
 	watcher *redispolicy.Watcher // nil on the memory store
+	pstore  quota.Store          // nil on the memory store without DataDir
 	closers []func() error
 	ident   quota.IdentityConfig
 	shares  ShareSource
@@ -164,6 +165,9 @@ type Daemon struct {
 	ready          atomic.Bool
 	stopping       atomic.Bool
 	lastRefreshErr atomic.Pointer[string]
+	// storeDown says why the policy store has not been reached since
+	// start; nil once it has (or on the memory store).
+	storeDown atomic.Pointer[string]
 }
 
 // New builds a daemon: it connects the store, loads or seeds the policies
@@ -239,6 +243,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 	}
 	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
+	d.pstore = pstore
 	if d.watcher != nil {
 		d.watcher.SetTarget(d.reg)
 	}
@@ -271,38 +276,152 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 
 // loadPolicies restores the saved state, then seeds: cfg.Policies when
 // given (replacing the built-in defaults), else the defaults on a store that
-// has never been seeded.
+// has never been seeded. A Redis store that cannot be reached does not stop
+// the start: the daemon serves from the last good local copy of the shared
+// set (DataDir), else from cfg.Policies or the defaults, reports not ready
+// and keeps trying (reachStore).
 func (d *Daemon) loadPolicies(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := d.reg.Load(lctx)
+	err := d.syncPolicyStore(lctx)
+	if err == nil {
+		d.saveLastGood()
+		d.log.Info("policies loaded", "count", len(d.reg.List("")), "store", storeKind(d.cfg.Store))
+		return nil
+	}
+	if d.redis == nil {
+		return err
+	}
+	return d.startWithoutStore(lctx, err)
+}
+
+// syncPolicyStore loads the policy set from the store and seeds it (see
+// loadPolicies); any error leaves the registry as it was.
+func (d *Daemon) syncPolicyStore(ctx context.Context) error {
+	err := d.reg.Load(ctx)
 	fresh := errors.Is(err, quota.ErrNoSnapshot)
 	if err != nil && !fresh {
 		return fmt.Errorf("loading policies: %w", err)
+	}
+	if fresh && d.storeDown.Load() != nil {
+		// The set in force came from elsewhere (startWithoutStore): Seed
+		// would find nothing to change and save nothing, so save it
+		// whole. A sibling that saved first makes this a conflict, and
+		// the next probe loads its set.
+		return d.pstore.Save(ctx, d.reg.Snapshot())
 	}
 	seed := d.cfg.Policies
 	if seed == nil && fresh {
 		seed = quota.DefaultPolicies()
 	}
-	if len(seed) > 0 {
-		// Daemons starting together on one Redis race to seed it: the
-		// loser reloads what the winner saved and seeds on top (Seed
-		// leaves identical policies alone).
-		for attempt := 0; ; attempt++ {
-			err := d.reg.Seed(lctx, "system", seed)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, redispolicy.ErrConcurrentChange) || attempt == 5 {
-				return fmt.Errorf("seeding policies: %w", err)
-			}
-			if err := d.reg.Load(lctx); err != nil && !errors.Is(err, quota.ErrNoSnapshot) {
-				return fmt.Errorf("loading policies: %w", err)
-			}
+	if len(seed) == 0 {
+		return nil
+	}
+	// Daemons starting together on one Redis race to seed it: the loser
+	// reloads what the winner saved and seeds on top (Seed leaves
+	// identical policies alone).
+	for attempt := 0; ; attempt++ {
+		err := d.reg.Seed(ctx, "system", seed)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, redispolicy.ErrConcurrentChange) || attempt == 5 {
+			return fmt.Errorf("seeding policies: %w", err)
+		}
+		if err := d.reg.Load(ctx); err != nil && !errors.Is(err, quota.ErrNoSnapshot) {
+			return fmt.Errorf("loading policies: %w", err)
 		}
 	}
-	d.log.Info("policies loaded", "count", len(d.reg.List("")), "store", storeKind(d.cfg.Store))
+}
+
+// lastGoodPath is where the last policy set read from a shared store is
+// kept, "" without DataDir.
+func (d *Daemon) lastGoodPath() string {
+	if d.cfg.DataDir == "" || d.redis == nil {
+		return ""
+	}
+	return filepath.Join(d.cfg.DataDir, "policies.last-good.json")
+}
+
+// saveLastGood keeps a local copy of the policy set just read from the
+// shared store, for a start while the store is down.
+func (d *Daemon) saveLastGood() {
+	path := d.lastGoodPath()
+	if path == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := quota.NewFileStore(path).Save(ctx, d.reg.Snapshot()); err != nil {
+		d.log.Warn("policies: cannot keep a local copy", "path", path, "err", err)
+	}
+}
+
+// startWithoutStore puts in force the last good local copy of the shared
+// policy set, else cfg.Policies, else the defaults, without saving them
+// anywhere, and marks the daemon not ready until reachStore succeeds.
+func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
+	reason := "policy store unreachable since start: " + cause.Error()
+	d.storeDown.Store(&reason)
+	from := "last good local copy"
+	var snap quota.Snapshot
+	var err error
+	if path := d.lastGoodPath(); path != "" {
+		snap, err = quota.NewFileStore(path).Load(ctx)
+	} else {
+		err = quota.ErrNoSnapshot
+	}
+	if err != nil {
+		seed, src := d.cfg.Policies, "--policies"
+		if seed == nil {
+			seed, src = quota.DefaultPolicies(), "built-in defaults"
+		}
+		scratch := quota.NewRegistry(quota.RegistryConfig{})
+		if err := scratch.Seed(ctx, "system", seed); err != nil {
+			return fmt.Errorf("seeding policies: %w", err)
+		}
+		snap, from = scratch.Snapshot(), src
+	}
+	if err := d.reg.Restore(snap); err != nil {
+		return fmt.Errorf("policies from the %s: %w", from, err)
+	}
+	d.log.Warn("starting without the policy store: deciding by each policy's on_store_failure until it answers",
+		"err", cause, "policies", len(d.reg.List("")), "from", from)
 	return nil
+}
+
+// storeProbe is how often a daemon that started without its store tries
+// it again. The decision path probes on its own (the breaker's OpenFor).
+const storeProbe = time.Second
+
+// reachStore retries the policy store every storeProbe until it loads (and,
+// if the store is empty, seeds) the shared policy set, then marks the
+// daemon ready. It returns at once if the store was reached at start.
+func (d *Daemon) reachStore(ctx context.Context) error {
+	if d.storeDown.Load() == nil {
+		return nil
+	}
+	t := time.NewTicker(storeProbe)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, storeProbe)
+		err := d.syncPolicyStore(lctx)
+		cancel()
+		if err != nil {
+			reason := "policy store unreachable since start: " + err.Error()
+			d.storeDown.Store(&reason)
+			continue
+		}
+		d.storeDown.Store(nil)
+		d.saveLastGood()
+		d.log.Info("policy store reached: policies loaded", "count", len(d.reg.List("")), "store", storeKind(d.cfg.Store))
+		return nil
+	}
 }
 
 // localDaemons is the divisor of on_store_failure "local": the live
@@ -502,7 +621,7 @@ func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 // Readiness is the body of /readyz.
 type Readiness struct {
-	Status string `json:"status"` // ready, degraded, stopping
+	Status string `json:"status"` // ready, degraded, store_unreachable, stopping
 	Store  string `json:"store"`
 	// Breakers maps each store shard to closed, half-open or open.
 	Breakers map[string]string `json:"breakers"`
@@ -510,6 +629,10 @@ type Readiness struct {
 	// PolicyStoreError is the last failure to refresh shared policies; the
 	// last good set stays in force meanwhile.
 	PolicyStoreError string `json:"policy_store_error,omitempty"`
+	// Reason says why the daemon is not ready: it is stopping, or it has
+	// not reached its store since it started (it then decides by each
+	// policy's on_store_failure, on policies that may be stale).
+	Reason string `json:"reason,omitempty"`
 }
 
 func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
@@ -525,8 +648,12 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	code := http.StatusOK
+	if down := d.storeDown.Load(); down != nil {
+		rd.Status, rd.Reason = "store_unreachable", *down
+		code = http.StatusServiceUnavailable
+	}
 	if d.stopping.Load() || !d.ready.Load() {
-		rd.Status = "stopping"
+		rd.Status, rd.Reason = "stopping", "not serving yet or shutting down"
 		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, rd)
@@ -576,6 +703,7 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 	}
 	if d.watcher != nil {
 		g.Go(func() error { return d.watcher.Run(gctx) })
+		g.Go(func() error { return d.reachStore(gctx) })
 	}
 	if d.cl != nil {
 		g.Go(func() error { return d.cl.g.Run(gctx) })

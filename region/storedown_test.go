@@ -107,3 +107,74 @@ func TestLocalFallbackSharedByRegionDaemons(t *testing.T) {
 		t.Errorf("admitted %.1f/s together, want about the rate %.0f/s", got, rate)
 	}
 }
+
+// TestStartWithRedisDown starts a daemon against a port where no Redis
+// listens: it serves at once, each policy by its on_store_failure, on the
+// --policies set, and /readyz is 503 with the reason. Once redis-server
+// starts on that port, decisions come from the store again within one
+// probe interval of the decision path (the breaker's OpenFor, 5 s), and
+// /readyz is 200.
+func TestStartWithRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill() // the port is ours, with nothing listening on it
+	cfg := DefaultConfig()
+	cfg.AdminToken = testToken
+	cfg.Policies = []quota.Policy{localPolicy(20)}
+	cfg.Listen = "127.0.0.1:0"
+	cfg.ShutdownTimeout = time.Second
+	cfg.Store = "redis://" + srv.Addr()
+	cfg.StoreTimeout = 50 * time.Millisecond
+	cfg.DataDir = t.TempDir()
+	start := time.Now()
+	l := serveDaemon(t, cfg)
+
+	code, body := checkOnce(t, l, ordersCheck)
+	if code != http.StatusOK && code != http.StatusTooManyRequests {
+		t.Fatalf("first check with Redis down = %d %v, want 200 or 429", code, body)
+	}
+	if body["source"] != "fallback" || body["degraded"] != true {
+		t.Errorf("first check with Redis down: source %v degraded %v, want fallback, true", body["source"], body["degraded"])
+	}
+	if e := time.Since(start); e > time.Second {
+		t.Errorf("first answer %v after start, want within 1 s", e)
+	}
+	ready := func() (int, Readiness) {
+		res, err := http.Get(l.base + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var rd Readiness
+		_ = json.NewDecoder(res.Body).Decode(&rd)
+		return res.StatusCode, rd
+	}
+	if code, rd := ready(); code != http.StatusServiceUnavailable || rd.Status != "store_unreachable" || !strings.Contains(rd.Reason, "policy store unreachable") {
+		t.Errorf("/readyz with Redis down = %d %+v, want 503 store_unreachable with a reason", code, rd)
+	}
+
+	// Keep checking until the decision path's breaker opens: from then on
+	// the store is tried again only once per probe interval.
+	eventually(t, "the store breaker to open", 10*time.Second, func() bool {
+		checkOnce(t, l, ordersCheck)
+		_, rd := ready()
+		for _, st := range rd.Breakers {
+			if st == "open" {
+				return true
+			}
+		}
+		return false
+	})
+
+	srv.Restart()
+	up := time.Now()
+	eventually(t, "a decision from the store", 5*time.Second+2*time.Second, func() bool {
+		_, body := checkOnce(t, l, ordersCheck)
+		return body["source"] == "store"
+	})
+	t.Logf("decisions from the store %v after redis-server started", time.Since(up).Round(10*time.Millisecond))
+	eventually(t, "/readyz 200", 5*time.Second, func() bool { code, _ := ready(); return code == http.StatusOK })
+	// The daemon saved its --policies set into the empty Redis.
+	if got, err := srv.Client(t).HGet(t.Context(), "{sluice-policies}:state", "snapshot").Result(); err != nil || !strings.Contains(got, `"orders"`) {
+		t.Errorf("policy set in Redis after it came back = %q, %v; want the --policies set", got, err)
+	}
+}
