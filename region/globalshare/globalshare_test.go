@@ -123,7 +123,7 @@ func newDaemon(t *testing.T, ctx context.Context, clk *fakeClock, tr *traffic, n
 func newDaemonCfg(t *testing.T, ctx context.Context, clk *fakeClock, tr *traffic, sc share.Config, name, region string, join ...string) *daemon {
 	t.Helper()
 	n, err := gossip.New(gossip.Config{Node: name, Region: region, BindAddr: "127.0.0.1", Dev: true,
-		Preset: gossip.PresetLocal, Join: join, LeaveTimeout: 300 * time.Millisecond})
+		Preset: gossip.PresetLocal, Join: join, LeaveTimeout: 300 * time.Millisecond, Interval: sc.Interval, Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
