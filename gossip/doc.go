@@ -30,9 +30,24 @@
 // know and a newer one leaves missing keys zero, so fields are added without
 // a version bump and nodes of adjacent builds read each other during a
 // rolling upgrade. A version outside [MinWireVersion, WireVersion] is
-// dropped and counted, never guessed at. Decode never panics (FuzzDecode);
-// every failure is dropped and counted in
-// sluice_gossip_dropped_total{reason}.
+// rejected, never guessed at.
+//
+// # Received messages are untrusted
+//
+// Decode reads messages with a bounded reader rather than msgpack/v5, which
+// sizes a slice by its header: every claimed length is checked against the
+// bytes left before anything is allocated, and MaxKeys, MaxQuotaCounters,
+// MaxCounterComponents, MaxComponents and MaxNameLen cap what one message
+// holds, so decoding any message of MaxMessageSize allocates a bounded
+// multiple of it (the per-kind fuzz targets). Decode also rejects figures
+// that are not finite or out of range and counters that are unsorted or
+// could wrap. A node then admits a message only from a live member whose
+// metadata names the message's region (checkSender), and only with epochs,
+// quota windows and policy revisions within Config.ClockTolerance of its
+// clock (clockCheck). Anything else is rejected whole, never applied nor
+// relayed, counted in sluice_gossip_rejected_total{reason} and logged at
+// most once a second per reason with the sending node's name. Decode never
+// panics.
 //
 // # Delivery
 //
@@ -67,7 +82,7 @@
 // or with an amount that is not a finite positive fraction is dropped
 // ("invalid"). Duplicates are harmless: share applies a loan once.
 //
-// # One regional view (issue 5, item 3)
+// # One regional view
 //
 // Several daemons serve a region, and the region's demand for a key must be
 // counted once. We sum node reports rather than aggregate through the
