@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/sluice-rl/sluice/share"
 )
@@ -338,8 +339,9 @@ func (r *reader) skip(depth int) error {
 }
 
 // fields reads a struct written as a msgpack map: field is called with
-// each key's name and reads its value (false: unknown, skipped). A key seen
-// twice is malformed.
+// each key's name and reads its value (false: unknown, skipped). A known
+// field seen twice is malformed, so no field is decoded (and allocated)
+// twice.
 func (r *reader) fields(field func(key string) (bool, error)) error {
 	n, err := r.mapLen()
 	if err != nil {
@@ -351,20 +353,17 @@ func (r *reader) fields(field func(key string) (bool, error)) error {
 		if err != nil {
 			return fmt.Errorf("map key: %w", err)
 		}
-		key := string(kb) // small: compared, not kept
-		for _, s := range seen {
-			if s == key {
-				return fmt.Errorf("field %q twice", key)
-			}
-		}
-		if len(seen) < 64 { // a struct has a dozen fields; unknown ones beyond are skipped unchecked
-			seen = append(seen, key)
+		key := string(kb)
+		if slices.Contains(seen, key) {
+			return fmt.Errorf("field %q twice", key)
 		}
 		known, err := field(key)
 		if err != nil {
 			return fmt.Errorf("field %q: %w", key, err)
 		}
-		if !known {
+		if known {
+			seen = append(seen, key) // a struct has a handful of fields
+		} else {
 			if err := r.skip(0); err != nil {
 				return fmt.Errorf("field %q: %w", key, err)
 			}

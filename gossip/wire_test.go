@@ -168,6 +168,17 @@ func TestDecodeDrops(t *testing.T) {
 		{"loan above the limit", loanEnv(func(l *share.Loan) { l.Amount = 1.5 }), 0, ReasonValue},
 		{"loan NaN", loanEnv(func(l *share.Loan) { l.Amount = math.NaN() }), 0, ReasonValue},
 		{"loan zero", loanEnv(func(l *share.Loan) { l.Amount = 0 }), 0, ReasonValue},
+		{"field twice", func() []byte {
+			b := append([]byte{}, good...)
+			b[0]++ // one more map entry: the kind again
+			return append(b, 0xa1, 'k', byte(KindReport))
+		}(), 0, ReasonMalformed},
+		{"keys over the cap", env(envelope{V: WireVersion, Kind: KindReport, From: "n", Region: "ap", Payload: keysOverCap("ap")}), 0, ReasonLimit},
+		{"report NaN", env(envelope{V: WireVersion, Kind: KindReport, From: "n", Region: "eu", Payload: mustMarshal(t, func() share.Report {
+			r := testReport("eu", 1, 1)
+			r.Keys[0].Recent = math.NaN()
+			return r
+		}())}), 0, ReasonValue},
 		{"loan truncated", func() []byte { b := loanEnv(func(*share.Loan) {}); return b[:len(b)-3] }(), 0, ReasonMalformed},
 	}
 	for _, tt := range tests {
