@@ -88,6 +88,8 @@ type Node struct {
 	rmu          sync.Mutex
 	rejectLogged map[string]time.Time // reason → when last logged
 
+	held []heldMessage // only the decode goroutine touches it
+
 	pmu          sync.Mutex
 	policyVer    uint64
 	policyLatest []byte            // encoded envelope of the newest policy seen
@@ -292,6 +294,8 @@ func (n *Node) rejoin(seeds bool) {
 }
 
 func (n *Node) decodeLoop(ctx context.Context) {
+	t := time.NewTicker(holdRetry)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -299,8 +303,27 @@ func (n *Node) decodeLoop(ctx context.Context) {
 		case b := <-n.queue:
 			n.metrics.queueLen.Set(float64(len(n.queue)))
 			n.handle(b)
+		case <-t.C:
+			n.retryHeld()
 		}
 	}
+}
+
+// A message from a node this one has not heard of yet is held for up to
+// holdUnknown, retried every holdRetry, before it is rejected (reason
+// "sender"): a node that has just joined may send before the news of its
+// join reaches every member. At most maxHeld messages are held.
+const (
+	holdUnknown = 2 * time.Second
+	holdRetry   = 100 * time.Millisecond
+	maxHeld     = 64
+)
+
+// heldMessage is a decoded message waiting for its sender to be known.
+type heldMessage struct {
+	m     Message
+	b     []byte
+	until time.Time
 }
 
 func (n *Node) handle(b []byte) {
@@ -312,10 +335,52 @@ func (n *Node) handle(b []byte) {
 	if err == nil {
 		err = n.admit(m)
 	}
+	var de *DecodeError
+	if errors.As(err, &de) && de.Reason == ReasonSender && !n.known(m.From) && len(n.held) < maxHeld {
+		n.held = append(n.held, heldMessage{m: m, b: b, until: time.Now().Add(holdUnknown)})
+		return
+	}
 	if err != nil {
 		n.reject(m, err, len(b))
 		return
 	}
+	n.deliver(m, b)
+}
+
+// retryHeld delivers the held messages whose sender is now known and
+// rejects those held for holdUnknown. Called on the decode goroutine.
+func (n *Node) retryHeld() {
+	if len(n.held) == 0 {
+		return
+	}
+	now := time.Now()
+	keep := n.held[:0]
+	for _, h := range n.held {
+		if !n.known(h.m.From) && now.Before(h.until) {
+			keep = append(keep, h)
+			continue
+		}
+		if err := n.admit(h.m); err != nil {
+			n.reject(h.m, err, len(h.b))
+			continue
+		}
+		n.deliver(h.m, h.b)
+	}
+	clear(n.held[len(keep):])
+	n.held = keep
+}
+
+// known reports whether name is in the member table, in any state.
+func (n *Node) known(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, ok := n.members[name]
+	return ok
+}
+
+// deliver hands an admitted message to the handlers, once: a policy or a
+// report seen before is not delivered again. A policy is relayed.
+func (n *Node) deliver(m Message, b []byte) {
 	switch m.Kind {
 	case KindPolicy:
 		if !n.notePolicy(m.Policy.Version, b) {
