@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-rl/sluice/internal/racedetector"
 	"github.com/sluice-rl/sluice/simulator"
 )
 
@@ -108,6 +109,9 @@ func TestSimulateLiveNeedsScenario(t *testing.T) {
 func TestSimulateLiveOut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live simulation runs daemons for about half a minute; skipped under -short")
+	}
+	if racedetector.Enabled {
+		t.Skip("load test: under the race detector the machine cannot drive the scenario's load")
 	}
 	dir := t.TempDir()
 	runSimulate(t, "--live", "--scenario", "steady-uneven", "--out", dir)
