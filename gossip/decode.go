@@ -33,8 +33,12 @@ const (
 	// MaxCounterComponents of them sum to 2^59, so a counter's total never
 	// wraps around.
 	MaxQuotaCount = 1 << 53
-	// MaxNameLen bounds node, region, policy and subject names in bytes.
+	// MaxNameLen bounds node, region and policy hash names in bytes.
 	MaxNameLen = 1024
+	// MaxKeyLen bounds a key's policy id and subject in bytes: far above
+	// what the check path produces, since one overlong subject rejects the
+	// whole report that lists it.
+	MaxKeyLen = 1<<16 - 1
 	// maxDepth bounds the nesting of values the decoder skips (fields of a
 	// newer build it does not know).
 	maxDepth = 32
@@ -399,9 +403,9 @@ func (r *reader) keyField(k *share.Key, key string) (bool, error) {
 	var err error
 	switch key {
 	case "p":
-		k.Policy, err = r.str(MaxNameLen)
+		k.Policy, err = r.str(MaxKeyLen)
 	case "s":
-		k.Subject, err = r.str(MaxNameLen)
+		k.Subject, err = r.str(MaxKeyLen)
 	default:
 		return false, nil
 	}

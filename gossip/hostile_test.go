@@ -193,11 +193,18 @@ func TestDecodeAllocationBound(t *testing.T) {
 	}
 	// Strings: one key whose subject is as long as allowed, repeated in
 	// an array of maps until the message is full.
-	subject := append([]byte{0x81, 0xa1, 's', 0xda, byte(MaxNameLen >> 8), byte(MaxNameLen & 0xff)}, bytes.Repeat([]byte{'s'}, MaxNameLen)...)
+	subject := append([]byte{0x81, 0xa1, 's', 0xda, byte(MaxKeyLen >> 8), byte(MaxKeyLen & 0xff)}, bytes.Repeat([]byte{'s'}, MaxKeyLen)...)
 	nStrings := min(MaxKeys, (size-100)/len(subject))
 	strs := append([]byte{0x82, 0xa1, 'r', 0xa2, 'a', 'p', 0xa1, 'k'}, array32(nStrings)...)
 	for range nStrings {
 		strs = append(strs, subject...)
+	}
+	// Both at once: MaxKeys keys, each with a subject as long as fits.
+	per75 := (size - 100) / MaxKeys
+	short := append([]byte{0x81, 0xa1, 's', 0xd9, byte(per75 - 6)}, bytes.Repeat([]byte{'s'}, per75-6)...)
+	both := append([]byte{0x82, 0xa1, 'r', 0xa2, 'a', 'p', 0xa1, 'k'}, array32(MaxKeys)...)
+	for range MaxKeys {
+		both = append(both, short...)
 	}
 	data := append([]byte{0x82, 0xa1, 'v', 0x01, 0xa1, 'd', 0xc6}, binary.BigEndian.AppendUint32(nil, size-200)...)
 	data = append(data, make([]byte, size-200)...)
@@ -210,6 +217,7 @@ func TestDecodeAllocationBound(t *testing.T) {
 		{"report of empty keys", KindReport, keys},
 		{"report of counters", KindReport, counters},
 		{"report of long names", KindReport, strs},
+		{"report of MaxKeys named keys", KindReport, both},
 		{"node usage of empty keys", KindNodeUsage, keys},
 		{"policy of 16 MiB", KindPolicy, data},
 		{"borrow padded", KindBorrow, fill([]byte{0xdf, 0, 0, 0, 1, 0xa1, 'z', 0xdc, 0xff, 0xff}, []byte{0xc0})},
