@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/racedetector"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -269,13 +270,20 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 		}
 		return out
 	}
+	// Under the race detector the daemons answer several times slower and
+	// the load generator misses some of its offers, so an interval may
+	// fall short by more; overshoot is not excused.
+	under := 0.05
+	if racedetector.Enabled {
+		under = 0.10
+	}
 	within := func(phase string, from, to int64) {
 		t.Helper()
 		adm, off := g.window(from, to)
 		t.Logf("%s: admitted per interval %v (offered %v), L = %g", phase, adm, off, limit)
 		for i, a := range adm {
-			if e := (float64(a) - limit) / limit; e > 0.05 || e < -0.05 {
-				t.Errorf("%s: interval %d of [%d,%d) admitted %d, %.1f%% off L = %g (want within 5%%)", phase, i, from, to, a, 100*e, limit)
+			if e := (float64(a) - limit) / limit; e > 0.05 || e < -under {
+				t.Errorf("%s: interval %d of [%d,%d) admitted %d, %.1f%% off L = %g (want within +5%%/-%.0f%%)", phase, i, from, to, a, 100*e, limit, 100*under)
 			}
 		}
 	}
