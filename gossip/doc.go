@@ -42,7 +42,10 @@
 // multiple of it (the per-kind fuzz targets). Decode also rejects figures
 // that are not finite or out of range and counters that are unsorted or
 // could wrap. A node then admits a message only from a live member whose
-// metadata names the message's region (checkSender), and only with epochs,
+// metadata names the message's region (checkSender; a message from a node
+// not yet in its member table waits up to 2 s for the join to arrive, as
+// a node that has just joined may send before every member has heard of
+// it), and only with epochs,
 // quota windows and policy revisions within Config.ClockTolerance of its
 // clock (clockCheck). Anything else is rejected whole, never applied nor
 // relayed, counted in sluice_gossip_rejected_total{reason} and logged at
