@@ -1,0 +1,121 @@
+package region
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/share"
+)
+
+// rejected reads sluice_gossip_rejected_total{reason} from a daemon's
+// /metrics.
+func rejected(t *testing.T, l *liveDaemon, reason string) string {
+	t.Helper()
+	res, err := http.Get(l.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	prefix := `sluice_gossip_rejected_total{reason="` + reason + `"} `
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			return v
+		}
+	}
+	return "0"
+}
+
+// TestHostileGossipLeavesDaemonUnchanged: a member of another region that
+// holds the cluster key sends a live daemon a report of epoch 2^64-1, one
+// with NaN figures, one whose G-counter would wrap, and a policy set of
+// revision 2^64-1 that would change a policy. Each is rejected and counted,
+// and the daemon's shares, policies and policy revision are as before.
+func TestHostileGossipLeavesDaemonUnchanged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real memberlist on loopback; skipped under -short")
+	}
+	global := quota.Policy{ID: "g", Algorithm: "token_bucket", RatePerSec: 100, Burst: 10, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}
+	l := startRegionDaemon(t, "eu", "eu-1", "", []quota.Policy{global})
+	evil, err := gossip.New(gossip.Config{Node: "ap-1", Region: "ap", BindAddr: "127.0.0.1", Dev: true, Preset: gossip.PresetLocal,
+		Interval: time.Second, Join: []string{l.d.Gossip().Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = evil.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, "the daemon to see ap-1", 10*time.Second, func() bool { return len(l.d.Gossip().Regions()["ap"]) == 1 })
+
+	type view struct {
+		Share    float64
+		Regions  map[string]float64
+		Policies []quota.Policy
+		Rev      uint64
+		Hash     string
+	}
+	look := func() view {
+		st := l.regions(t)
+		return view{Share: l.d.Coordinator().Share("g", "s"), Regions: l.d.Coordinator().RegionShares("g", "s"),
+			Policies: l.d.Registry().List(""), Rev: st.PolicyRevision, Hash: st.PolicyHash}
+	}
+	// ap's membership alone makes the default share 1/2.
+	eventually(t, "the default share of two regions", 10*time.Second, func() bool { return l.d.Coordinator().Share("g", "s") == 0.5 })
+	before := look()
+
+	now := share.DefaultConfig()
+	now.Interval = time.Second
+	epoch := now.Epoch(time.Now())
+	key := share.Key{Policy: "g", Subject: "s"}
+	report := func(edit func(*share.Report)) share.Report {
+		r := share.Report{Version: share.ReportVersion, Region: "ap", Epoch: epoch,
+			Keys: []share.KeyReport{{Key: key, Limit: 100, Offered: 500, Recent: 500, Demand: 500, Admitted: 100, Share: 1}}}
+		edit(&r)
+		return r
+	}
+	changed := global
+	changed.RatePerSec = 1
+	data, _ := json.Marshal(policySet{Origin: "ap-1", Policies: []quota.Policy{changed}})
+	sends := []struct {
+		reason string
+		send   func() error
+	}{
+		{gossip.ReasonEpoch, func() error {
+			return evil.BroadcastReport(ctx, report(func(r *share.Report) { r.Epoch = math.MaxUint64 }))
+		}},
+		{gossip.ReasonValue, func() error {
+			return evil.BroadcastReport(ctx, report(func(r *share.Report) { r.Keys[0].Share = math.NaN() }))
+		}},
+		{gossip.ReasonValue, func() error {
+			return evil.BroadcastReport(ctx, report(func(r *share.Report) {
+				r.Quotas = []share.QuotaCounter{{Key: key, Window: 1, Counts: []share.RegionCount{{Region: "ap", Count: 1 << 63}, {Region: "eu", Count: 1 << 63}}}}
+			}))
+		}},
+		{gossip.ReasonRevision, func() error {
+			return evil.BroadcastPolicy(ctx, gossip.PolicyUpdate{Version: math.MaxUint64, Data: data})
+		}},
+	}
+	for _, s := range sends {
+		was := rejected(t, l, s.reason)
+		if err := s.send(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "a rejection counted as "+s.reason, 10*time.Second, func() bool { return rejected(t, l, s.reason) != was })
+	}
+	// Two report intervals for anything that did get through to act.
+	deadline := time.Now().Add(2 * time.Second)
+	eventually(t, "two intervals", 3*time.Second, func() bool { return time.Now().After(deadline) })
+	if after := look(); !reflect.DeepEqual(after, before) {
+		t.Errorf("daemon after hostile gossip = %+v, want as before %+v", after, before)
+	}
+}
