@@ -66,6 +66,14 @@ type resetter interface {
 	Reset(ctx context.Context, subject string, policies []string) error
 }
 
+// roundTripStore is implemented by stores that queue checks before they
+// send them (the Redis store pipelines them): the deadline applies to the
+// store's round trip alone, after the wait in the queue, and a check that
+// waited past the queue's own bound fails with ErrStoreBusy.
+type roundTripStore interface {
+	CheckWithin(ctx context.Context, req Request, roundTrip time.Duration) (Decision, error)
+}
+
 // shardNamer is implemented by stores that spread subjects over several
 // servers (Redis Cluster), so each server gets its own circuit breaker.
 type shardNamer interface {
@@ -111,7 +119,11 @@ type LimiterConfig struct {
 	// Clock supplies time; nil means real time.
 	Clock Clock
 	// Timeout bounds every store call. Default 5 ms: a slow store costs at
-	// most this, never a client library's default seconds.
+	// most this, never a client library's default seconds. For a store
+	// that queues its calls (Redis) it bounds the round trip from the
+	// moment a check is sent; the wait in the queue has its own, larger
+	// bound (RedisConfig.QueueWait), so that a daemon under load slows
+	// down rather than deciding without the store.
 	Timeout time.Duration
 	// Breaker opens per store (per shard) on sustained errors.
 	Breaker BreakerConfig
@@ -151,6 +163,7 @@ type Limiter struct {
 
 	storeCalls   atomic.Uint64
 	storeErrors  atomic.Uint64
+	storeBusy    atomic.Uint64
 	denyHits     atomic.Uint64
 	degraded     atomic.Uint64
 	breakerOpens atomic.Uint64
@@ -250,10 +263,16 @@ func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) 
 	}
 	cb := l.breaker(ctx, req.Subject)
 	l.storeCalls.Add(1)
-	d, err := cb.Execute(func() (Decision, error) {
-		return l.withDeadline(ctx, req)
-	})
-	if err != nil {
+	call := func() (Decision, error) { return l.withDeadline(ctx, req) }
+	if rs, ok := l.store.(roundTripStore); ok {
+		call = func() (Decision, error) { return rs.CheckWithin(ctx, req, l.cfg.Timeout) }
+	}
+	d, err := cb.Execute(call)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrStoreBusy):
+		l.storeBusy.Add(1)
+	default:
 		l.storeErrors.Add(1)
 	}
 	return d, err
@@ -313,9 +332,10 @@ func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.Circui
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			return c.Requests >= bc.MinCalls && float64(c.TotalFailures) >= bc.FailureRatio*float64(c.Requests)
 		},
-		// A caller that gave up is not the store's fault.
+		// A caller that gave up is not the store's fault, nor is a check
+		// that waited too long in the daemon's own queue: overload.
 		IsExcluded: func(err error) bool {
-			return errors.Is(err, context.Canceled) || errors.Is(err, ErrBadRequest)
+			return errors.Is(err, context.Canceled) || errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStoreBusy)
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
@@ -334,6 +354,8 @@ func (l *Limiter) degrade(ctx context.Context, req Request, cause error) Outcome
 	reason := "store_error"
 	if errors.Is(cause, gobreaker.ErrOpenState) || errors.Is(cause, gobreaker.ErrTooManyRequests) {
 		reason = "breaker_open"
+	} else if errors.Is(cause, ErrStoreBusy) {
+		reason = "store_busy"
 	} else if errors.Is(cause, context.DeadlineExceeded) {
 		reason = "store_timeout"
 	}
@@ -452,6 +474,9 @@ func (l *Limiter) DrainUsage() map[UsageKey]Usage { return l.usage.drain() }
 // Stats are the limiter's counters since it started.
 type Stats struct {
 	StoreCalls, StoreErrors, DenyCacheHits, Degraded, BreakerOpens uint64
+	// StoreBusy counts checks that waited past the store's queue bound
+	// (ErrStoreBusy): decided by the fallback, but not store errors.
+	StoreBusy uint64
 	// Breakers maps each store shard to its breaker state: "closed",
 	// "open" or "half-open".
 	Breakers map[string]string
@@ -462,6 +487,7 @@ func (l *Limiter) Stats() Stats {
 	s := Stats{
 		StoreCalls:    l.storeCalls.Load(),
 		StoreErrors:   l.storeErrors.Load(),
+		StoreBusy:     l.storeBusy.Load(),
 		DenyCacheHits: l.denyHits.Load(),
 		Degraded:      l.degraded.Load(),
 		BreakerOpens:  l.breakerOpens.Load(),

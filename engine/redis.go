@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,19 +28,35 @@ var redisScript string
 // Scripter is the part of a go-redis client the Redis store uses. Both
 // *redis.Client and *redis.ClusterClient satisfy it; a cluster client
 // routes each call by the slot of its first key, which every key of the
-// call shares.
+// call shares, and splits a pipeline by primary.
 type Scripter interface {
 	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
 	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+	Pipeline() redis.Pipeliner
 }
 
 // RedisConfig configures a RedisStore.
 type RedisConfig struct {
 	// Timeout bounds each call to Redis, from sending the script to reading
-	// its reply. Zero means DefaultRedisTimeout. The client must have
-	// ContextTimeoutEnabled (NewRedisClient sets it), or a stalled server
-	// holds the caller for the client's ReadTimeout instead.
+	// its reply: Redis's round trip, not the time a check waits in the
+	// store's queue for its turn. Zero means DefaultRedisTimeout. The client
+	// must have ContextTimeoutEnabled (NewRedisClient sets it), or a stalled
+	// server holds the caller for the client's ReadTimeout instead.
 	Timeout time.Duration
+	// QueueWait bounds how long a check may wait in the store's queue for
+	// a primary before it is sent; one that waits longer fails with
+	// ErrStoreBusy, which the Limiter does not count as a store failure.
+	// Zero means 10 x Timeout, at least DefaultRedisQueueWait. It is
+	// larger than Timeout on purpose: under a burst the daemon should slow
+	// down, not give up on Redis.
+	QueueWait time.Duration
+	// Pipelines bounds the batches in flight to one primary at once, each
+	// on its own connection, so that one slow batch does not stall the
+	// others. Zero means DefaultRedisPipelines.
+	Pipelines int
+	// MaxBatch bounds the checks written to one primary in one round trip.
+	// Zero means DefaultRedisMaxBatch.
+	MaxBatch int
 	// Prefix starts every key. Zero means "rl:". It must not contain a
 	// brace, which would move the hash tag off the subject.
 	Prefix string
@@ -50,10 +67,25 @@ type RedisConfig struct {
 // at all.
 const DefaultRedisTimeout = 5 * time.Millisecond
 
+// Defaults of the Redis store's queue per primary. Four batches of up to
+// 64 checks in flight keep a Redis server busy (it runs one script at a
+// time) while the checks of a burst share round trips.
+const (
+	DefaultRedisQueueWait = 50 * time.Millisecond
+	DefaultRedisPipelines = 4
+	DefaultRedisMaxBatch  = 64
+)
+
 // Validate reports a configuration the store cannot use.
 func (c RedisConfig) Validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("redis timeout must not be negative, got %v", c.Timeout)
+	}
+	if c.QueueWait < 0 {
+		return fmt.Errorf("redis queue wait must not be negative, got %v", c.QueueWait)
+	}
+	if c.Pipelines < 0 || c.MaxBatch < 0 {
+		return fmt.Errorf("redis pipelines (%d) and batch size (%d) must not be negative", c.Pipelines, c.MaxBatch)
 	}
 	if strings.ContainsAny(c.Prefix, "{}") {
 		return fmt.Errorf("redis key prefix %q must not contain a brace: the hash tag must name the subject", c.Prefix)
@@ -77,12 +109,18 @@ func (c RedisConfig) Validate() error {
 // redis.lua's header describes, with a TTL of the time the state still
 // matters plus a second. A token bucket subject with a 20-byte key costs
 // 88 bytes of Redis memory.
+//
+// Concurrent checks bound for one primary are pipelined: see pipeline.go.
 type RedisStore struct {
-	c       Scripter
-	timeout time.Duration
-	prefix  string
-	cfgErr  error
-	sha     string
+	c         Scripter
+	timeout   time.Duration
+	queueWait time.Duration
+	pipelines int
+	maxBatch  int
+	prefix    string
+	cfgErr    error
+	sha       string
+	lanes     sync.Map // shard name -> *lane
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
 	clock Clock
@@ -95,9 +133,19 @@ type RedisStore struct {
 // NewRedisStore returns a store that keeps its state through c. A config
 // that fails Validate makes every Check fail with that error.
 func NewRedisStore(c Scripter, cfg RedisConfig) *RedisStore {
-	s := &RedisStore{c: c, timeout: cfg.Timeout, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
+	s := &RedisStore{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
+		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
 	if s.timeout <= 0 {
 		s.timeout = DefaultRedisTimeout
+	}
+	if s.queueWait <= 0 {
+		s.queueWait = max(DefaultRedisQueueWait, 10*s.timeout)
+	}
+	if s.pipelines <= 0 {
+		s.pipelines = DefaultRedisPipelines
+	}
+	if s.maxBatch <= 0 {
+		s.maxBatch = DefaultRedisMaxBatch
 	}
 	if s.prefix == "" {
 		s.prefix = "rl:"
@@ -151,9 +199,17 @@ func redisSubject(subject string) string {
 
 // Check decides a request: all of its policies or none, in one call to
 // Redis bounded by the configured timeout. An error means the store could
-// not decide (Redis down, slow or refusing), never that the request was
-// denied; the Decision is then empty.
+// not decide (Redis down, slow or refusing, or the store's queue full past
+// QueueWait: ErrStoreBusy), never that the request was denied; the
+// Decision is then empty.
 func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
+	return s.CheckWithin(ctx, req, s.timeout)
+}
+
+// CheckWithin is Check with roundTrip in place of the configured Timeout:
+// the deadline of Redis's round trip, counted from the moment the check is
+// sent, after any wait in the store's queue.
+func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip time.Duration) (Decision, error) {
 	if err := req.validate(); err != nil {
 		return Decision{Decider: -1}, err
 	}
@@ -191,22 +247,15 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 			strconv.FormatFloat(c.scale(), 'g', -1, 64))
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	v, err := s.eval(ctx, keys, args)
+	if roundTrip <= 0 {
+		roundTrip = s.timeout
+	}
+	v, err := s.roundTrip(ctx, req.Subject, keys, args, roundTrip)
 	if err != nil {
-		if r, ok := s.c.(stateReloader); ok && !errors.Is(err, redis.Nil) {
-			// go-redis keeps sending a slot to the primary it knew, even
-			// when that primary refuses connections, until a MOVED reply
-			// or its periodic reload; after a failover no MOVED ever comes
-			// from a dead node. Ask for a reload (it runs in the
-			// background, at most every 200 ms).
-			r.ReloadState(ctx)
-		}
-		return Decision{Decider: -1}, fmt.Errorf("redis check for %q: %w", req.Subject, err)
+		return Decision{Decider: -1}, checkErr(req.Subject, err)
 	}
 	if len(v) != 5*d.N {
-		return Decision{Decider: -1}, fmt.Errorf("redis check for %q: script returned %d values, want %d", req.Subject, len(v), 5*d.N)
+		return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %d values, want %d", len(v), 5*d.N))
 	}
 	for i := range d.N {
 		r := &d.Results[i]
@@ -224,18 +273,6 @@ func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
 // slot map.
 type stateReloader interface {
 	ReloadState(ctx context.Context)
-}
-
-// eval runs the script by its SHA. When Redis has lost it (restart,
-// failover, SCRIPT FLUSH) it answers NOSCRIPT, having run nothing, and the
-// script is sent whole with EVAL, which caches it again for the next
-// EVALSHA.
-func (s *RedisStore) eval(ctx context.Context, keys []string, args []any) ([]int64, error) {
-	cmd := s.c.EvalSha(ctx, s.sha, keys, args...)
-	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd = s.c.Eval(ctx, redisScript, keys, args...)
-	}
-	return cmd.Int64Slice()
 }
 
 // NewRedisClient connects to the Redis named by url:

@@ -1,0 +1,296 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Redis store pipelines: concurrent checks bound for the same primary
+// wait in that primary's queue (a lane) and are written to Redis together,
+// one EVALSHA per check, in one round trip. A lane runs at most
+// RedisConfig.Pipelines batches at once, each on its own connection; a
+// batch takes whatever is queued when the previous one returns, up to
+// RedisConfig.MaxBatch checks. Nothing waits for a batch to fill: a lone
+// check goes out at once, and under load the batches grow by themselves.
+//
+// Each check keeps its own result and its atomicity (its own script call:
+// a Redis error for one check, such as a key of the wrong type, fails only
+// that check) and its own deadline, which starts when its batch is sent:
+// time in the queue is the daemon's overload, not Redis's failure, and is
+// bounded separately, by the caller's context and by
+// RedisConfig.QueueWait (ErrStoreBusy).
+
+// ErrStoreBusy is a check that waited in the store's own queue longer than
+// the queue's bound without being sent: the daemon is overloaded, the store
+// did not fail. The Limiter decides such a check by its policy's failure
+// mode but does not count it against the store's circuit breaker.
+var ErrStoreBusy = errors.New("store busy: check waited too long in the queue")
+
+// queuedCheck states: a queued check may be abandoned (its caller left) or
+// taken into a batch; a sent check is answered once, by its reply or by its
+// deadline, whichever comes first.
+const (
+	checkQueued uint32 = iota
+	checkSent
+	checkDone
+)
+
+// queuedCheck is one check in a lane: its script arguments, its deadline and
+// the channel its caller waits on.
+type queuedCheck struct {
+	keys      []string
+	args      []any
+	roundTrip time.Duration
+	queuedAt  time.Time
+	deadline  time.Time // set when sent
+	state     atomic.Uint32
+	done      chan answer // buffered: finish never blocks
+}
+
+type answer struct {
+	v   []int64
+	err error
+}
+
+// finish answers the check unless it was answered or abandoned already.
+func (p *queuedCheck) finish(v []int64, err error) {
+	for {
+		st := p.state.Load()
+		if st == checkDone {
+			return
+		}
+		if p.state.CompareAndSwap(st, checkDone) {
+			p.done <- answer{v, err}
+			return
+		}
+	}
+}
+
+// lane is the queue of one Redis primary.
+type lane struct {
+	mu      sync.Mutex
+	queue   []*queuedCheck
+	running int // batches in flight, at most RedisStore.pipelines
+	// size bounds the next batch, from 1 to RedisStore.maxBatch. Redis
+	// runs one script at a time, so a batch's round trip grows with the
+	// checks in flight ahead of it; size keeps that well inside the
+	// deadline (see adapt), and the rest wait in the queue, where waiting
+	// is not failing.
+	size int
+}
+
+// Batch size adaptation: a batch that took more than a quarter of its
+// deadline halves the size; one that was full and took less than an eighth
+// grows it by a quarter (at least one). The margin is wide because the
+// round trip also holds the daemon's own scheduling delays.
+const initialBatch = 16
+
+// adapt sets ln's batch size from a batch of n checks that took took,
+// against the shortest deadline of the batch.
+func (ln *lane) adapt(n int, took, deadline time.Duration, maxBatch int) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	switch {
+	case took > deadline/4:
+		ln.size = max(1, ln.size/2)
+	case took < deadline/8 && n >= ln.size:
+		ln.size = min(maxBatch, ln.size+max(1, ln.size/4))
+	}
+}
+
+// lane returns the queue of the primary that holds subject's state.
+func (s *RedisStore) lane(ctx context.Context, subject string) *lane {
+	name := s.Shard(ctx, subject)
+	if ln, ok := s.lanes.Load(name); ok {
+		return ln.(*lane)
+	}
+	ln, _ := s.lanes.LoadOrStore(name, &lane{size: min(initialBatch, s.maxBatch)})
+	return ln.(*lane)
+}
+
+// roundTrip queues one script call and waits for its answer: the reply,
+// errDeadline if Redis did not answer within roundTrip of the call being
+// sent, ErrStoreBusy if it was never sent within the queue's bound, or the
+// context's error if the caller left first. A caller that leaves before
+// its call is sent spends nothing; one that leaves after may have spent.
+func (s *RedisStore) roundTrip(ctx context.Context, subject string, keys []string, args []any, roundTrip time.Duration) ([]int64, error) {
+	p := &queuedCheck{keys: keys, args: args, roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
+	ln := s.lane(ctx, subject)
+	ln.mu.Lock()
+	ln.queue = append(ln.queue, p)
+	start := ln.running < s.pipelines
+	if start {
+		ln.running++
+	}
+	ln.mu.Unlock()
+	if start {
+		go s.flush(ln)
+	}
+	select {
+	case a := <-p.done:
+		return a.v, a.err
+	case <-ctx.Done():
+		p.state.Store(checkDone) // a queued check is dropped unsent
+		return nil, ctx.Err()
+	}
+}
+
+// flush sends batches from ln until its queue is empty. It holds one of
+// the lane's slots, which it gives up when the queue is empty or hands to
+// a new flush when a batch outlives its deadline.
+func (s *RedisStore) flush(ln *lane) {
+	for {
+		// A fresh slice each time: a late timer may still read the last.
+		batch := s.take(ln, make([]*queuedCheck, 0, s.maxBatch)) // capacity: size may grow meanwhile
+		if len(batch) == 0 || !s.send(ln, batch) {
+			return
+		}
+	}
+}
+
+// take moves up to ln.size checks from the front of ln's queue into
+// batch. Checks whose callers left are dropped, and checks that waited
+// longer than the queue's bound are answered ErrStoreBusy. With nothing
+// left to send it gives up the caller's slot and returns an empty batch.
+func (s *RedisStore) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
+	now := time.Now()
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	n := 0
+	for n < len(ln.queue) && len(batch) < ln.size {
+		p := ln.queue[n]
+		n++
+		if now.Sub(p.queuedAt) > s.queueWait {
+			if p.state.CompareAndSwap(checkQueued, checkDone) {
+				p.done <- answer{err: ErrStoreBusy}
+			}
+			continue
+		}
+		if p.state.CompareAndSwap(checkQueued, checkSent) {
+			batch = append(batch, p)
+		}
+	}
+	rest := copy(ln.queue, ln.queue[n:])
+	clear(ln.queue[rest:])
+	ln.queue = ln.queue[:rest]
+	if len(batch) == 0 {
+		ln.running--
+	}
+	return batch
+}
+
+// send writes batch to Redis as one pipeline and answers each check. It
+// returns when every check of the batch is answered, by its reply or by its
+// deadline. A client library may overstay the context's deadline (a dial,
+// a handshake with a stalled server); the batch's timer then answers the
+// late checks with errDeadline and hands the lane's slot to a new flush, so
+// that one stalled batch does not hold up the queue, and send reports
+// false: its goroutine has no slot left and must stop once the library
+// returns. The late replies are dropped; their spend, if any, is that of a
+// reply lost on the network.
+func (s *RedisStore) send(ln *lane, batch []*queuedCheck) bool {
+	now := time.Now()
+	longest := time.Duration(0)
+	first := batch[0].roundTrip
+	for _, p := range batch {
+		p.deadline = now.Add(p.roundTrip)
+		longest = max(longest, p.roundTrip)
+		first = min(first, p.roundTrip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), longest)
+	defer cancel()
+
+	var handedOver atomic.Bool
+	var expire func()
+	expire = func() {
+		now := time.Now()
+		next := time.Duration(0)
+		for _, p := range batch {
+			if p.state.Load() == checkDone {
+				continue
+			}
+			if left := p.deadline.Sub(now); left > 0 {
+				if next == 0 || left < next {
+					next = left
+				}
+				continue
+			}
+			p.finish(nil, errDeadline)
+		}
+		if handedOver.CompareAndSwap(false, true) {
+			go s.flush(ln)
+		}
+		if next > 0 { // a check with a longer deadline is still out
+			time.AfterFunc(next, expire)
+		}
+	}
+	timer := time.AfterFunc(first, expire)
+	defer timer.Stop()
+
+	s.exec(ctx, batch)
+	ln.adapt(len(batch), time.Since(now), first, s.maxBatch)
+	return handedOver.CompareAndSwap(false, true)
+}
+
+// exec runs batch as one pipeline of EVALSHA, then, if Redis has lost the
+// script (restart, failover, SCRIPT FLUSH), sends again with EVAL only the
+// calls it refused: a NOSCRIPT call ran nothing. Each check gets its own
+// reply or error.
+func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
+	pipe := s.c.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, p := range batch {
+		cmds[i] = pipe.EvalSha(ctx, s.sha, p.keys, p.args...)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	var again redis.Pipeliner
+	for i, c := range cmds {
+		if isNoScript(c.Err()) {
+			if again == nil {
+				again = s.c.Pipeline()
+			}
+			cmds[i] = again.Eval(ctx, redisScript, batch[i].keys, batch[i].args...)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
+	reload := false
+	for i, c := range cmds {
+		v, err := c.Int64Slice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			reload = true
+			var reply redis.Error
+			if ctx.Err() != nil && !errors.As(err, &reply) {
+				// The client cut the read at the deadline; say so.
+				err = fmt.Errorf("%w (%w)", errDeadline, err)
+			}
+		}
+		batch[i].finish(v, err)
+	}
+	if r, ok := s.c.(stateReloader); ok && reload {
+		// go-redis keeps sending a slot to the primary it knew, even when
+		// that primary refuses connections, until a MOVED reply or its
+		// periodic reload; after a failover no MOVED ever comes from a
+		// dead node. Ask for a reload (it runs in the background, at most
+		// every 200 ms).
+		r.ReloadState(ctx)
+	}
+}
+
+// isNoScript reports Redis refusing an EVALSHA for a script it does not
+// hold; go-redis reports it raw or as redis.ErrNoScript.
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// checkErr names the subject in a failed check's error.
+func checkErr(subject string, err error) error {
+	return fmt.Errorf("redis check for %q: %w", subject, err)
+}

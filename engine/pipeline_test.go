@@ -1,0 +1,244 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/internal/redistest"
+)
+
+// heldLane stops the single-pipeline lane of s at a paused Redis: Redis
+// holds writes (and so scripts) until the returned release is called, and
+// one check is already out, so every check made meanwhile waits in the
+// lane's queue and goes out with the others in one batch on release.
+func heldLane(t *testing.T, srv *redistest.Server, s *RedisStore) (ln *lane, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	unpaused := false
+	release = func() {
+		if !unpaused {
+			unpaused = true
+			if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(release)
+	go s.Check(ctx, one("first", "p", Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}, 1))
+	ln = s.lane(ctx, "first")
+	waitFor(t, 5*time.Second, "the first check sent", func() bool {
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		return ln.running == 1 && len(ln.queue) == 0
+	})
+	return ln, release
+}
+
+// queued reports how many checks wait in ln.
+func queued(ln *lane) int {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	return len(ln.queue)
+}
+
+// TestRedisPipelineFailsOnlyBadChecks sends good checks and checks whose
+// keys hold the wrong type of value in one pipeline to a real Redis: the
+// wrong-type calls fail and are decided by their policies' failure modes
+// (open: the fallback allows; closed: unavailable), every other check is
+// decided by Redis.
+func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
+	srv := redistest.Start(t)
+	c, err := NewRedisClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	// Long deadlines: the batch waits for a paused Redis on purpose.
+	store := NewRedisStore(c, RedisConfig{Timeout: 10 * time.Second, Pipelines: 1})
+	lim := NewLimiter(LimiterConfig{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1})
+	ctx := context.Background()
+	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
+	mustCheck(t, store, one("warm", "p", l, 0)) // load the script
+	for _, sub := range []string{"bad-open", "bad-closed"} {
+		if err := c.HSet(ctx, store.Key(sub, "p"), "f", "v").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ln, release := heldLane(t, srv, store)
+	tests := []struct {
+		subject   string
+		onFailure Failure
+		want      Source
+	}{
+		{"good-0", FailOpen, FromStore},
+		{"bad-open", FailOpen, FromFallback},
+		{"good-1", FailClosed, FromStore},
+		{"bad-closed", FailClosed, FromFallback},
+		{"good-2", FailLocal, FromStore},
+	}
+	outs := make([]Outcome, len(tests))
+	errs := make([]error, len(tests))
+	var wg sync.WaitGroup
+	for i, tc := range tests {
+		wg.Go(func() {
+			req := Request{Subject: tc.subject, Checks: []Check{{Policy: "p", Limit: l, Cost: 1, OnFailure: tc.onFailure}}}
+			outs[i], errs[i] = lim.Check(ctx, req)
+		})
+	}
+	waitFor(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == len(tests) })
+	release() // the queued checks go out together
+	wg.Wait()
+
+	for i, tc := range tests {
+		o, err := outs[i], errs[i]
+		if err != nil {
+			t.Errorf("Check(%s) error %v, want an outcome", tc.subject, err)
+			continue
+		}
+		if o.Source != tc.want {
+			t.Errorf("Check(%s).Source = %v (err %v), want %v", tc.subject, o.Source, o.Err, tc.want)
+		}
+		bad := tc.want == FromFallback
+		if o.Degraded != bad || o.Unavailable != (bad && tc.onFailure == FailClosed) || o.Allowed != (tc.onFailure != FailClosed || !bad) {
+			t.Errorf("Check(%s) = degraded %v unavailable %v allowed %v, want degraded %v, unavailable only if closed, allowed unless unavailable",
+				tc.subject, o.Degraded, o.Unavailable, o.Allowed, bad)
+		}
+		if bad && !errors.As(o.Err, new(redis.Error)) {
+			t.Errorf("Check(%s).Err = %v, want the script's Redis error", tc.subject, o.Err)
+		}
+	}
+	// The two wrong-type keys failed; the good ones stayed in the store.
+	if st := lim.Stats(); st.StoreErrors != 2 {
+		t.Errorf("store errors = %d, want 2 (the two wrong-type keys)", st.StoreErrors)
+	}
+	for _, sub := range []string{"good-0", "good-1", "good-2"} {
+		if n, err := c.Exists(ctx, store.Key(sub, "p")).Result(); err != nil || n != 1 {
+			t.Errorf("state of %s in Redis: exists=%d err=%v, want written", sub, n, err)
+		}
+	}
+}
+
+// TestRedisQueueWaitIsNotFailure holds a lane while checks pile up behind
+// it past the queue's bound: they are decided by the fallback as busy, not
+// as store errors, and the breaker, which opens after five failures, stays
+// closed.
+func TestRedisQueueWaitIsNotFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	c, err := NewRedisClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	store := NewRedisStore(c, RedisConfig{Timeout: 10 * time.Second, Pipelines: 1})
+	lim := NewLimiter(LimiterConfig{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1,
+		Breaker: BreakerConfig{MinCalls: 5}})
+	ctx := context.Background()
+	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
+	mustCheck(t, store, one("warm", "p", l, 0))
+
+	ln, release := heldLane(t, srv, store)
+	// From now on every queued check has waited too long.
+	ln.mu.Lock()
+	store.queueWait = time.Nanosecond
+	ln.mu.Unlock()
+	const n = 20
+	outs := make([]Outcome, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			outs[i], _ = lim.Check(ctx, one(fmt.Sprint("s", i), "p", l, 1))
+		})
+	}
+	waitFor(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == n })
+	release()
+	wg.Wait()
+
+	for i, o := range outs {
+		if !o.Degraded || !errors.Is(o.Err, ErrStoreBusy) {
+			t.Errorf("check %d: degraded %v err %v, want degraded by ErrStoreBusy", i, o.Degraded, o.Err)
+		}
+	}
+	st := lim.Stats()
+	if st.StoreErrors != 0 || st.StoreBusy != n || st.BreakerOpens != 0 || st.Breakers["store"] != "closed" {
+		t.Errorf("stats %+v, want %d busy, no store error, breaker closed", st, n)
+	}
+	// The store still decides.
+	ln.mu.Lock()
+	store.queueWait = time.Minute
+	ln.mu.Unlock()
+	if o, err := lim.Check(ctx, one("after", "p", l, 1)); err != nil || o.Source != FromStore {
+		t.Errorf("check after the burst: source %v err %v, want decided by the store", o.Source, err)
+	}
+}
+
+// TestRedisFloodOneKeyStaysOnStore floods one key of a real Redis from
+// 1024 goroutines through a Limiter whose deadline is far shorter than the
+// time the flood takes to drain: the checks queue in the daemon, but Redis
+// answers each batch well within the deadline, so the breaker never opens
+// and every decision comes from the store. (Were the deadline counted from
+// the call instead of the send, each check would wait for Redis to run
+// the scripts of a thousand others, and for a pooled connection, inside
+// it.) The deadline is 50 ms rather than the production 5 ms only because
+// the test machine is shared: a stalled process can miss 5 ms by itself.
+func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := redisLimiter(t, "redis://"+srv.Addr(), LimiterConfig{Timeout: 100 * time.Millisecond, DenyCacheSize: -1})
+	ctx := context.Background()
+	// Every check allowed, so every check must reach Redis.
+	req := one("hot", "p", Limit{Algorithm: TokenBucket, Rate: 1e9, Burst: 1e9}, 1)
+	// Warm the script cache and a connection outside the flood.
+	warm, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		if o, err := lim.Check(warm, req); err != nil {
+			t.Fatal(err)
+		} else if o.Source == FromStore {
+			break
+		}
+	}
+	before := lim.Stats()
+
+	const callers, each = 2048, 5
+	var notStore, errs atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range each {
+				o, err := lim.Check(ctx, req)
+				switch {
+				case err != nil:
+					errs.Add(1)
+				case o.Source != FromStore:
+					if notStore.Add(1) == 1 {
+						firstErr.Store(fmt.Sprint(o.Source, ": ", o.Err))
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	st := lim.Stats()
+	if errs.Load() != 0 || notStore.Load() != 0 {
+		t.Errorf("%d errors and %d decisions not from the store in %d checks, want none (first: %v)",
+			errs.Load(), notStore.Load(), callers*each, firstErr.Load())
+	}
+	if st.BreakerOpens != 0 || st.StoreErrors != before.StoreErrors {
+		t.Errorf("breaker opened %d times, %d store errors, want none", st.BreakerOpens, st.StoreErrors-before.StoreErrors)
+	}
+	if got := st.StoreCalls - before.StoreCalls; got != callers*each {
+		t.Errorf("store calls %d, want %d", got, callers*each)
+	}
+}
