@@ -183,33 +183,33 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 }
 
 // TestRedisFloodOneKeyStaysOnStore floods one key of a real Redis from
-// 1024 goroutines through a Limiter whose deadline is far shorter than the
-// time the flood takes to drain: the checks queue in the daemon, but Redis
-// answers each batch well within the deadline, so the breaker never opens
-// and every decision comes from the store. (Were the deadline counted from
-// the call instead of the send, each check would wait for Redis to run
-// the scripts of a thousand others, and for a pooled connection, inside
-// it.) The deadline is 50 ms rather than the production 5 ms only because
-// the test machine is shared: a stalled process can miss 5 ms by itself.
+// 1000 goroutines through a Limiter: their checks pile up in the store's
+// queue behind a held batch until the oldest has waited twice the
+// Limiter's deadline, then drain, and the goroutines keep checking. Time in
+// the queue is not Redis's round trip: the breaker never opens and every
+// decision comes from the store. (Counted from the call, as a deadline
+// around the whole store call counts it, every one of the held checks
+// would have failed.) The deadline is 300 ms (1.5 s under the race
+// detector) rather than the production 5 ms only because the test machine
+// is shared: a stalled process can miss a few milliseconds by itself.
 func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := redisLimiter(t, "redis://"+srv.Addr(), LimiterConfig{Timeout: 100 * time.Millisecond, DenyCacheSize: -1})
+	c, err := NewRedisClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	deadline := 300 * time.Millisecond * raceSlowdown
+	// One pipeline, so that holding it holds the queue.
+	store := NewRedisStore(c, RedisConfig{Timeout: time.Minute, Pipelines: 1})
+	lim := NewLimiter(LimiterConfig{Store: store, Timeout: deadline, DenyCacheSize: -1})
 	ctx := context.Background()
 	// Every check allowed, so every check must reach Redis.
 	req := one("hot", "p", Limit{Algorithm: TokenBucket, Rate: 1e9, Burst: 1e9}, 1)
-	// Warm the script cache and a connection outside the flood.
-	warm, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for {
-		if o, err := lim.Check(warm, req); err != nil {
-			t.Fatal(err)
-		} else if o.Source == FromStore {
-			break
-		}
-	}
-	before := lim.Stats()
+	mustCheck(t, store, req) // load the script
 
-	const callers, each = 2048, 5
+	ln, release := heldLane(t, srv, store)
+	const callers, each = 1000, 5
 	var notStore, errs atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
@@ -228,6 +228,13 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 			}
 		})
 	}
+	waitFor(t, 10*time.Second, "every caller queued", func() bool { return queued(ln) == callers })
+	waitFor(t, 10*time.Second, "the oldest check queued for twice the deadline", func() bool {
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		return time.Since(ln.queue[0].queuedAt) > 2*deadline
+	})
+	release()
 	wg.Wait()
 
 	st := lim.Stats()
@@ -235,10 +242,10 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 		t.Errorf("%d errors and %d decisions not from the store in %d checks, want none (first: %v)",
 			errs.Load(), notStore.Load(), callers*each, firstErr.Load())
 	}
-	if st.BreakerOpens != 0 || st.StoreErrors != before.StoreErrors {
-		t.Errorf("breaker opened %d times, %d store errors, want none", st.BreakerOpens, st.StoreErrors-before.StoreErrors)
+	if st.BreakerOpens != 0 || st.StoreErrors != 0 || st.StoreBusy != 0 {
+		t.Errorf("breaker opened %d times, %d store errors, %d busy, want none", st.BreakerOpens, st.StoreErrors, st.StoreBusy)
 	}
-	if got := st.StoreCalls - before.StoreCalls; got != callers*each {
-		t.Errorf("store calls %d, want %d", got, callers*each)
+	if st.StoreCalls != callers*each {
+		t.Errorf("store calls %d, want %d", st.StoreCalls, callers*each)
 	}
 }
