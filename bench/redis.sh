@@ -3,11 +3,15 @@
 # a free loopback port (internal/redistest) and measure, against that one
 # server in the same run:
 #   - the Redis store, 64 concurrent callers, one token bucket policy over
-#     100 000 subjects;
+#     100 000 subjects (the store pipelines concurrent checks);
 #   - redis-benchmark sending the same script with EVALSHA from 64
-#     connections over the same key space: the physical limit;
+#     connections over the same key space, 16 commands per round trip
+#     (-P 16): the physical limit, the reference of the ratio;
+#   - the same, one command per round trip: what an unpipelined client
+#     could reach;
 #   - MEMORY USAGE per token bucket subject, averaged over 1 000 of 10 000.
-# Prints one `BENCH <name> <value> <unit>` line per figure.
+# Prints one `BENCH <name> <value> <unit>` line per figure, then the ratio
+# of the store to the -P 16 reference.
 # REDIS_BENCH_N sets the checks per measurement (default 200000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +23,16 @@ out=$(go test -run '^$' -bench '^BenchmarkRedis(Check|BytesPerSubject)$' -bencht
 echo "$out" | grep '^Benchmark' >&2
 echo "$out" | awk '
 function metric(unit,   i) { for (i = 3; i < NF; i += 2) if ($(i + 1) == unit) return $i; return "" }
-/^BenchmarkRedisCheck\/store_c64/        { store = metric("checks/s") }
-/^BenchmarkRedisCheck\/raw_evalsha_c64/  { raw = metric("evalsha/s") }
-/^BenchmarkRedisBytesPerSubject/         { bytes = metric("bytes/subject") }
+/^BenchmarkRedisCheck\/store_c64/            { store = metric("checks/s") }
+/^BenchmarkRedisCheck\/raw_evalsha_c64/      { raw = metric("evalsha/s") }
+/^BenchmarkRedisCheck\/raw_evalsha_p16_c64/  { p16 = metric("evalsha/s") }
+/^BenchmarkRedisBytesPerSubject/             { bytes = metric("bytes/subject") }
 END {
-  if (store == "" || raw == "" || bytes == "") { print "bench/redis.sh: missing benchmark output" > "/dev/stderr"; exit 1 }
+  if (store == "" || raw == "" || p16 == "" || bytes == "") { print "bench/redis.sh: missing benchmark output" > "/dev/stderr"; exit 1 }
   printf "BENCH redis_checks_per_s_c64 %.0f checks/s\n", store
+  printf "BENCH redis_raw_evalsha_p16_per_s_c64 %.0f evalsha/s\n", p16
   printf "BENCH redis_raw_evalsha_per_s_c64 %.0f evalsha/s\n", raw
   printf "BENCH redis_bytes_per_subject %.1f bytes\n", bytes
+  printf "BENCH redis_checks_over_raw_evalsha_p16 %.3f ratio\n", store / p16
+  printf "BENCH redis_checks_over_raw_evalsha %.3f ratio\n", store / raw
 }'

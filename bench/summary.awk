@@ -33,7 +33,8 @@ BEGIN {
 # Ratios of figures measured in this one run, as the targets are stated.
 END {
   ratio("engine_memory_over_xtime_rate", "engine_memory_ns_per_check", "xtime_rate_ns_per_allow")
-  ratio("redis_checks_over_raw_evalsha", "redis_checks_per_s_c64", "redis_raw_evalsha_per_s_c64")
+  # bench/redis.sh prints its own ratios (redis_checks_over_raw_evalsha_p16
+  # against redis-benchmark -P 16, and against unpipelined EVALSHA).
 }
 function ratio(name, a, b) {
   if ((a in seen) && (b in seen) && seen[b] > 0) printf "BENCH %s %.3f ratio\n", name, seen[a] / seen[b]

@@ -27,9 +27,12 @@ var redisBenchLimit = Limit{Algorithm: TokenBucket, Rate: 100, Burst: 1000}
 
 // BenchmarkRedisCheck measures the Redis store with 64 concurrent callers,
 // one token bucket policy, over 100 000 subjects (checks/s), and then the
-// physical limit of the same server: redis-benchmark running the same
-// script with EVALSHA from 64 connections (evalsha/s). Both run against one
-// redis-server that the benchmark starts, so they compare like with like.
+// limits of the same server: redis-benchmark running the same script with
+// EVALSHA from 64 connections, one command per round trip
+// (raw_evalsha_c64) and 16 per round trip (raw_evalsha_p16_c64, the
+// physical limit that a pipelining client can approach), in evalsha/s.
+// All run against one redis-server that the benchmark starts, so they
+// compare like with like.
 func BenchmarkRedisCheck(b *testing.B) {
 	srv := redistest.Start(b)
 	c, err := NewRedisClient("redis://" + srv.Addr())
@@ -71,27 +74,32 @@ func BenchmarkRedisCheck(b *testing.B) {
 		b.ReportMetric(float64(failed.Load()), "errors")
 	})
 
-	b.Run("raw_evalsha_c64", func(b *testing.B) {
-		// The same script, key shape and arguments as one store check;
-		// redis-benchmark puts a random subject into __rand_int__.
-		args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port()),
-			"-c", strconv.Itoa(redisBenchCallers), "-n", strconv.Itoa(max(b.N, redisBenchCallers)),
-			"-r", strconv.Itoa(redisBenchSubjects), "--csv",
-			"EVALSHA", s.ScriptSHA(), "1", s.Key("s__rand_int__", "p"),
-			"", "0", strconv.Itoa(int(TokenBucket)),
-			strconv.FormatFloat(redisBenchLimit.Rate, 'g', -1, 64), strconv.FormatFloat(redisBenchLimit.Burst, 'g', -1, 64), "0", "1", "1"}
-		b.ResetTimer()
-		out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
-		b.StopTimer()
-		if err != nil {
-			b.Fatalf("redis-benchmark: %v\n%s", err, out)
+	rawEvalSHA := func(pipeline int) func(b *testing.B) {
+		return func(b *testing.B) {
+			// The same script, key shape and arguments as one store check;
+			// redis-benchmark puts a random subject into __rand_int__.
+			args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port()),
+				"-c", strconv.Itoa(redisBenchCallers), "-P", strconv.Itoa(pipeline),
+				"-n", strconv.Itoa(max(b.N, redisBenchCallers*pipeline)),
+				"-r", strconv.Itoa(redisBenchSubjects), "--csv",
+				"EVALSHA", s.ScriptSHA(), "1", s.Key("s__rand_int__", "p"),
+				"", "0", strconv.Itoa(int(TokenBucket)),
+				strconv.FormatFloat(redisBenchLimit.Rate, 'g', -1, 64), strconv.FormatFloat(redisBenchLimit.Burst, 'g', -1, 64), "0", "1", "1"}
+			b.ResetTimer()
+			out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
+			b.StopTimer()
+			if err != nil {
+				b.Fatalf("redis-benchmark: %v\n%s", err, out)
+			}
+			rps, err := redisBenchmarkRPS(string(out))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(rps, "evalsha/s")
 		}
-		rps, err := redisBenchmarkRPS(string(out))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.ReportMetric(rps, "evalsha/s")
-	})
+	}
+	b.Run("raw_evalsha_c64", rawEvalSHA(1))
+	b.Run("raw_evalsha_p16_c64", rawEvalSHA(16))
 }
 
 // redisBenchmarkRPS reads the requests per second from redis-benchmark's
