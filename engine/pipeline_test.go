@@ -249,3 +249,90 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 		t.Errorf("store calls %d, want %d", st.StoreCalls, callers*each)
 	}
 }
+
+// TestRedisPipelineOwnDeadlines sends two checks with different deadlines
+// in one batch to a Redis that holds scripts: each fails at its own
+// deadline, the shorter one first, while the other is still out.
+func TestRedisPipelineOwnDeadlines(t *testing.T) {
+	srv := redistest.Start(t)
+	c, err := NewRedisClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	store := NewRedisStore(c, RedisConfig{Timeout: time.Minute, Pipelines: 1})
+	ctx := context.Background()
+	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
+	mustCheck(t, store, one("warm", "p", l, 0))
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(ctx, "CLIENT", "UNPAUSE") })
+
+	// Take the lane's only slot, so that both checks queue; then send
+	// them together.
+	ln := store.lane(ctx, "short")
+	ln.mu.Lock()
+	ln.running = store.pipelines
+	ln.mu.Unlock()
+	type result struct {
+		name string
+		err  error
+	}
+	done := make(chan result, 2)
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration
+	}{{"short", 100 * time.Millisecond}, {"long", 100 * time.Second}} {
+		go func() {
+			_, err := store.CheckWithin(ctx, one(tc.name, "p", l, 1), tc.deadline)
+			done <- result{tc.name, err}
+		}()
+	}
+	waitFor(t, 5*time.Second, "both checks queued", func() bool { return queued(ln) == 2 })
+	go store.flush(ln) // holds the slot taken above
+
+	first := <-done
+	if first.name != "short" || !errors.Is(first.err, context.DeadlineExceeded) {
+		t.Fatalf("first answer: %s, %v; want the short deadline's check, failed at its deadline", first.name, first.err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("check %s answered (%v) at the other's deadline, want still waiting for Redis", r.name, r.err)
+	default:
+	}
+	// Redis answers the long one once it lets scripts run again.
+	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.name != "long" || r.err != nil {
+		t.Errorf("second answer: %s, %v; want the long deadline's check decided", r.name, r.err)
+	}
+}
+
+// TestLaneAdapt shows how a lane sizes its batches from their round trips
+// against a 4 ms deadline.
+func TestLaneAdapt(t *testing.T) {
+	const deadline, maxBatch = 4 * time.Millisecond, 64
+	for _, tt := range []struct {
+		size, n int
+		took    time.Duration
+		want    int
+	}{
+		{16, 16, 100 * time.Microsecond, 20}, // full and fast: grow by a quarter
+		{3, 3, 100 * time.Microsecond, 4},    // at least by one
+		{60, 60, 100 * time.Microsecond, 64}, // up to the bound
+		{16, 5, 100 * time.Microsecond, 16},  // not full: the size was not the limit
+		{16, 16, 700 * time.Microsecond, 16}, // between an eighth and a quarter: keep
+		{16, 16, 1500 * time.Microsecond, 8}, // over a quarter: halve
+		{1, 1, 10 * time.Millisecond, 1},     // never below one
+		{16, 16, 4 * time.Millisecond, 8},    // a deadline missed: halve
+	} {
+		ln := &lane{size: tt.size}
+		ln.adapt(tt.n, tt.took, deadline, maxBatch)
+		if ln.size != tt.want {
+			t.Errorf("size %d, batch of %d took %v: adapt -> %d, want %d", tt.size, tt.n, tt.took, ln.size, tt.want)
+		}
+	}
+}

@@ -327,6 +327,6 @@ func TestRedisClusterBreakerPerShard(t *testing.T) {
 	}
 	o, err := lim.Check(ctx, req(alive))
 	if err != nil || o.Source != FromStore {
-		t.Errorf("subject on a live primary: source=%v err=%v, want decided by the store", o.Source, err)
+		t.Errorf("subject on a live primary: source=%v err=%v (%v), want decided by the store", o.Source, err, o.Err)
 	}
 }
