@@ -10,22 +10,28 @@
 #   - the same, one command per round trip: what an unpipelined client
 #     could reach;
 #   - MEMORY USAGE per token bucket subject, averaged over 1 000 of 10 000.
+# The three throughputs are measured in turn, REDIS_BENCH_ROUNDS times
+# (default 3), and each figure is the best of its rounds: on a shared
+# machine a slow round says more about the neighbours than about Redis.
 # Prints one `BENCH <name> <value> <unit>` line per figure, then the ratio
 # of the store to the -P 16 reference.
 # REDIS_BENCH_N sets the checks per measurement (default 200000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${REDIS_BENCH_N:-200000}"
-out=$(go test -run '^$' -bench '^BenchmarkRedis(Check|BytesPerSubject)$' -benchtime "${n}x" -count 1 -timeout 15m ./engine/ 2>&1) || {
+rounds="${REDIS_BENCH_ROUNDS:-3}"
+out=$(go test -run '^$' -bench '^BenchmarkRedisCheck$' -benchtime "${n}x" -count "$rounds" -timeout 30m ./engine/ 2>&1 &&
+  go test -run '^$' -bench '^BenchmarkRedisBytesPerSubject$' -benchtime 1x -count 1 -timeout 5m ./engine/ 2>&1) || {
   echo "$out" >&2
   exit 1
 }
 echo "$out" | grep '^Benchmark' >&2
 echo "$out" | awk '
 function metric(unit,   i) { for (i = 3; i < NF; i += 2) if ($(i + 1) == unit) return $i; return "" }
-/^BenchmarkRedisCheck\/store_c64/            { store = metric("checks/s") }
-/^BenchmarkRedisCheck\/raw_evalsha_c64/      { raw = metric("evalsha/s") }
-/^BenchmarkRedisCheck\/raw_evalsha_p16_c64/  { p16 = metric("evalsha/s") }
+function best(old, v) { return (old == "" || v + 0 > old + 0) ? v : old }
+/^BenchmarkRedisCheck\/store_c64/            { store = best(store, metric("checks/s")) }
+/^BenchmarkRedisCheck\/raw_evalsha_c64/      { raw = best(raw, metric("evalsha/s")) }
+/^BenchmarkRedisCheck\/raw_evalsha_p16_c64/  { p16 = best(p16, metric("evalsha/s")) }
 /^BenchmarkRedisBytesPerSubject/             { bytes = metric("bytes/subject") }
 END {
   if (store == "" || raw == "" || p16 == "" || bytes == "") { print "bench/redis.sh: missing benchmark output" > "/dev/stderr"; exit 1 }
