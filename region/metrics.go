@@ -59,6 +59,7 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter) *metrics {
 		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s engine.Stats) uint64 { return s.StoreCalls }),
 		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s engine.Stats) uint64 { return s.StoreErrors }),
 		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s engine.Stats) uint64 { return s.DenyCacheHits }),
+		stat("sluice_store_busy_total", "Checks that waited past the store queue's bound and were decided by on_store_failure; overload, not a store error, so the breaker does not count them.", func(s engine.Stats) uint64 { return s.StoreBusy }),
 		stat("sluice_degraded_total", "Checks decided without the store, by each policy's on_store_failure.", func(s engine.Stats) uint64 { return s.Degraded }),
 		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s engine.Stats) uint64 { return s.BreakerOpens }),
 		&breakerCollector{lim: lim, desc: prometheus.NewDesc("sluice_breaker_state",
