@@ -60,7 +60,23 @@ func windowSeconds(windowed bool, window time.Duration, rate, burst float64) int
 // field for any input: characters outside printable ASCII become "?".
 func sfString(s string) string {
 	var b strings.Builder
-	b.Grow(len(s) + 2)
+	b.Grow(sfStringLen(s))
+	writeSFString(&b, s)
+	return b.String()
+}
+
+// sfStringLen is the length of s serialized by writeSFString.
+func sfStringLen(s string) int {
+	n := len(s) + 2
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			n++
+		}
+	}
+	return n
+}
+
+func writeSFString(b *strings.Builder, s string) {
 	b.WriteByte('"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -75,35 +91,59 @@ func sfString(s string) string {
 		}
 	}
 	b.WriteByte('"')
-	return b.String()
 }
 
-func formatPolicyHeader(items []headerItem) string {
-	var b strings.Builder
-	for i, it := range items {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(sfString(it.Name))
-		b.WriteString(";q=")
-		b.WriteString(strconv.FormatInt(max(it.Quota, 0), 10))
-		b.WriteString(";w=")
-		b.WriteString(strconv.FormatInt(max(it.Window, 1), 10))
+// decimalLen is the length of strconv.FormatInt(v, 10).
+func decimalLen(v int64) int {
+	n := 1
+	if v < 0 {
+		n++ // the sign; -v may overflow, so count on v itself
 	}
-	return b.String()
+	for v <= -10 || v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
+}
+
+// formatPolicyHeader and formatRateLimitHeader are on the path of every
+// check: each sizes its value first and allocates it once.
+func formatPolicyHeader(items []headerItem) string {
+	return formatItems(items, ";q=", ";w=", func(it *headerItem) (int64, int64) {
+		return max(it.Quota, 0), max(it.Window, 1)
+	})
 }
 
 func formatRateLimitHeader(items []headerItem) string {
+	return formatItems(items, ";r=", ";t=", func(it *headerItem) (int64, int64) {
+		return max(it.Available, 0), max(it.T, 0)
+	})
+}
+
+// formatItems writes each item as its String name and two Integer
+// parameters, p1 and p2 (each ";k="), separated by ", ".
+func formatItems(items []headerItem, p1, p2 string, params func(*headerItem) (int64, int64)) string {
+	n := 0
+	for i := range items {
+		a, c := params(&items[i])
+		n += sfStringLen(items[i].Name) + len(p1) + decimalLen(a) + len(p2) + decimalLen(c)
+	}
+	if len(items) > 1 {
+		n += 2 * (len(items) - 1)
+	}
 	var b strings.Builder
-	for i, it := range items {
+	b.Grow(n)
+	var num [20]byte
+	for i := range items {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(sfString(it.Name))
-		b.WriteString(";r=")
-		b.WriteString(strconv.FormatInt(max(it.Available, 0), 10))
-		b.WriteString(";t=")
-		b.WriteString(strconv.FormatInt(max(it.T, 0), 10))
+		a, c := params(&items[i])
+		writeSFString(&b, items[i].Name)
+		b.WriteString(p1)
+		b.Write(strconv.AppendInt(num[:0], a, 10))
+		b.WriteString(p2)
+		b.Write(strconv.AppendInt(num[:0], c, 10))
 	}
 	return b.String()
 }
