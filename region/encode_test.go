@@ -132,3 +132,28 @@ func TestBodiesCarryContentLength(t *testing.T) {
 		}
 	}
 }
+
+func TestSetRateLimitFields(t *testing.T) {
+	items := []headerItem{{Name: "burst", Quota: 100, Window: 1, Available: 50, T: 30}, {Name: "daily", Quota: 1000, Window: 86400, Available: 999}}
+	h := http.Header{}
+	setRateLimitFields(h, items)
+	if got, want := h.Get("RateLimit-Policy"), formatPolicyHeader(items); got != want {
+		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
+	}
+	if got, want := h.Get("RateLimit"), formatRateLimitHeader(items); got != want {
+		t.Errorf("RateLimit = %q, want %q", got, want)
+	}
+	// Adding to one field must not touch the other (they share a slice).
+	h.Add("RateLimit-Policy", "x")
+	if got := h.Values("RateLimit"); len(got) != 1 {
+		t.Errorf("RateLimit after adding to RateLimit-Policy = %q, want one value", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { setRateLimitFields(http.Header{}, items[:1]) }); n > 3 {
+		t.Errorf("%v allocations, want at most 3 (the header map, one string, one slice)", n)
+	}
+	empty := http.Header{}
+	setRateLimitFields(empty, nil)
+	if len(empty) != 0 {
+		t.Errorf("no items set %v, want nothing", empty)
+	}
+}

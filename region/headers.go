@@ -3,6 +3,7 @@ package region
 import (
 	"errors"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -106,46 +107,84 @@ func decimalLen(v int64) int {
 	return n
 }
 
+// The two fields' parameters: RateLimit-Policy has q and w (at least 1),
+// RateLimit has r and t.
+var (
+	policyParams    = itemParams{";q=", ";w=", func(it *headerItem) (int64, int64) { return max(it.Quota, 0), max(it.Window, 1) }}
+	rateLimitParams = itemParams{";r=", ";t=", func(it *headerItem) (int64, int64) { return max(it.Available, 0), max(it.T, 0) }}
+)
+
+// itemParams names an Item's two Integer parameters (each ";k=") and
+// reads their values.
+type itemParams struct {
+	k1, k2 string
+	values func(*headerItem) (int64, int64)
+}
+
 // formatPolicyHeader and formatRateLimitHeader are on the path of every
 // check: each sizes its value first and allocates it once.
 func formatPolicyHeader(items []headerItem) string {
-	return formatItems(items, ";q=", ";w=", func(it *headerItem) (int64, int64) {
-		return max(it.Quota, 0), max(it.Window, 1)
-	})
+	var b strings.Builder
+	b.Grow(policyParams.len(items))
+	policyParams.write(&b, items)
+	return b.String()
 }
 
 func formatRateLimitHeader(items []headerItem) string {
-	return formatItems(items, ";r=", ";t=", func(it *headerItem) (int64, int64) {
-		return max(it.Available, 0), max(it.T, 0)
-	})
+	var b strings.Builder
+	b.Grow(rateLimitParams.len(items))
+	rateLimitParams.write(&b, items)
+	return b.String()
 }
 
-// formatItems writes each item as its String name and two Integer
-// parameters, p1 and p2 (each ";k="), separated by ", ".
-func formatItems(items []headerItem, p1, p2 string, params func(*headerItem) (int64, int64)) string {
+// setRateLimitFields sets RateLimit-Policy and RateLimit from items with
+// two allocations in all, where two Header.Set calls of the formatted
+// values take six: both values share one string and one slice, and the
+// keys are given in canonical form ("Ratelimit-Policy"), which Set would
+// otherwise recompute on every call.
+func setRateLimitFields(h http.Header, items []headerItem) {
+	if len(items) == 0 {
+		return
+	}
+	np := policyParams.len(items)
+	var b strings.Builder
+	b.Grow(np + rateLimitParams.len(items))
+	policyParams.write(&b, items)
+	rateLimitParams.write(&b, items)
+	both := b.String()
+	vals := []string{both[:np], both[np:]}
+	h["Ratelimit-Policy"] = vals[0:1:1]
+	h["Ratelimit"] = vals[1:2:2]
+}
+
+// len is the length of what write writes.
+func (ps itemParams) len(items []headerItem) int {
 	n := 0
 	for i := range items {
-		a, c := params(&items[i])
-		n += sfStringLen(items[i].Name) + len(p1) + decimalLen(a) + len(p2) + decimalLen(c)
+		a, c := ps.values(&items[i])
+		n += sfStringLen(items[i].Name) + len(ps.k1) + decimalLen(a) + len(ps.k2) + decimalLen(c)
 	}
 	if len(items) > 1 {
 		n += 2 * (len(items) - 1)
 	}
-	var b strings.Builder
-	b.Grow(n)
+	return n
+}
+
+// write writes each item as its String name and the two parameters,
+// separated by ", ".
+func (ps itemParams) write(b *strings.Builder, items []headerItem) {
 	var num [20]byte
 	for i := range items {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		a, c := params(&items[i])
-		writeSFString(&b, items[i].Name)
-		b.WriteString(p1)
+		a, c := ps.values(&items[i])
+		writeSFString(b, items[i].Name)
+		b.WriteString(ps.k1)
 		b.Write(strconv.AppendInt(num[:0], a, 10))
-		b.WriteString(p2)
+		b.WriteString(ps.k2)
 		b.Write(strconv.AppendInt(num[:0], c, 10))
 	}
-	return b.String()
 }
 
 // SFItem is one parsed Item of a RateLimit or RateLimit-Policy field: a
