@@ -37,6 +37,9 @@
 # and after the saturation phase, and its throughput is multiplied by the
 # share of checks whose source was the store; breaker opens are reported.
 #
+# Last, region/bench_test.go measures the allocations per request of
+# POST /v1/check and GET /v1/authz through the handler, without the network.
+#
 # Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
 # CONNS (50), WRK_THREADS (2), USERS (10000), RATE (auto), SYSTEMS (all, in
 # the order above), SLUICE_TOOLS (cache of the peers' binaries, default
@@ -272,6 +275,16 @@ if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
   log "sluice_redis at $RATE/s: $store of $checks checks decided by Redis"
 fi
 
+# ---- the HTTP path, without the network -----------------------------------
+
+# region/bench_test.go: POST /v1/check and GET /v1/authz through the daemon's
+# handler on the memory store; allocations per request are exact, ns/op is
+# one core's time on this shared machine.
+log "HTTP path allocations (go test -bench BenchmarkHTTP ./region/)"
+gobench=$(go test -run '^$' -bench '^BenchmarkHTTP(Check|Authz)$' -benchmem -benchtime "${HTTP_BENCH_N:-50000}x" -count 1 ./region/ 2>&1) ||
+  { echo "$gobench" >&2; die "region benchmarks failed"; }
+echo "$gobench" | grep '^Benchmark' >&2
+
 # ---- report ---------------------------------------------------------------
 
 echo "---- peers: saturation (median of $ROUNDS x ${ROUND_SECS}s, wrk -c $CONNS) and p50/p99 at $RATE/s (loadgen, open loop) ----"
@@ -287,6 +300,10 @@ if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
   printf 'BENCH peers_sluice_redis_breaker_opens %s count\n' "$opens"
   printf 'BENCH peers_sluice_redis_store_share_at_fixed_rate %s %%\n' "$(awk -v s="$fixed_share" 'BEGIN { printf "%.3f", s * 100 }')"
 fi
+echo "$gobench" | awk '
+function metric(unit,   i) { for (i = 3; i < NF; i += 2) if ($(i + 1) == unit) return $i; return "" }
+/^BenchmarkHTTPCheck/ { printf "BENCH http_check_allocs_per_request %s allocs\nBENCH http_check_ns_per_request %s ns\n", metric("allocs/op"), metric("ns/op") }
+/^BenchmarkHTTPAuthz/ { printf "BENCH http_authz_allocs_per_request %s allocs\nBENCH http_authz_ns_per_request %s ns\n", metric("allocs/op"), metric("ns/op") }'
 ratio() { # ratio NAME A B
   [ -n "${satm[$2]:-}" ] && [ -n "${satm[$3]:-}" ] || return 0
   awk -v n="$1" -v a="${satm[$2]}" -v b="${satm[$3]}" 'BEGIN { if (b > 0) printf "BENCH %s %.3f ratio\n", n, a / b }'
