@@ -157,3 +157,17 @@ func TestSetRateLimitFields(t *testing.T) {
 		t.Errorf("no items set %v, want nothing", empty)
 	}
 }
+
+func TestWriteDecisionIsWriteJSON(t *testing.T) {
+	for i, d := range encodingCases() {
+		viaJSON, viaDecision := httptest.NewRecorder(), httptest.NewRecorder()
+		writeJSON(viaJSON, http.StatusOK, d)
+		writeDecision(viaDecision, http.StatusOK, &d)
+		want, _ := json.Marshal(d)
+		for name, rec := range map[string]*httptest.ResponseRecorder{"writeJSON": viaJSON, "writeDecision": viaDecision} {
+			if got := rec.Body.String(); got != string(want)+"\n" || rec.Header().Get("Content-Type") != "application/json" {
+				t.Errorf("case %d: %s wrote %q (%s), want %s and a newline as application/json", i, name, got, rec.Header().Get("Content-Type"), want)
+			}
+		}
+	}
+}
