@@ -148,7 +148,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeDecision(w http.ResponseWriter, status int, d *Decision) {
 	body, ok := appendDecision(make([]byte, 0, 512), d)
 	if !ok {
-		b, err := json.Marshal(d)
+		// A copy, so that d itself does not escape to the heap on the
+		// common path.
+		b, err := json.Marshal(*d)
 		if err != nil {
 			writeProblem(w, nil, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the response failed"))
 			return
