@@ -267,7 +267,7 @@ for r in $(seq 1 "$ROUNDS"); do
       log "warning: $s achieved $(field achieved)/s of $RATE/s offered: its latency figures measure a backlog"
     lat50[$s]="${lat50[$s]:-} $(field p50_us)"
     lat99[$s]="${lat99[$s]:-} $(field p99_us)"
-    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sender lag p99 $(field lag_p99_us) us)"
+    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
   done
 done
 fixed_share=1
