@@ -29,10 +29,11 @@
 # every system alike:
 #   1. saturation: wrk, closed loop, CONNS connections, ROUNDS x ROUND_SECS
 #      per system; the figure is the median round;
-#   2. fixed rate: bench/loadgen, open loop at RATE requests/s (default 70%
-#      of the slowest system's saturation figure, so every system sustains
-#      it), latency measured from each request's due time; p50 and p99 are
-#      the median over the rounds.
+#   2. fixed rate: bench/loadgen, open loop at RATE requests/s (default
+#      RATE_FRACTION, 0.7, of the slowest system's saturation figure, so
+#      that every system sustains it; a system that falls short is named),
+#      latency measured from each request's due time; p50 and p99 are the
+#      median over the rounds.
 # Sluice on Redis counts only what Redis decided: /metrics is read before
 # and after the saturation phase, and its throughput is multiplied by the
 # share of checks whose source was the store; breaker opens are reported.
@@ -41,7 +42,8 @@
 # POST /v1/check and GET /v1/authz through the handler, without the network.
 #
 # Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
-# CONNS (50), WRK_THREADS (2), USERS (10000), RATE (auto), SYSTEMS (all, in
+# CONNS (50), WRK_THREADS (2), USERS (10000), RATE (auto), RATE_FRACTION
+# (0.7), HTTP_BENCH_N (50000 iterations of each Go benchmark), SYSTEMS (all, in
 # the order above), SLUICE_TOOLS (cache of the peers' binaries, default
 # ~/.cache/sluice-tools). Prints `BENCH <name> <value> <unit>` lines last.
 set -euo pipefail
@@ -54,6 +56,7 @@ CONNS=${CONNS:-50}
 WRK_THREADS=${WRK_THREADS:-2}
 USERS=${USERS:-10000}
 RATE=${RATE:-auto}
+RATE_FRACTION=${RATE_FRACTION:-0.7}
 SYSTEMS=${SYSTEMS:-"sluice_memory sluice_redis gubernator envoy_ratelimit trivial"}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
@@ -253,9 +256,9 @@ if [ "$RATE" = auto ]; then
   # What each system answers, from whatever source: the rate must be one
   # that every daemon keeps up with, whoever decides.
   slowest=$(for s in $SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | sort -g | head -1)
-  RATE=$(awk -v v="$slowest" 'BEGIN { r = int(v * 0.7 / 100) * 100; if (r < 100) r = 100; print r }')
+  RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
 fi
-log "fixed rate: $RATE req/s (70% of the slowest saturation figure unless RATE is set)"
+log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
 for r in $(seq 1 "$ROUNDS"); do
   for s in $SYSTEMS; do
     out=$("$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
@@ -313,3 +316,17 @@ ratio() { # ratio NAME A B
 ratio peers_sluice_redis_over_envoy_ratelimit sluice_redis envoy_ratelimit
 ratio peers_sluice_memory_over_gubernator sluice_memory gubernator
 ratio peers_sluice_memory_over_trivial sluice_memory trivial
+# The slower Sluice's p99 at the fixed rate over the faster peer's: at most 1
+# when both Sluice daemons answer as fast as both peers or faster.
+sluice_p99=0; peer_p99=
+for s in sluice_memory sluice_redis gubernator envoy_ratelimit; do
+  [[ " $SYSTEMS " == *" $s "* ]] || continue
+  v=$(echo "${lat99[$s]}" | median)
+  case $s in
+    sluice_*) sluice_p99=$(awk -v a="$sluice_p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }') ;;
+    *) peer_p99=$(awk -v a="${peer_p99:-$v}" -v b="$v" 'BEGIN { print (b < a ? b : a) }') ;;
+  esac
+done
+if [ -n "$peer_p99" ] && [ "$sluice_p99" != 0 ]; then
+  awk -v a="$sluice_p99" -v b="$peer_p99" 'BEGIN { if (b > 0) printf "BENCH peers_sluice_p99_over_best_peer_p99 %.3f ratio\n", a / b }'
+fi
