@@ -44,7 +44,8 @@
 # Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
 # CONNS (50), WRK_THREADS (2), USERS (10000), RATE (auto), RATE_FRACTION
 # (0.7), HTTP_BENCH_N (50000 iterations of each Go benchmark), SYSTEMS (all, in
-# the order above), SLUICE_TOOLS (cache of the peers' binaries, default
+# the order above), SLUICE_REDIS_FLAGS (more flags for sluice serve on Redis,
+# e.g. --store-timeout 20ms), SLUICE_TOOLS (cache of the peers' binaries, default
 # ~/.cache/sluice-tools). Prints `BENCH <name> <value> <unit>` lines last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -157,7 +158,7 @@ EOF
 sm_port=$(freeport); sr_port=$(freeport)
 start sluice_memory "$work/sluice" serve --listen "127.0.0.1:$sm_port" --policies "$work/policies.json" --log-level warn
 start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sr_port" --policies "$work/policies.json" --log-level warn \
-  --store "redis://127.0.0.1:$redis_port"
+  --store "redis://127.0.0.1:$redis_port" ${SLUICE_REDIS_FLAGS:-}
 
 gh_port=$(freeport); gg_port=$(freeport); gm_port=$(freeport)
 start gubernator env GUBER_HTTP_ADDRESS="127.0.0.1:$gh_port" GUBER_GRPC_ADDRESS="127.0.0.1:$gg_port" \
