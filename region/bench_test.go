@@ -131,8 +131,8 @@ func BenchmarkHTTPAuthz(b *testing.B) {
 		}
 		n, _ := strconv.Atoi(user[1:])
 		r.RemoteAddr = "10.0." + strconv.Itoa(n/256) + "." + strconv.Itoa(n%256) + ":40000"
-		r.Header.Set("X-Forwarded-Uri", "/bench")
-		r.Header.Set("X-Forwarded-Method", "GET")
+		r.Header.Set("X-Original-URI", "/bench")
+		r.Header.Set("X-Original-Method", "GET")
 		return r, nil
 	})
 	runHTTPBench(b, d.Handler(), reqs)
