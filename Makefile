@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-short race bench lint fuzz sim-report clean
+.PHONY: all build test test-short race bench bench-peers lint fuzz sim-report clean
 
 all: build
 
@@ -32,6 +32,13 @@ bench:
 	@bash bench/extra.sh 2>&1 | tee -a out/bench.txt
 	@echo "---- summary ----"
 	@awk -f bench/summary.awk out/bench.txt
+
+# Sluice beside Gubernator, envoyproxy/ratelimit and a trivial handler on
+# loopback, the same load for each (bench/README.md). The peers are built
+# once with go install into SLUICE_TOOLS (default ~/.cache/sluice-tools).
+bench-peers:
+	@mkdir -p out
+	@bash -o pipefail -c 'bash bench/peers.sh 2>&1 | tee out/bench-peers.txt'
 
 # Each fuzz target for a short while; FUZZTIME=10m for a longer hunt.
 FUZZTIME ?= 15s

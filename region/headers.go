@@ -3,6 +3,7 @@ package region
 import (
 	"errors"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -60,7 +61,23 @@ func windowSeconds(windowed bool, window time.Duration, rate, burst float64) int
 // field for any input: characters outside printable ASCII become "?".
 func sfString(s string) string {
 	var b strings.Builder
-	b.Grow(len(s) + 2)
+	b.Grow(sfStringLen(s))
+	writeSFString(&b, s)
+	return b.String()
+}
+
+// sfStringLen is the length of s serialized by writeSFString.
+func sfStringLen(s string) int {
+	n := len(s) + 2
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			n++
+		}
+	}
+	return n
+}
+
+func writeSFString(b *strings.Builder, s string) {
 	b.WriteByte('"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -75,37 +92,99 @@ func sfString(s string) string {
 		}
 	}
 	b.WriteByte('"')
-	return b.String()
 }
 
+// decimalLen is the length of strconv.FormatInt(v, 10).
+func decimalLen(v int64) int {
+	n := 1
+	if v < 0 {
+		n++ // the sign; -v may overflow, so count on v itself
+	}
+	for v <= -10 || v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
+}
+
+// The two fields' parameters: RateLimit-Policy has q and w (at least 1),
+// RateLimit has r and t.
+var (
+	policyParams    = itemParams{";q=", ";w=", func(it *headerItem) (int64, int64) { return max(it.Quota, 0), max(it.Window, 1) }}
+	rateLimitParams = itemParams{";r=", ";t=", func(it *headerItem) (int64, int64) { return max(it.Available, 0), max(it.T, 0) }}
+)
+
+// itemParams names an Item's two Integer parameters (each ";k=") and
+// reads their values.
+type itemParams struct {
+	k1, k2 string
+	values func(*headerItem) (int64, int64)
+}
+
+// formatPolicyHeader and formatRateLimitHeader are on the path of every
+// check: each sizes its value first and allocates it once.
 func formatPolicyHeader(items []headerItem) string {
 	var b strings.Builder
-	for i, it := range items {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(sfString(it.Name))
-		b.WriteString(";q=")
-		b.WriteString(strconv.FormatInt(max(it.Quota, 0), 10))
-		b.WriteString(";w=")
-		b.WriteString(strconv.FormatInt(max(it.Window, 1), 10))
-	}
+	b.Grow(policyParams.len(items))
+	policyParams.write(&b, items)
 	return b.String()
 }
 
 func formatRateLimitHeader(items []headerItem) string {
 	var b strings.Builder
-	for i, it := range items {
+	b.Grow(rateLimitParams.len(items))
+	rateLimitParams.write(&b, items)
+	return b.String()
+}
+
+// setRateLimitFields sets RateLimit-Policy and RateLimit from items with
+// two allocations in all, where two Header.Set calls of the formatted
+// values take six: both values share one string and one slice, and the
+// keys are given in canonical form ("Ratelimit-Policy"), which Set would
+// otherwise recompute on every call.
+func setRateLimitFields(h http.Header, items []headerItem) {
+	if len(items) == 0 {
+		return
+	}
+	np := policyParams.len(items)
+	var b strings.Builder
+	b.Grow(np + rateLimitParams.len(items))
+	policyParams.write(&b, items)
+	rateLimitParams.write(&b, items)
+	both := b.String()
+	vals := []string{both[:np], both[np:]}
+	h["Ratelimit-Policy"] = vals[0:1:1]
+	h["Ratelimit"] = vals[1:2:2]
+}
+
+// len is the length of what write writes.
+func (ps itemParams) len(items []headerItem) int {
+	n := 0
+	for i := range items {
+		a, c := ps.values(&items[i])
+		n += sfStringLen(items[i].Name) + len(ps.k1) + decimalLen(a) + len(ps.k2) + decimalLen(c)
+	}
+	if len(items) > 1 {
+		n += 2 * (len(items) - 1)
+	}
+	return n
+}
+
+// write writes each item as its String name and the two parameters,
+// separated by ", ".
+func (ps itemParams) write(b *strings.Builder, items []headerItem) {
+	var num [20]byte
+	for i := range items {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(sfString(it.Name))
-		b.WriteString(";r=")
-		b.WriteString(strconv.FormatInt(max(it.Available, 0), 10))
-		b.WriteString(";t=")
-		b.WriteString(strconv.FormatInt(max(it.T, 0), 10))
+		a, c := ps.values(&items[i])
+		writeSFString(b, items[i].Name)
+		b.WriteString(ps.k1)
+		b.Write(strconv.AppendInt(num[:0], a, 10))
+		b.WriteString(ps.k2)
+		b.Write(strconv.AppendInt(num[:0], c, 10))
 	}
-	return b.String()
 }
 
 // SFItem is one parsed Item of a RateLimit or RateLimit-Policy field: a

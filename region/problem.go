@@ -97,6 +97,16 @@ func fromValidation(err error, prefix string) (*Problem, bool) {
 	return newProblem(http.StatusBadRequest, ProblemInvalid, detail, errs...), true
 }
 
+// Header values shared by every answer: assigning one of these slices to a
+// header key replaces that key's values without allocating. No code may
+// write into them (Header.Set and Header.Add never do: they replace or
+// grow the slice).
+var (
+	hdrJSON    = []string{"application/json"}
+	hdrProblem = []string{"application/problem+json"}
+	hdrNoStore = []string{"no-store"}
+)
+
 // writeProblem writes p as application/problem+json. The instance is the
 // request path unless p names one.
 func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
@@ -112,24 +122,57 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 		p.Status = http.StatusInternalServerError
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	h["Content-Type"] = hdrProblem
 	if p.Status == http.StatusTooManyRequests {
-		h.Set("Cache-Control", "no-store") // RFC 6585: 429 must not be stored
+		h["Cache-Control"] = hdrNoStore // RFC 6585: 429 must not be stored
 	}
-	w.WriteHeader(p.Status)
-	w.Write(append(body, '\n'))
+	writeBody(w, p.Status, append(body, '\n'))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	if d, ok := v.(Decision); ok {
+		writeDecision(w, status, &d)
+		return
+	}
 	body, err := json.Marshal(v)
 	if err != nil {
 		writeProblem(w, nil, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the response failed"))
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.Header()["Content-Type"] = hdrJSON
+	writeBody(w, status, append(body, '\n'))
+}
+
+// writeDecision is writeJSON for the body of a check; a *Decision is not
+// copied into an interface value, which saves an allocation per check.
+func writeDecision(w http.ResponseWriter, status int, d *Decision) {
+	body, ok := appendDecision(make([]byte, 0, 512), d)
+	if !ok {
+		// A copy, so that d itself does not escape to the heap on the
+		// common path.
+		b, err := json.Marshal(*d)
+		if err != nil {
+			writeProblem(w, nil, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the response failed"))
+			return
+		}
+		body = b
+	}
+	w.Header()["Content-Type"] = hdrJSON
+	writeBody(w, status, append(body, '\n'))
+}
+
+// chunkingThreshold is the size below which net/http buffers a whole
+// answer and sets its Content-Length itself (the server's
+// bufferBeforeChunkingSize): a body written at once and smaller than this
+// needs no header of ours, which saves formatting it on every check.
+const chunkingThreshold = 2048
+
+// writeBody writes the status and body, with a Content-Length when the
+// server would not set it.
+func writeBody(w http.ResponseWriter, status int, body []byte) {
+	if len(body) >= chunkingThreshold {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
 	w.WriteHeader(status)
-	w.Write(append(body, '\n'))
+	w.Write(body)
 }

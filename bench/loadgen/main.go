@@ -1,0 +1,357 @@
+// Command loadgen drives one HTTP/1.1 endpoint at a fixed offered rate
+// (open loop) or as fast as its connections allow (closed loop, -rate 0),
+// and prints the achieved rate and latency quantiles.
+//
+// In open-loop mode request i is due at start + i/rate and its latency is
+// measured from that due time, so time a request spends waiting for a free
+// connection behind a slow answer counts (no coordinated omission). Each
+// connection is kept alive and reused; a broken one is redialled and the
+// failure counted. The bodies, paths and headers may hold the placeholder
+// {user}, replaced by u0 .. u(N-1) in turn, so that the load spreads over
+// -users subjects.
+//
+//	loadgen -url http://127.0.0.1:8080/v1/check -rate 5000 -duration 10s \
+//	  -body '{"user":"{user}","route":"/bench"}'
+//
+// The last line is machine-readable:
+//
+//	RESULT offered=5000 achieved=4999.8 requests=50000 ... p50_us=210 p90_us=350 p99_us=900 p999_us=2100 max_us=4000 lag_p50_us=40 lag_p99_us=80 svc_p50_us=170 svc_p99_us=820
+//
+// p50_us .. max_us are the figures to quote: from each request's due
+// time, or, when its sender sat idle waiting for that time, from when the
+// sender woke (a Go program's timers are only as fine as the runtime's
+// poller, which sleeps in whole milliseconds on Linux, and that slack is
+// the generator's, not the server's). Beside them, lag is how late each
+// request was sent after its due time, for whatever reason, and svc is the
+// time from the actual send, which alone would hide a stall.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+type config struct {
+	target   *url.URL
+	method   string
+	body     string
+	headers  []string
+	users    int
+	rate     float64
+	duration time.Duration
+	warmup   time.Duration
+	conns    int
+	timeout  time.Duration
+}
+
+type headerList []string
+
+func (h *headerList) String() string     { return strings.Join(*h, ", ") }
+func (h *headerList) Set(v string) error { *h = append(*h, v); return nil }
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		cfg     config
+		rawURL  string
+		headers headerList
+	)
+	flag.StringVar(&rawURL, "url", "", "target, http://host:port/path (the path may hold {user})")
+	flag.StringVar(&cfg.method, "method", "", "HTTP method (default POST with a -body, GET without)")
+	flag.StringVar(&cfg.body, "body", "", "request body; {user} is replaced")
+	flag.Var(&headers, "header", `extra request header "Name: value" ({user} is replaced); repeatable`)
+	flag.IntVar(&cfg.users, "users", 10000, "distinct values of {user}, used in turn")
+	flag.Float64Var(&cfg.rate, "rate", 0, "offered requests per second; 0 sends back to back on every connection (closed loop)")
+	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "time at the same load before measuring")
+	flag.IntVar(&cfg.conns, "conns", 64, "connections (one sender each)")
+	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "per-request deadline; a request past it counts as an error")
+	flag.Parse()
+	cfg.headers = headers
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("-url: want http://host:port/path, got %q", rawURL)
+	}
+	cfg.target = u
+	if cfg.method == "" {
+		cfg.method = http.MethodGet
+		if cfg.body != "" {
+			cfg.method = http.MethodPost
+		}
+	}
+	switch {
+	case cfg.users < 1:
+		return errors.New("-users: must be at least 1")
+	case cfg.rate < 0:
+		return errors.New("-rate: must not be negative")
+	case cfg.conns < 1:
+		return errors.New("-conns: must be at least 1")
+	case cfg.duration <= 0:
+		return errors.New("-duration: must be positive")
+	}
+	reqs, err := buildRequests(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res := drive(ctx, cfg, reqs)
+	fmt.Print(res.report(cfg))
+	if res.requests == 0 {
+		return errors.New("no request completed")
+	}
+	return nil
+}
+
+// buildRequests renders one raw HTTP/1.1 request per user.
+func buildRequests(cfg config) ([][]byte, error) {
+	path := cfg.target.RequestURI()
+	for _, h := range cfg.headers {
+		if name, _, ok := strings.Cut(h, ":"); !ok || strings.TrimSpace(name) == "" {
+			return nil, fmt.Errorf("-header: want \"Name: value\", got %q", h)
+		}
+	}
+	out := make([][]byte, cfg.users)
+	for i := range out {
+		user := "u" + strconv.Itoa(i)
+		body := strings.ReplaceAll(cfg.body, "{user}", user)
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", cfg.method, strings.ReplaceAll(path, "{user}", user), cfg.target.Host)
+		if cfg.body != "" {
+			fmt.Fprintf(&b, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+		}
+		for _, h := range cfg.headers {
+			b.WriteString(strings.ReplaceAll(h, "{user}", user))
+			b.WriteString("\r\n")
+		}
+		b.WriteString("\r\n")
+		b.WriteString(body)
+		out[i] = []byte(b.String())
+	}
+	return out, nil
+}
+
+type result struct {
+	lat, lag, svc  Histogram
+	requests       uint64
+	errors, non2xx uint64
+	unsent         int64
+	elapsed        time.Duration
+	firstErr       error
+}
+
+func (r *result) report(cfg config) string {
+	us := func(d time.Duration) int64 { return d.Microseconds() }
+	achieved := 0.0
+	if r.elapsed > 0 {
+		achieved = float64(r.requests) / r.elapsed.Seconds()
+	}
+	var b strings.Builder
+	mode := fmt.Sprintf("open loop at %.0f/s", cfg.rate)
+	if cfg.rate == 0 {
+		mode = "closed loop"
+	}
+	fmt.Fprintf(&b, "%s %s, %d connections, %s: %d answers (%.0f/s), %d errors, %d non-2xx, %d not sent\n",
+		cfg.method, cfg.target, cfg.conns, mode, r.requests, achieved, r.errors, r.non2xx, r.unsent)
+	fmt.Fprintf(&b, "latency p50 %v p90 %v p99 %v p99.9 %v max %v\n",
+		r.lat.Quantile(0.5), r.lat.Quantile(0.9), r.lat.Quantile(0.99), r.lat.Quantile(0.999), r.lat.Max())
+	if r.firstErr != nil {
+		fmt.Fprintf(&b, "first error: %v\n", r.firstErr)
+	}
+	fmt.Fprintf(&b, "service time (from the actual send) p50 %v p99 %v; sender lag p50 %v p99 %v\n",
+		r.svc.Quantile(0.5), r.svc.Quantile(0.99), r.lag.Quantile(0.5), r.lag.Quantile(0.99))
+	fmt.Fprintf(&b, "RESULT offered=%.0f achieved=%.1f requests=%d errors=%d non2xx=%d unsent=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d lag_p50_us=%d lag_p99_us=%d svc_p50_us=%d svc_p99_us=%d\n",
+		cfg.rate, achieved, r.requests, r.errors, r.non2xx, r.unsent,
+		us(r.lat.Quantile(0.5)), us(r.lat.Quantile(0.9)), us(r.lat.Quantile(0.99)), us(r.lat.Quantile(0.999)), us(r.lat.Max()),
+		us(r.lag.Quantile(0.5)), us(r.lag.Quantile(0.99)), us(r.svc.Quantile(0.5)), us(r.svc.Quantile(0.99)))
+	return b.String()
+}
+
+// drive runs the senders and merges what they measured.
+func drive(ctx context.Context, cfg config, reqs [][]byte) *result {
+	start := time.Now()
+	measureFrom := start.Add(cfg.warmup)
+	end := measureFrom.Add(cfg.duration)
+	// Requests still due after end+grace are not sent: the server fell so
+	// far behind that waiting longer would only measure the backlog.
+	hardStop := end.Add(2 * time.Second)
+	sched := Schedule{Start: start, Rate: cfg.rate}
+	due := int64(-1)
+	if cfg.rate > 0 {
+		due = sched.Due(end.Sub(start))
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	parts := make([]*sender, cfg.conns)
+	for w := range parts {
+		s := &sender{cfg: cfg, reqs: reqs, user: w * len(reqs) / cfg.conns}
+		parts[w] = s
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer s.close()
+			for ctx.Err() == nil {
+				// at is the request's due time; from is where its
+				// latency starts: at, unless the sender was idle
+				// before it (see below).
+				var at, from time.Time
+				if cfg.rate > 0 {
+					i := next.Add(1) - 1
+					if i >= due {
+						return
+					}
+					at = sched.At(i)
+					if wait := time.Until(at); wait > 0 {
+						time.Sleep(wait)
+						// This sender sat idle until the due time:
+						// waking late is the generator's timer slack,
+						// not a wait the server caused, so latency
+						// runs from the wake-up.
+						from = time.Now()
+					} else if time.Now().After(hardStop) {
+						s.res.unsent++
+						continue
+					}
+				} else {
+					at = time.Now()
+					if !at.Before(end) {
+						return
+					}
+				}
+				if from.IsZero() {
+					from = at
+				}
+				sent := time.Now()
+				status, err := s.do()
+				done := time.Now()
+				if at.Before(measureFrom) {
+					continue
+				}
+				s.lastDone = done
+				if err != nil {
+					s.res.errors++
+					if s.res.firstErr == nil {
+						s.res.firstErr = err
+					}
+					continue
+				}
+				if status < 200 || status > 299 {
+					s.res.non2xx++
+				}
+				s.res.requests++
+				s.res.lat.Record(done.Sub(from))
+				s.res.lag.Record(sent.Sub(at))
+				s.res.svc.Record(done.Sub(sent))
+			}
+		}()
+	}
+	wg.Wait()
+	total := &result{}
+	for _, s := range parts {
+		total.lat.Merge(&s.res.lat)
+		total.lag.Merge(&s.res.lag)
+		total.svc.Merge(&s.res.svc)
+		total.requests += s.res.requests
+		total.errors += s.res.errors
+		total.non2xx += s.res.non2xx
+		total.unsent += s.res.unsent
+		if total.firstErr == nil {
+			total.firstErr = s.res.firstErr
+		}
+	}
+	var last time.Time
+	for _, s := range parts {
+		if s.lastDone.After(last) {
+			last = s.lastDone
+		}
+	}
+	total.elapsed = last.Sub(measureFrom)
+	return total
+}
+
+// sender owns one kept-alive connection.
+type sender struct {
+	cfg  config
+	reqs [][]byte
+	user int
+	conn net.Conn
+	br   *bufio.Reader
+	res  result
+	// lastDone is when the last measured answer arrived.
+	lastDone time.Time
+}
+
+func (s *sender) close() {
+	if s.conn != nil {
+		s.conn.Close()
+		s.conn = nil
+	}
+}
+
+// do sends the next user's request and reads the whole answer.
+func (s *sender) do() (int, error) {
+	req := s.reqs[s.user]
+	s.user++
+	if s.user == len(s.reqs) {
+		s.user = 0
+	}
+	for attempt := 0; ; attempt++ {
+		if s.conn == nil {
+			c, err := net.DialTimeout("tcp", s.cfg.target.Host, s.cfg.timeout)
+			if err != nil {
+				return 0, err
+			}
+			s.conn, s.br = c, bufio.NewReaderSize(c, 16<<10)
+		}
+		s.conn.SetDeadline(time.Now().Add(s.cfg.timeout))
+		status, err := s.roundTrip(req)
+		if err == nil {
+			return status, nil
+		}
+		s.close()
+		// A kept-alive connection the server closed while idle fails
+		// at once: retry once on a fresh one.
+		if attempt > 0 || !(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+			return 0, err
+		}
+	}
+}
+
+func (s *sender) roundTrip(req []byte) (int, error) {
+	if _, err := s.conn.Write(req); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(s.br, nil)
+	if err != nil {
+		return 0, err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return 0, err
+	}
+	if resp.Close {
+		s.close()
+	}
+	return resp.StatusCode, nil
+}

@@ -1,0 +1,333 @@
+#!/usr/bin/env bash
+# The peer comparison: Sluice against Gubernator, envoyproxy/ratelimit and a
+# trivial Go handler, all on loopback on this machine, with the same load in
+# the same run. See bench/README.md.
+#
+# Systems (every one answers "allowed" to every request of the run):
+#   sluice_memory    sluice serve, memory store, POST /v1/check
+#   sluice_redis     sluice serve, Redis store, POST /v1/check
+#   gubernator       Gubernator v2.13.0, one node, HTTP POST /v1/GetRateLimits
+#   envoy_ratelimit  envoyproxy/ratelimit, Redis backend, HTTP POST /json
+#   trivial          bench/trivial: reads the body, answers 200 and 33 bytes
+#                    of JSON; the floor any HTTP service on this machine pays
+#
+# Equivalent work: USERS (10 000) subjects, a request names one of them in
+# turn, and each subject may spend 1000 per second:
+#   - Sluice: one token bucket policy, rate_per_sec 1000, burst 1000, keyed
+#     by the request's "user";
+#   - Gubernator: TOKEN_BUCKET, limit 1000, duration 1000 ms, unique_key the
+#     user (Gubernator's token bucket refills all at once at the end of the
+#     duration: the nearest of its algorithms);
+#   - envoy ratelimit: a descriptor user=<user> with 1000 requests per
+#     second (a fixed one-second window, INCR + EXPIRE in Redis: the only
+#     algorithm it has). Its defaults are kept (REDIS_POOL_SIZE 10, no
+#     implicit pipelining window), as a user deploying it would have them.
+# At saturation on two cores no subject comes near 1000/s, so every answer
+# is an admission; the script fails if any is not a 2xx.
+#
+# Phases, each interleaved round by round so that a noisy neighbour hits
+# every system alike:
+#   1. saturation: wrk, closed loop, CONNS connections, ROUNDS x ROUND_SECS
+#      per system; the figure is the median round;
+#   2. fixed rate: bench/loadgen, open loop at RATE requests/s (default
+#      RATE_FRACTION, 0.7, of the slowest system's saturation figure, so
+#      that every system sustains it; a system that falls short is named),
+#      latency measured from each request's due time; p50 and p99 are the
+#      median over the rounds.
+# Sluice on Redis counts only what Redis decided: /metrics is read before
+# and after the saturation phase, and its throughput is multiplied by the
+# share of checks whose source was the store; breaker opens are reported.
+#
+# Last, region/bench_test.go measures the allocations per request of
+# POST /v1/check and GET /v1/authz through the handler, without the network.
+#
+# Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
+# CONNS (50), WRK_THREADS (2), USERS (10000), RATE (auto), RATE_FRACTION
+# (0.7), HTTP_BENCH_N (50000 iterations of each Go benchmark), SYSTEMS (all, in
+# the order above), SLUICE_REDIS_FLAGS (more flags for sluice serve on Redis,
+# e.g. --store-timeout 20ms), SLUICE_TOOLS (cache of the peers' binaries, default
+# ~/.cache/sluice-tools). Prints `BENCH <name> <value> <unit>` lines last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+ROUND_SECS=${ROUND_SECS:-10}
+FIXED_SECS=${FIXED_SECS:-$ROUND_SECS}
+CONNS=${CONNS:-50}
+WRK_THREADS=${WRK_THREADS:-2}
+USERS=${USERS:-10000}
+RATE=${RATE:-auto}
+RATE_FRACTION=${RATE_FRACTION:-0.7}
+SYSTEMS=${SYSTEMS:-"sluice_memory sluice_redis gubernator envoy_ratelimit trivial"}
+TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
+
+GUBERNATOR_MOD=github.com/gubernator-io/gubernator/v2
+GUBERNATOR_VERSION=v2.13.0
+# envoyproxy/ratelimit tags no semver releases: this is the pseudo-version
+# of its main branch (2026-01-22) that the Go module proxy serves.
+RATELIMIT_MOD=github.com/envoyproxy/ratelimit
+RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
+
+log() { echo "peers: $*" >&2; }
+die() { echo "peers: $*" >&2; exit 1; }
+
+for tool in go wrk redis-server redis-cli curl; do
+  command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-peers.XXXXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---- build ----------------------------------------------------------------
+
+# install MODULE/CMD VERSION NAME: go install into $TOOLS/NAME@VERSION once.
+install_tool() {
+  local pkg=$1 version=$2 name=$3 dir="$TOOLS/$3@$2"
+  local bin="$dir/$(basename "$pkg")"
+  if [ ! -x "$bin" ]; then
+    log "go install $pkg@$version (once, into $dir)"
+    mkdir -p "$dir"
+    GOBIN="$dir" GOFLAGS=-buildvcs=false go install "$pkg@$version" >&2 || die "go install $pkg@$version failed"
+  fi
+  echo "$bin"
+}
+gubernator_bin=$(install_tool "$GUBERNATOR_MOD/cmd/gubernator" "$GUBERNATOR_VERSION" gubernator)
+ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+log "building sluice, bench/loadgen, bench/trivial"
+go build -o "$work/sluice" ./cmd/sluice
+go build -o "$work/loadgen" ./bench/loadgen
+go build -o "$work/trivial" ./bench/trivial
+
+# ---- start ----------------------------------------------------------------
+
+# freeport prints a loopback port nothing listens on, below the kernel's
+# ephemeral range (32768 up), where outgoing connections take theirs.
+used_ports=" "
+freeport() {
+  local p
+  while :; do
+    p=$((15000 + RANDOM % 17000))
+    case "$used_ports" in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      used_ports="$used_ports$p "
+      echo "$p"
+      return
+    fi
+  done
+}
+
+# start NAME CMD...: run in the background, output to $work/NAME.log.
+start() {
+  local name=$1; shift
+  "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$name=$!"
+}
+
+# wait_http NAME URL [CURL ARGS...]: until URL answers 2xx, 20 s at most.
+wait_http() {
+  local name=$1 url=$2; shift 2
+  local deadline=$((SECONDS + 20)) pid
+  pid=$(eval echo "\$pid_$name")
+  until curl -fsS -o /dev/null "$@" "$url" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log" >&2; die "$name exited"; }
+    [ $SECONDS -lt $deadline ] || { cat "$work/$name.log" >&2; die "$name did not answer $url within 20 s"; }
+    sleep 0.2
+  done
+}
+
+redis_port=$(freeport)
+start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
+deadline=$((SECONDS + 20))
+until redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; do
+  [ $SECONDS -lt $deadline ] || die "redis-server did not start"
+  sleep 0.1
+done
+
+cat >"$work/policies.json" <<'EOF'
+[{"id": "bench", "match": {"routes": ["/bench"]}, "algorithm": "token_bucket",
+  "rate_per_sec": 1000, "burst": 1000, "mode": "enforce",
+  "description": "the peer comparison: 1000/s per user, every request allowed"}]
+EOF
+sm_port=$(freeport); sr_port=$(freeport)
+start sluice_memory "$work/sluice" serve --listen "127.0.0.1:$sm_port" --policies "$work/policies.json" --log-level warn
+start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sr_port" --policies "$work/policies.json" --log-level warn \
+  --store "redis://127.0.0.1:$redis_port" ${SLUICE_REDIS_FLAGS:-}
+
+gh_port=$(freeport); gg_port=$(freeport); gm_port=$(freeport)
+start gubernator env GUBER_HTTP_ADDRESS="127.0.0.1:$gh_port" GUBER_GRPC_ADDRESS="127.0.0.1:$gg_port" \
+  GUBER_PEER_DISCOVERY_TYPE=member-list GUBER_MEMBERLIST_ADDRESS="127.0.0.1:$gm_port" \
+  GUBER_MEMBERLIST_BIND_ADDRESS="127.0.0.1:$gm_port" GUBER_MEMBERLIST_KNOWN_NODES="127.0.0.1:$gm_port" \
+  GUBER_LOG_LEVEL=warn "$gubernator_bin"
+
+mkdir -p "$work/rl/ratelimit/config"
+cat >"$work/rl/ratelimit/config/bench.yaml" <<'EOF'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000
+EOF
+rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
+start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
+  DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
+  RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
+  BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
+
+tr_port=$(freeport)
+start trivial "$work/trivial" --listen "127.0.0.1:$tr_port"
+
+# Per system: URL and the JSON body, {user} standing for the subject.
+declare -A url body
+url[sluice_memory]="http://127.0.0.1:$sm_port/v1/check"
+url[sluice_redis]="http://127.0.0.1:$sr_port/v1/check"
+body[sluice_memory]='{"user":"{user}","route":"/bench","method":"GET"}'
+body[sluice_redis]=${body[sluice_memory]}
+url[gubernator]="http://127.0.0.1:$gh_port/v1/GetRateLimits"
+body[gubernator]='{"requests":[{"name":"bench","unique_key":"{user}","hits":1,"limit":1000,"duration":1000,"algorithm":"TOKEN_BUCKET"}]}'
+url[envoy_ratelimit]="http://127.0.0.1:$rh_port/json"
+body[envoy_ratelimit]='{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"{user}"}]}]}'
+url[trivial]="http://127.0.0.1:$tr_port/"
+body[trivial]='{"user":"{user}"}'
+
+for s in $SYSTEMS; do
+  [ -n "${url[$s]:-}" ] || die "unknown system $s (want some of: ${!url[*]})"
+  wait_http "$s" "${url[$s]}" -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/warmup}"
+  # One check each, to show that it decides and admits.
+  answer=$(curl -sS -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/probe}" "${url[$s]}")
+  case "$s:$answer" in
+    sluice_*:*'"allowed":true'*'"source":"store"'* | gubernator:*UNDER_LIMIT* | envoy_ratelimit:*'"overallCode":"OK"'* | trivial:*) ;;
+    *) die "$s answered $answer" ;;
+  esac
+  log "$s ready at ${url[$s]}"
+done
+
+# ---- saturation -----------------------------------------------------------
+
+metric() { # metric NAME_WITH_LABELS: its value on sluice_redis, 0 if absent
+  curl -fsS "http://127.0.0.1:$sr_port/metrics" | awk -v m="$1" '
+    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
+}
+redis_checks() { metric 'sluice_checks_total{'; }
+redis_store_checks() { metric 'sluice_checks_total{decision="allowed",source="store"}'; }
+redis_breaker_opens() { metric 'sluice_breaker_opens_total'; }
+
+declare -A sat lat50 lat99
+before_all=$(redis_checks); before_store=$(redis_store_checks); before_opens=$(redis_breaker_opens)
+for r in $(seq 1 "$ROUNDS"); do
+  for s in $SYSTEMS; do
+    out=$(wrk -t "$WRK_THREADS" -c "$CONNS" -d "${ROUND_SECS}s" -s bench/rotate.lua "${url[$s]}" -- POST "$USERS" "${body[$s]}" 2>&1) ||
+      { echo "$out" >&2; die "wrk against $s failed"; }
+    rps=$(echo "$out" | awk '/^Requests\/sec:/ { print $2 }')
+    bad=$(echo "$out" | awk '/Non-2xx or 3xx responses:/ { print $NF } /Socket errors:/ { print "socket-errors" }')
+    [ -n "$rps" ] || { echo "$out" >&2; die "no Requests/sec from wrk against $s"; }
+    [ -z "$bad" ] || { echo "$out" >&2; die "$s: not every answer was a 2xx ($bad)"; }
+    sat[$s]="${sat[$s]:-} $rps"
+    log "saturation round $r $s: $rps req/s"
+  done
+done
+after_all=$(redis_checks); after_store=$(redis_store_checks); after_opens=$(redis_breaker_opens)
+
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+declare -A satm
+for s in $SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
+
+store_share=1
+opens=0
+if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
+  checks=$((after_all - before_all)); store=$((after_store - before_store)); opens=$((after_opens - before_opens))
+  [ "$checks" -gt 0 ] || die "sluice_redis counted no checks in /metrics"
+  store_share=$(awk -v a="$store" -v b="$checks" 'BEGIN { printf "%.6f", a / b }')
+  log "sluice_redis: $store of $checks checks decided by Redis, $opens breaker opens; after the run:"
+  curl -fsS "http://127.0.0.1:$sr_port/metrics" | grep -E '^sluice_(checks_total|breaker|store_|degraded)' >&2 || true
+  satm[sluice_redis_total]=${satm[sluice_redis]}
+  satm[sluice_redis]=$(awk -v v="${satm[sluice_redis]}" -v s="$store_share" 'BEGIN { printf "%.2f", v * s }')
+fi
+
+# ---- fixed rate -----------------------------------------------------------
+
+if [ "$RATE" = auto ]; then
+  # What each system answers, from whatever source: the rate must be one
+  # that every daemon keeps up with, whoever decides.
+  slowest=$(for s in $SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | sort -g | head -1)
+  RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
+fi
+log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
+for r in $(seq 1 "$ROUNDS"); do
+  for s in $SYSTEMS; do
+    out=$("$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
+      -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
+    res=$(echo "$out" | grep '^RESULT')
+    field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
+    [ "$(field errors)" = 0 ] && [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: errors or non-2xx at $RATE/s"; }
+    awk -v a="$(field achieved)" -v r="$RATE" 'BEGIN { exit !(a < 0.95 * r) }' &&
+      log "warning: $s achieved $(field achieved)/s of $RATE/s offered: its latency figures measure a backlog"
+    lat50[$s]="${lat50[$s]:-} $(field p50_us)"
+    lat99[$s]="${lat99[$s]:-} $(field p99_us)"
+    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
+  done
+done
+fixed_share=1
+if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
+  checks=$(($(redis_checks) - after_all)); store=$(($(redis_store_checks) - after_store))
+  fixed_share=$(awk -v a="$store" -v b="$checks" 'BEGIN { printf "%.6f", (b > 0 ? a / b : 0) }')
+  log "sluice_redis at $RATE/s: $store of $checks checks decided by Redis"
+fi
+
+# ---- the HTTP path, without the network -----------------------------------
+
+# region/bench_test.go: POST /v1/check and GET /v1/authz through the daemon's
+# handler on the memory store; allocations per request are exact, ns/op is
+# one core's time on this shared machine.
+log "HTTP path allocations (go test -bench BenchmarkHTTP ./region/)"
+gobench=$(go test -run '^$' -bench '^BenchmarkHTTP(Check|Authz)$' -benchmem -benchtime "${HTTP_BENCH_N:-50000}x" -count 1 ./region/ 2>&1) ||
+  { echo "$gobench" >&2; die "region benchmarks failed"; }
+echo "$gobench" | grep '^Benchmark' >&2
+
+# ---- report ---------------------------------------------------------------
+
+echo "---- peers: saturation (median of $ROUNDS x ${ROUND_SECS}s, wrk -c $CONNS) and p50/p99 at $RATE/s (loadgen, open loop) ----"
+for s in $SYSTEMS; do
+  printf 'BENCH peers_%s_rps %s req/s\n' "$s" "${satm[$s]}"
+  printf 'BENCH peers_%s_p50_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat50[$s]}" | median)"
+  printf 'BENCH peers_%s_p99_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat99[$s]}" | median)"
+done
+printf 'BENCH peers_fixed_rate %s req/s\n' "$RATE"
+if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
+  printf 'BENCH peers_sluice_redis_all_sources_rps %s req/s\n' "${satm[sluice_redis_total]}"
+  printf 'BENCH peers_sluice_redis_store_share %s %%\n' "$(awk -v s="$store_share" 'BEGIN { printf "%.3f", s * 100 }')"
+  printf 'BENCH peers_sluice_redis_breaker_opens %s count\n' "$opens"
+  printf 'BENCH peers_sluice_redis_store_share_at_fixed_rate %s %%\n' "$(awk -v s="$fixed_share" 'BEGIN { printf "%.3f", s * 100 }')"
+fi
+echo "$gobench" | awk '
+function metric(unit,   i) { for (i = 3; i < NF; i += 2) if ($(i + 1) == unit) return $i; return "" }
+/^BenchmarkHTTPCheck/ { printf "BENCH http_check_allocs_per_request %s allocs\nBENCH http_check_ns_per_request %s ns\n", metric("allocs/op"), metric("ns/op") }
+/^BenchmarkHTTPAuthz/ { printf "BENCH http_authz_allocs_per_request %s allocs\nBENCH http_authz_ns_per_request %s ns\n", metric("allocs/op"), metric("ns/op") }'
+ratio() { # ratio NAME A B
+  [ -n "${satm[$2]:-}" ] && [ -n "${satm[$3]:-}" ] || return 0
+  awk -v n="$1" -v a="${satm[$2]}" -v b="${satm[$3]}" 'BEGIN { if (b > 0) printf "BENCH %s %.3f ratio\n", n, a / b }'
+}
+ratio peers_sluice_redis_over_envoy_ratelimit sluice_redis envoy_ratelimit
+ratio peers_sluice_memory_over_gubernator sluice_memory gubernator
+ratio peers_sluice_memory_over_trivial sluice_memory trivial
+# The slower Sluice's p99 at the fixed rate over the faster peer's: at most 1
+# when both Sluice daemons answer as fast as both peers or faster.
+sluice_p99=0; peer_p99=
+for s in sluice_memory sluice_redis gubernator envoy_ratelimit; do
+  [[ " $SYSTEMS " == *" $s "* ]] || continue
+  v=$(echo "${lat99[$s]}" | median)
+  case $s in
+    sluice_*) sluice_p99=$(awk -v a="$sluice_p99" -v b="$v" 'BEGIN { print (b > a ? b : a) }') ;;
+    *) peer_p99=$(awk -v a="${peer_p99:-$v}" -v b="$v" 'BEGIN { print (b < a ? b : a) }') ;;
+  esac
+done
+if [ -n "$peer_p99" ] && [ "$sluice_p99" != 0 ]; then
+  awk -v a="$sluice_p99" -v b="$peer_p99" 'BEGIN { if (b > 0) printf "BENCH peers_sluice_p99_over_best_peer_p99 %.3f ratio\n", a / b }'
+fi

@@ -1,0 +1,139 @@
+package region
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-rl/sluice/quota"
+)
+
+// The HTTP path of a check on the memory store, as the peer comparison
+// drives it (10 000 users, one token bucket policy of 1000/s each, every
+// check allowed), without the network: the route, the body decoding, the
+// decision, the headers and the encoded answer. The requests (one per
+// user) and the response writer are reused, so allocs/op counts what the
+// daemon allocates per request (net/http's server adds its own per
+// connection and request). Profile with
+//
+//	go test -run '^$' -bench BenchmarkHTTP -benchmem -cpuprofile cpu.out -memprofile mem.out ./region/
+
+const benchUsers = 10000
+
+func newBenchDaemon(b *testing.B) *Daemon {
+	b.Helper()
+	cfg := DefaultConfig()
+	p := quota.Policy{ID: "bench", Match: quota.Match{Routes: []string{"/bench"}}, Algorithm: "token_bucket",
+		RatePerSec: 1000, Burst: 1000, Mode: quota.ModeEnforce}
+	cfg.Policies = []quota.Policy{p}
+	reg := prometheus.NewRegistry()
+	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), reg, reg)
+	if err != nil {
+		b.Fatalf("New: %v", err)
+	}
+	b.Cleanup(d.close)
+	return d
+}
+
+// reusableBody is a request body that can be read again after Reset.
+type reusableBody struct{ bytes.Reader }
+
+func (*reusableBody) Close() error { return nil }
+
+// discardWriter is a ResponseWriter that keeps the status and forgets the
+// body; Reset empties its header map for the next request.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(code int)        { w.status = code }
+func (w *discardWriter) reset() {
+	clear(w.h)
+	w.status = http.StatusOK
+}
+
+// benchRequests are one request per user, each with a body to rewind.
+type benchRequest struct {
+	r    *http.Request
+	body *reusableBody
+	raw  []byte
+}
+
+func benchRequests(newReq func(user string) (*http.Request, []byte)) []benchRequest {
+	out := make([]benchRequest, 0, benchUsers)
+	for i := range benchUsers {
+		r, raw := newReq("u" + strconv.Itoa(i))
+		br := benchRequest{r: r, raw: raw}
+		if raw != nil {
+			br.body = &reusableBody{}
+			r.Body = br.body
+		}
+		out = append(out, br)
+	}
+	return out
+}
+
+func runHTTPBench(b *testing.B, h http.Handler, reqs []benchRequest) {
+	w := &discardWriter{h: http.Header{}}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		br := reqs[i]
+		i++
+		if i == len(reqs) {
+			i = 0
+		}
+		if br.body != nil {
+			br.body.Reset(br.raw)
+		}
+		w.reset()
+		h.ServeHTTP(w, br.r)
+		if w.status != http.StatusOK {
+			b.Fatalf("status %d, want 200", w.status)
+		}
+	}
+}
+
+// BenchmarkHTTPCheck is POST /v1/check with a JSON body naming the user.
+func BenchmarkHTTPCheck(b *testing.B) {
+	d := newBenchDaemon(b)
+	reqs := benchRequests(func(user string) (*http.Request, []byte) {
+		raw := []byte(`{"user":"` + user + `","route":"/bench","method":"GET"}`)
+		r, err := http.NewRequest("POST", "http://sluice/v1/check", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Header.Set("Content-Type", "application/json")
+		r.ContentLength = int64(len(raw))
+		return r, raw
+	})
+	runHTTPBench(b, d.Handler(), reqs)
+}
+
+// BenchmarkHTTPAuthz is GET /v1/authz as nginx auth_request calls it: the
+// limited request's path and method in headers, the subject the client
+// address (one per user; an unregistered API key would be limited by
+// address too).
+func BenchmarkHTTPAuthz(b *testing.B) {
+	d := newBenchDaemon(b)
+	reqs := benchRequests(func(user string) (*http.Request, []byte) {
+		r, err := http.NewRequest("GET", "http://sluice/v1/authz", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := strconv.Atoi(user[1:])
+		r.RemoteAddr = "10.0." + strconv.Itoa(n/256) + "." + strconv.Itoa(n%256) + ":40000"
+		r.Header.Set("X-Original-URI", "/bench")
+		r.Header.Set("X-Original-Method", "GET")
+		return r, nil
+	})
+	runHTTPBench(b, d.Handler(), reqs)
+}
