@@ -34,11 +34,7 @@ func (c *countingStore) Check(ctx context.Context, req Request) (Decision, error
 // starves everything on it.
 func TestHotKeyIsAbsorbed(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := NewRedisClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := daemonClient(t, srv)
 	cs := &countingStore{Store: NewRedisStore(c, RedisConfig{Timeout: 200 * time.Millisecond}), calls: map[string]int{}}
 	lim := NewLimiter(LimiterConfig{Store: cs, Timeout: 200 * time.Millisecond})
 	hot := Limit{Algorithm: TokenBucket, Rate: 20, Burst: 20}

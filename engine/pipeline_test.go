@@ -59,11 +59,7 @@ func queued(ln *lane) int {
 // decided by Redis.
 func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := NewRedisClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := daemonClient(t, srv)
 	// Long deadlines: the batch waits for a paused Redis on purpose.
 	store := NewRedisStore(c, RedisConfig{Timeout: 10 * time.Second, Pipelines: 1})
 	lim := NewLimiter(LimiterConfig{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1})
@@ -136,11 +132,7 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 // closed.
 func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := NewRedisClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := daemonClient(t, srv)
 	store := NewRedisStore(c, RedisConfig{Timeout: 10 * time.Second, Pipelines: 1})
 	lim := NewLimiter(LimiterConfig{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1,
 		Breaker: BreakerConfig{MinCalls: 5}})
@@ -195,11 +187,7 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 // is shared: a stalled process can miss a few milliseconds by itself.
 func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := NewRedisClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := daemonClient(t, srv)
 	deadline := 300 * time.Millisecond
 	if racedetector.Enabled {
 		deadline *= 5 // the detector slows every memory access many times over
@@ -259,11 +247,7 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 // deadline, the shorter one first, while the other is still out.
 func TestRedisPipelineOwnDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := NewRedisClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := daemonClient(t, srv)
 	store := NewRedisStore(c, RedisConfig{Timeout: time.Minute, Pipelines: 1})
 	ctx := context.Background()
 	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}

@@ -40,6 +40,18 @@ func newTestRedisStore(t testing.TB, clock Clock) (*RedisStore, *redistest.Serve
 	return s, srv
 }
 
+// daemonClient returns a client to srv built as the daemon builds one
+// (NewRedisClient: its pool and timeouts), closed when the test ends.
+func daemonClient(t testing.TB, srv *redistest.Server) redis.UniversalClient {
+	t.Helper()
+	c, err := NewRedisClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // setVirtualClock makes s read time from clock instead of Redis' TIME.
 func setVirtualClock(s *RedisStore, clock Clock) {
 	if clock != nil {
@@ -571,17 +583,13 @@ func TestRedisReloadsScript(t *testing.T) {
 // that does not answer, instead of waiting for the client's read timeout.
 func TestRedisTimeout(t *testing.T) {
 	srv := redistest.Start(t)
-	c, err := NewRedisClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := daemonClient(t, srv)
 	s := NewRedisStore(c, RedisConfig{Timeout: 20 * time.Millisecond})
 	l := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}
 	mustCheck(t, s, one("slow", "p", l, 0)) // warm the pool and the script cache
 	srv.Pause(time.Second)
 	start := time.Now()
-	_, err = s.Check(context.Background(), one("slow", "p", l, 1))
+	_, err := s.Check(context.Background(), one("slow", "p", l, 1))
 	took := time.Since(start)
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Check on a paused server = %v, want a deadline error", err)
