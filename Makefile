@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-short race bench bench-peers lint fuzz sim-report clean
+.PHONY: all build test test-deps test-short race bench bench-peers lint fuzz sim-report clean
 
 all: build
 
@@ -13,9 +13,14 @@ build:
 
 # All tests, with real redis-server, Redis Cluster and nginx processes that
 # the tests start themselves on loopback ports.
-test: lint
+test: test-deps lint
 	$(GO) test -count=1 -timeout 45m $(PKGS)
 	$(GO) test -count=1 -race -timeout 45m $(PKGS)
+
+# The Debian packages the tests start (installed as root, else the command
+# to run is printed and make stops).
+test-deps:
+	@bash .ci/test-deps
 
 # Unit tests only: everything that needs a real server skips.
 test-short:
