@@ -33,22 +33,9 @@ type QuotaSource interface {
 	QuotaOthers(policy, subject string, w int64) uint64
 }
 
-// quotaScale is the Check.Scale that makes the engine's fixed window admit
-// at most count − others units in total: the allowance the other regions
-// have left. Run through the engine, the quota stays all-or-nothing with
-// the request's other policies. An exhausted allowance gets a scale so
-// small that no unit fits (zero would mean the whole limit).
-func quotaScale(count float64, others uint64) float64 {
-	left := count - float64(others)
-	switch {
-	case left <= 0:
-		return 1e-15
-	case left >= count:
-		return 1
-	}
-	// A hair above, so that floating point never rounds a whole unit away.
-	return min((left+1e-6)/count, 1)
-}
+// quotaScale is share.QuotaScale: the daemon and the simulator scale a
+// global quota with one function.
+func quotaScale(count float64, others uint64) float64 { return share.QuotaScale(count, others) }
 
 // WholeShare is the default ShareSource: every region enforces the whole
 // limit.
@@ -309,12 +296,9 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 				// A global quota: the G-counter rule, not a share.
 				isQuota = true
 				others := d.quotas.QuotaOthers(p.ID, who.Subject, share.WindowIndex(time.Now(), a.Limit.Window))
-				scale = quotaScale(a.Limit.Count, others)
+				scale = share.QuotaScale(a.Limit.Count, others)
 			} else {
-				scale = d.shares.Share(p.ID, who.Subject)
-				if !(scale > 0) || scale > 1 {
-					scale = 1
-				}
+				scale = share.Scale(d.shares.Share(p.ID, who.Subject))
 			}
 			track = d.cl != nil // only a coordinator drains usage
 		}

@@ -1,5 +1,7 @@
 package share
 
+import "math"
+
 // SlotState says what the allocation knows about one region for one key.
 type SlotState uint8
 
@@ -37,12 +39,16 @@ type Slot struct {
 // capped at CapFactor·max(Recent, RecentHigh), any remainder spread in proportion to Demand.
 // If held and reserved shares leave less than a floor for each reporter,
 // they are scaled down first so that Σ = 1 always holds.
+//
+// Whatever the slots say (NaN, infinite or negative figures included),
+// every share is in [0, 1] and Σ ≤ 1 + 1e-12: valid by construction.
 func Allocate(cfg Config, slots []Slot, out []float64) {
 	n := len(slots)
 	if n == 0 {
 		return
 	}
 	out = out[:n]
+	defer bound(out)
 	f := cfg.floor(n)
 	safe := cfg.safe(n)
 	var fixed float64 // Σ of held and reserved shares
@@ -154,13 +160,32 @@ func normalise(out []float64, sum float64) {
 	}
 }
 
+// pos is v for a positive finite v, else 0 (NaN and +Inf included: a
+// figure that is not a rate carries no demand).
 func pos(v float64) float64 {
-	if v > 0 {
+	if v > 0 && v <= math.MaxFloat64 {
 		return v
 	}
-	return 0 // also maps NaN to 0
+	return 0
 }
 
+// bound makes out a valid share vector: each share in [0, 1], and scaled
+// down to Σ = 1 if it sums above 1 + 1e-12 (which Allocate's arithmetic
+// never does with finite slots; this is the guarantee, not the rule).
+func bound(out []float64) {
+	var sum float64
+	for i, v := range out {
+		out[i] = clamp01(v)
+		sum += out[i]
+	}
+	if sum > 1+1e-12 {
+		for i := range out {
+			out[i] /= sum
+		}
+	}
+}
+
+// clamp01 is v in [0, 1]; NaN is 0.
 func clamp01(v float64) float64 {
 	switch {
 	case v > 1:

@@ -359,7 +359,7 @@ func (a *Allocator) share(now time.Time, key Key) float64 {
 	}
 	s := base.Share(key.Policy, key.Subject)
 	if d, ok := a.loans[key]; ok {
-		s = max(s+d, MinShare)
+		s = Scale(s + d)
 	}
 	return s
 }

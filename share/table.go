@@ -25,7 +25,8 @@ func NewTable(def float64, shares map[Key]float64) *Table {
 }
 
 // Share returns this region's fraction of L_global for the key: the engine's
-// Scale, loans included. A nil table means a single region: 1.
+// Scale, loans included, in [MinShare, 1] (Scale) whatever the table was
+// built from. A nil table means a single region: 1.
 func (t *Table) Share(policy, subject string) float64 {
 	if t == nil {
 		return 1
@@ -37,10 +38,10 @@ func (t *Table) Share(policy, subject string) float64 {
 	}
 	if t.loans != nil {
 		if d, ok := t.loans[k]; ok {
-			s = max(s+d, MinShare)
+			s += d
 		}
 	}
-	return s
+	return Scale(s)
 }
 
 // Default returns the fraction used for keys nobody reported: L_global/n of

@@ -1,20 +1,20 @@
 package globalshare
 
 import (
-	"context"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
 )
 
 // Borrowing between rebalances (share-algorithms.md §3 step 6), driven
 // exactly as the simulator drives it, with the same share functions:
 //
-//   - Every BorrowTick (250 ms) the coordinator drains the engine's usage
-//     (kept for the interval's report too) and derives, per global key, the
+//   - Every BorrowTick (250 ms) the core takes the engine usage its owner
+//     passed to Tick since the last one (kept for the interval's report
+//     too) and derives, per global key, the
 //     region's offered rate over that tick and an estimate of the region's
 //     bucket level; the region's acting node calls Allocator.Borrow with
 //     them and sends the request to every node of the other regions.
@@ -58,16 +58,9 @@ import (
 // generation, dedup by (sending node, Seq), and at the next rebalance keeps
 // the lower share until the raise, as the allocator does for its own loans.
 //
-// The published share is capped at 1: a share plus loans can exceed it
-// (several lenders answering one request), and the engine rejects a Scale
-// above 1.
-
-// outboxSize bounds the borrow messages waiting to be sent; a full outbox
-// drops (a dropped loan under-serves until the next rebalance).
-const outboxSize = 256
-
-// maxMail bounds the borrow messages waiting for Run's goroutine.
-const maxMail = 4096
+// The published share is clamped to [share.MinShare, 1] (share.Scale): a
+// share plus loans can exceed 1 (several lenders answering one request),
+// and the engine rejects a Scale above 1.
 
 // view is what Share reads: the allocator's table (its own loans included),
 // the cuts another node of this region lent this generation, and the caps
@@ -79,29 +72,20 @@ type view struct {
 	caps map[share.Key]float64 // upper bounds until the raise after a rebalance
 }
 
+// share is the engine's scale for a key: in [share.MinShare, 1] whatever
+// the table, cuts and caps hold.
 func (v *view) share(policy, subject string) float64 {
 	s := v.t.Share(policy, subject)
 	if v.cut != nil || v.caps != nil {
 		k := share.Key{Policy: policy, Subject: subject}
 		if d, ok := v.cut[k]; ok {
-			s = max(s-d, share.MinShare)
+			s -= d
 		}
 		if c, ok := v.caps[k]; ok {
 			s = min(s, c)
 		}
 	}
-	return min(s, 1)
-}
-
-type inLoan struct {
-	from string // sending node
-	loan share.Loan
-}
-
-type outMsg struct {
-	req    share.BorrowRequest
-	loan   share.Loan
-	isLoan bool
+	return share.Scale(s)
 }
 
 type mirrorID struct {
@@ -109,7 +93,7 @@ type mirrorID struct {
 	seq  uint64
 }
 
-// borrowState is the borrowing state of Run's goroutine.
+// borrowState is the core's borrowing state.
 type borrowState struct {
 	acc      map[engine.UsageKey]engine.Usage // drained since the last report drain
 	fast     map[engine.UsageKey]engine.Usage // drained since the last rate update
@@ -146,33 +130,17 @@ func addUsage(dst map[engine.UsageKey]engine.Usage, src map[engine.UsageKey]engi
 	}
 }
 
-func (c *Coordinator) borrowing() bool { return c.cfg.Share.BorrowEvery > 0 }
+func (c *Core) borrowing() bool { return c.cfg.Share.BorrowEvery > 0 }
 
-// drainTick drains the engine between report drains, keeping the units for
-// the report (acc) and for the rate (fast).
-func (c *Coordinator) drainTick() {
-	u := c.cfg.Usage()
-	c.countQuotas(u)
-	addUsage(c.b.acc, u)
-	addUsage(c.b.fast, u)
-}
-
-// drain is the report's drain: everything since the last one.
-func (c *Coordinator) drain() map[engine.UsageKey]engine.Usage {
-	c.drainTick()
+// drain is the report's drain: everything Tick was given since the last one.
+func (c *Core) drain() map[engine.UsageKey]engine.Usage {
 	out := c.b.acc
 	c.b.acc = map[engine.UsageKey]engine.Usage{}
 	return out
 }
 
-// isActor reports whether this node acts for its region: its publisher.
-func (c *Coordinator) isActor() bool {
-	live := c.cfg.Gossip.Regions()[c.self]
-	return len(live) == 0 || live[0] == c.node
-}
-
-// publish stores the view Share reads.
-func (c *Coordinator) publish(now time.Time) {
+// publish makes the current shares the ones Share returns.
+func (c *Core) publish(now time.Time) {
 	v := &view{t: c.alloc.Table(now)}
 	if len(c.b.cut) > 0 {
 		v.cut = maps.Clone(c.b.cut)
@@ -184,15 +152,15 @@ func (c *Coordinator) publish(now time.Time) {
 			c.b.caps = nil
 		}
 	}
-	c.view.Store(v)
+	c.view = v
 }
 
 // expireCuts ends the generation's mirrored loans before a rebalance: like
 // the lender's own loans their expiry is a raise, so the shares enforced
 // until now cap the new ones until RaiseDelay.
-func (c *Coordinator) expireCuts(now time.Time) {
+func (c *Core) expireCuts(now time.Time) {
 	if len(c.b.cut) > 0 {
-		old := c.view.Load()
+		old := c.view
 		caps := make(map[share.Key]float64, len(c.b.cut))
 		for k := range c.b.cut {
 			caps[k] = old.share(k.Policy, k.Subject)
@@ -205,32 +173,29 @@ func (c *Coordinator) expireCuts(now time.Time) {
 
 // borrowTick measures the keys' rates and bucket levels, asks for loans and
 // serves pending requests; at most once per BorrowTick.
-func (c *Coordinator) borrowTick() {
-	if !c.borrowing() || c.alloc == nil {
+func (c *Core) borrowTick(now time.Time) {
+	if !c.borrowing() {
 		return
 	}
-	now := c.clock.Now()
+	if c.b.caps != nil && !now.Before(c.b.capsUntil) {
+		c.publish(now)
+	}
 	if now.Before(c.b.nextTick) {
 		return
 	}
 	c.b.nextTick = now.Add(c.cfg.BorrowTick)
-	c.drainTick()
 	c.measure(now)
-	if c.b.caps != nil && !now.Before(c.b.capsUntil) {
-		c.publish(now)
-	}
 	if !c.balanced || !c.isActor() {
 		return
 	}
-	for k, rate := range c.b.rates {
+	for _, k := range slices.SortedFunc(maps.Keys(c.b.rates), compareKeys) {
 		limit, ok := c.cfg.Limit(k.Policy)
 		if !ok {
 			continue
 		}
-		if req, ok := c.alloc.Borrow(now, k, limit, rate, c.b.tokens[k]); ok {
+		if req, ok := c.alloc.Borrow(now, k, limit, c.b.rates[k], c.b.tokens[k]); ok {
 			c.m.borrow.WithLabelValues("requested").Inc()
-			c.reqSent.Add(1)
-			c.enqueue(outMsg{req: req})
+			c.rd.Borrows = append(c.rd.Borrows, req)
 		}
 	}
 	if c.b.actorGen && c.alloc.Pending() > 0 {
@@ -246,12 +211,12 @@ func (c *Coordinator) borrowTick() {
 
 // measure turns the units drained since the last update into the region's
 // offered rate and bucket level per global key (see the top of this file).
-func (c *Coordinator) measure(now time.Time) {
+func (c *Core) measure(now time.Time) {
 	dt := now.Sub(c.b.fastAt).Seconds()
 	if dt < c.cfg.BorrowTick.Seconds()/2 {
 		return // too short to be a rate: keep counting
 	}
-	nodes := float64(max(1, len(c.cfg.Gossip.Regions()[c.self])))
+	nodes := float64(max(1, len(c.live[c.self])))
 	rates := make(map[share.Key]float64, len(c.b.fast))
 	tokens := make(map[share.Key]float64, len(c.b.fast))
 	for k, u := range c.b.fast {
@@ -281,100 +246,52 @@ func (c *Coordinator) measure(now time.Time) {
 
 // lendRate is ServeLoans' view of a key: L_global and the region's offered
 // rate.
-func (c *Coordinator) lendRate(k share.Key) (float64, float64) {
+func (c *Core) lendRate(k share.Key) (float64, float64) {
 	limit, _ := c.cfg.Limit(k.Policy)
 	return limit, c.b.rates[k]
 }
 
-// borrowMail handles the borrow messages receive filed.
-func (c *Coordinator) borrowMail() {
-	c.mu.Lock()
-	reqs, loans := c.inReq, c.inLoan
-	c.inReq, c.inLoan = nil, nil
-	c.mu.Unlock()
-	defer func() {
-		c.reqIn.Add(int64(len(reqs)))
-		c.loansIn.Add(int64(len(loans)))
-	}()
-	if !c.balanced || c.alloc == nil {
-		return // no generation yet: requests and loans would be refused anyway
+// borrowRequest answers another region's request on the region's acting
+// node: a loan (its own share cut first) or a pending request.
+func (c *Core) borrowRequest(now time.Time, r share.BorrowRequest) {
+	if !c.balanced || !c.isActor() || !c.b.actorGen {
+		return // no generation yet, or not this node's to answer
 	}
-	now := c.clock.Now()
-	changed := false
-	var out []share.Loan
-	if c.isActor() && c.b.actorGen {
-		for _, r := range reqs {
-			limit, ok := c.cfg.Limit(r.Policy)
-			if !ok {
-				continue
-			}
-			if l, ok := c.alloc.Lend(now, r, limit, c.b.rates[r.Key]); ok {
-				out = append(out, l)
-				changed = true
-			}
-		}
+	limit, ok := c.cfg.Limit(r.Policy)
+	if !ok {
+		return
 	}
-	for _, in := range loans {
-		l := in.loan
-		switch {
-		case l.Borrower == c.self:
-			if c.alloc.Accept(now, l) {
-				c.m.borrow.WithLabelValues("accepted").Inc()
-				changed = true
-			}
-		case l.Lender == c.self:
-			id := mirrorID{node: in.from, seq: l.Seq}
-			if l.Epoch != c.b.gen || c.b.mirrored[id] {
-				continue
-			}
-			c.b.mirrored[id] = true
-			c.b.cut[l.Key] += l.Amount
-			c.m.borrow.WithLabelValues("mirrored").Inc()
-			changed = true
-		}
-	}
-	if changed {
-		c.publish(now) // a lender cuts before its loans leave
-	}
-	for _, l := range out {
+	if l, ok := c.alloc.Lend(now, r, limit, c.b.rates[r.Key]); ok {
+		c.publish(now) // a lender cuts before its loan leaves
 		c.lent(l)
 	}
 }
 
-func (c *Coordinator) lent(l share.Loan) {
-	c.m.borrow.WithLabelValues("lent").Inc()
-	c.loansSent.Add(1)
-	c.enqueue(outMsg{loan: l, isLoan: true})
-}
-
-func (c *Coordinator) enqueue(m outMsg) {
-	select {
-	case c.out <- m:
-	default:
-		c.m.borrow.WithLabelValues("send_dropped").Inc()
+// loan applies a loan sent by node from: borrowed if this region is the
+// borrower, mirrored as a cut if another node of this region lent it.
+func (c *Core) loan(now time.Time, from string, l share.Loan) {
+	if !c.balanced {
+		return
 	}
-}
-
-// sendLoop sends borrow messages off Run's goroutine, in order, so a slow
-// peer delays neither the epochs nor the check path.
-func (c *Coordinator) sendLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m := <-c.out:
-			var err error
-			if m.isLoan {
-				err = c.cfg.Gossip.SendLoan(ctx, m.loan)
-			} else {
-				err = c.cfg.Gossip.SendBorrowRequest(ctx, m.req)
-			}
-			if err != nil && ctx.Err() == nil {
-				c.m.borrow.WithLabelValues("send_failed").Inc()
-				c.log.Debug("globalshare: send borrow message", "loan", m.isLoan, "err", err)
-			}
+	switch {
+	case l.Borrower == c.self:
+		if c.alloc.Accept(now, l) {
+			c.m.borrow.WithLabelValues("accepted").Inc()
+			c.publish(now)
 		}
+	case l.Lender == c.self:
+		id := mirrorID{node: from, seq: l.Seq}
+		if l.Epoch != c.b.gen || c.b.mirrored[id] {
+			return
+		}
+		c.b.mirrored[id] = true
+		c.b.cut[l.Key] += l.Amount
+		c.m.borrow.WithLabelValues("mirrored").Inc()
+		c.publish(now)
 	}
 }
 
-var _ Gossip = (*gossip.Node)(nil)
+func (c *Core) lent(l share.Loan) {
+	c.m.borrow.WithLabelValues("lent").Inc()
+	c.rd.Loans = append(c.rd.Loans, l)
+}

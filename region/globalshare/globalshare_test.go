@@ -243,7 +243,7 @@ func TestSharesFollowTraffic(t *testing.T) {
 		step(boundary.Add(sc.Settle + sc.RaiseDelay))
 		waitFor(t, 5*time.Second, "tables published", func() bool {
 			for _, d := range running {
-				if d.coord.raised.Load() != e {
+				if d.coord.raised() != e {
 					return false
 				}
 			}
@@ -330,14 +330,14 @@ func TestSharesFollowTraffic(t *testing.T) {
 func hasNodeUse(c *Coordinator, e uint64, node string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.nodeUse[e][node]
+	_, ok := c.core.nodeUse[e][node]
 	return ok
 }
 
 func hasReport(c *Coordinator, e uint64, region string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.reports[e][region]
+	_, ok := c.core.reports[e][region]
 	return ok
 }
 

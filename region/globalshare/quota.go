@@ -2,9 +2,8 @@ package globalshare
 
 import (
 	"cmp"
+	"maps"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
@@ -37,15 +36,12 @@ const quotaResend = 3
 
 // quotaState is this node's knowledge of the global quotas.
 type quotaState struct {
-	lastDrain time.Time // Run's goroutine only
+	lastDrain time.Time
 
-	mu          sync.Mutex
 	nodes       map[share.Key]*share.QuotaCounter // own region, one component per node
 	global      map[share.Key]*share.QuotaCounter // one component per region
 	grew        map[share.Key]uint64              // epoch the region's component last grew
 	nodeChanged map[share.Key]uint64              // epoch this node's component last grew
-
-	seen atomic.Pointer[map[share.Key]quotaSeen] // for the check path
 }
 
 type quotaSeen struct {
@@ -58,7 +54,6 @@ func (q *quotaState) init() {
 	q.global = map[share.Key]*share.QuotaCounter{}
 	q.grew = map[share.Key]uint64{}
 	q.nodeChanged = map[share.Key]uint64{}
-	q.seen.Store(&map[share.Key]quotaSeen{})
 }
 
 // QuotaOthers returns the units of a global quota spent in window w (a
@@ -66,9 +61,12 @@ func (q *quotaState) init() {
 // other regions' last known counts and, with Config.NodeLocalStore, the
 // last known counts of the region's other daemons. The check path admits
 // while its engine count plus this plus the cost stay within the limit.
-// Lock-free.
-func (c *Coordinator) QuotaOthers(policy, subject string, w int64) uint64 {
-	s, ok := (*c.q.seen.Load())[share.Key{Policy: policy, Subject: subject}]
+func (c *Core) QuotaOthers(policy, subject string, w int64) uint64 {
+	return quotaOthers(c.seen, policy, subject, w)
+}
+
+func quotaOthers(seen *map[share.Key]quotaSeen, policy, subject string, w int64) uint64 {
+	s, ok := (*seen)[share.Key{Policy: policy, Subject: subject}]
 	if !ok || s.window != w {
 		return 0
 	}
@@ -77,9 +75,7 @@ func (c *Coordinator) QuotaOthers(policy, subject string, w int64) uint64 {
 
 // QuotaCounter returns this node's view of a global quota's G-counter (a
 // copy), and false if it knows nothing of the key.
-func (c *Coordinator) QuotaCounter(policy, subject string) (share.QuotaCounter, bool) {
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
+func (c *Core) QuotaCounter(policy, subject string) (share.QuotaCounter, bool) {
 	g, ok := c.q.global[share.Key{Policy: policy, Subject: subject}]
 	if !ok {
 		return share.QuotaCounter{}, false
@@ -87,7 +83,7 @@ func (c *Coordinator) QuotaCounter(policy, subject string) (share.QuotaCounter, 
 	return g.Clone(), true
 }
 
-func (c *Coordinator) quotaWindow(policy string) (time.Duration, bool) {
+func (c *Core) quotaWindow(policy string) (time.Duration, bool) {
 	if c.cfg.Quota == nil {
 		return 0, false
 	}
@@ -98,11 +94,10 @@ func (c *Coordinator) quotaWindow(policy string) (time.Duration, bool) {
 // countQuotas adds the admitted units of global quotas in u to this node's
 // component. Units drained over (lastDrain, now] go to the window holding
 // the middle of that span.
-func (c *Coordinator) countQuotas(u map[engine.UsageKey]engine.Usage) {
-	if c.cfg.Quota == nil {
+func (c *Core) countQuotas(now time.Time, u map[engine.UsageKey]engine.Usage) {
+	if c.cfg.Quota == nil || len(u) == 0 {
 		return
 	}
-	now := c.clock.Now()
 	prev := c.q.lastDrain
 	if prev.IsZero() || prev.After(now) {
 		prev = now
@@ -110,8 +105,6 @@ func (c *Coordinator) countQuotas(u map[engine.UsageKey]engine.Usage) {
 	c.q.lastDrain = now
 	mid := prev.Add(now.Sub(prev) / 2)
 	epoch := c.cfg.Share.Epoch(now)
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
 	changed := false
 	for k, v := range u {
 		win, ok := c.quotaWindow(k.Policy)
@@ -129,15 +122,13 @@ func (c *Coordinator) countQuotas(u map[engine.UsageKey]engine.Usage) {
 		changed = true
 	}
 	if changed && c.cfg.NodeLocalStore {
-		c.publishQuotasLocked()
+		c.publishQuotas()
 	}
 }
 
 // nodeQuotas are this node's components of the keys it spent on in the
 // last quotaResend epochs, for NodeUsage.
-func (c *Coordinator) nodeQuotas(epoch uint64) []share.QuotaCounter {
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
+func (c *Core) nodeQuotas(epoch uint64) []share.QuotaCounter {
 	var out []share.QuotaCounter
 	for k, at := range c.q.nodeChanged {
 		q := c.q.nodes[k]
@@ -153,13 +144,10 @@ func (c *Coordinator) nodeQuotas(epoch uint64) []share.QuotaCounter {
 }
 
 // mergeNodeQuotas files another node's components (from its NodeUsage).
-// Called with c.mu held.
-func (c *Coordinator) mergeNodeQuotas(u gossip.NodeUsage) {
+func (c *Core) mergeNodeQuotas(u gossip.NodeUsage) {
 	if len(u.Quotas) == 0 || u.Node == c.node {
 		return
 	}
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
 	for _, in := range u.Quotas {
 		if _, ok := c.quotaWindow(in.Policy); !ok || in.Subject == "" {
 			continue
@@ -172,18 +160,15 @@ func (c *Coordinator) mergeNodeQuotas(u gossip.NodeUsage) {
 		q.Merge(share.QuotaCounter{Key: in.Key, Window: in.Window, Counts: []share.RegionCount{{Region: u.Node, Count: in.Get(u.Node)}}})
 	}
 	if c.cfg.NodeLocalStore {
-		c.publishQuotasLocked()
+		c.publishQuotas()
 	}
 }
 
-// mergeReportQuotas merges another region's counters. Called with c.mu
-// held.
-func (c *Coordinator) mergeReportQuotas(r share.Report) {
+// mergeReportQuotas merges another region's counters.
+func (c *Core) mergeReportQuotas(r share.Report) {
 	if len(r.Quotas) == 0 {
 		return
 	}
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
 	for _, in := range r.Quotas {
 		if _, ok := c.quotaWindow(in.Policy); !ok || in.Subject == "" || !slices.IsSortedFunc(in.Counts, byRegion) {
 			continue
@@ -195,7 +180,7 @@ func (c *Coordinator) mergeReportQuotas(r share.Report) {
 		}
 		g.Merge(in)
 	}
-	c.publishQuotasLocked()
+	c.publishQuotas()
 }
 
 func byRegion(a, b share.RegionCount) int { return cmp.Compare(a.Region, b.Region) }
@@ -203,18 +188,16 @@ func byRegion(a, b share.RegionCount) int { return cmp.Compare(a.Region, b.Regio
 // regionQuotas sets the region's component of every counter to the sum of
 // its nodes', drops counters of past windows and returns the counters for
 // epoch's report.
-func (c *Coordinator) regionQuotas(epoch uint64) []share.QuotaCounter {
+func (c *Core) regionQuotas(now time.Time, epoch uint64) []share.QuotaCounter {
 	if c.cfg.Quota == nil {
 		return nil
 	}
-	now := c.clock.Now()
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
 	past := func(k share.Key, q *share.QuotaCounter) bool {
 		win, ok := c.quotaWindow(k.Policy)
 		return !ok || q.Window < share.WindowIndex(now, win)
 	}
-	for k, q := range c.q.nodes {
+	for _, k := range slices.SortedFunc(maps.Keys(c.q.nodes), compareKeys) {
+		q := c.q.nodes[k]
 		if past(k, q) {
 			delete(c.q.nodes, k)
 			delete(c.q.nodeChanged, k)
@@ -246,7 +229,7 @@ func (c *Coordinator) regionQuotas(epoch uint64) []share.QuotaCounter {
 		}
 	}
 	sortQuotas(out)
-	c.publishQuotasLocked()
+	c.publishQuotas()
 	return out
 }
 
@@ -256,29 +239,29 @@ func sortQuotas(qs []share.QuotaCounter) {
 	})
 }
 
-// publishQuotasLocked rebuilds the check path's view. Called with q.mu held.
-func (c *Coordinator) publishQuotasLocked() {
+// publishQuotas rebuilds the check path's view.
+func (c *Core) publishQuotas() {
 	seen := make(map[share.Key]quotaSeen, len(c.q.global)+len(c.q.nodes))
 	for k := range c.q.global {
-		seen[k], _ = c.othersLocked(k, nil)
+		seen[k], _ = c.others(k, nil)
 	}
 	if c.cfg.NodeLocalStore {
 		for k := range c.q.nodes {
 			if _, done := seen[k]; !done {
-				seen[k], _ = c.othersLocked(k, nil)
+				seen[k], _ = c.others(k, nil)
 			}
 		}
 	}
-	c.q.seen.Store(&seen)
+	c.seen = &seen
 }
 
-// othersLocked is what the check path sees of key k: the newest window
+// others is what the check path sees of key k: the newest window
 // known and the units spent in it that this daemon's engine state does not
 // hold. Unless regions is nil it also files those units per region there:
 // each other region's last known component and, with NodeLocalStore, this
 // region's count less this node's (what its other daemons spent). ok is
-// false when nothing is known of k. Called with q.mu held.
-func (c *Coordinator) othersLocked(k share.Key, regions map[string]uint64) (s quotaSeen, ok bool) {
+// false when nothing is known of k.
+func (c *Core) others(k share.Key, regions map[string]uint64) (s quotaSeen, ok bool) {
 	g, hasGlobal := c.q.global[k]
 	if hasGlobal {
 		s.window = g.Window
@@ -330,13 +313,10 @@ type QuotaView struct {
 
 // QuotaView returns what this daemon knows of a global quota's spend in
 // window w (a share.WindowIndex) beyond its own engine state, consistent
-// with QuotaOthers: Others is the sum of Regions. It takes the quota lock:
-// for the admin API, not the check path.
-func (c *Coordinator) QuotaView(policy, subject string, w int64) QuotaView {
+// with QuotaOthers: Others is the sum of Regions.
+func (c *Core) QuotaView(policy, subject string, w int64) QuotaView {
 	v := QuotaView{Regions: map[string]uint64{}}
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
-	s, ok := c.othersLocked(share.Key{Policy: policy, Subject: subject}, v.Regions)
+	s, ok := c.others(share.Key{Policy: policy, Subject: subject}, v.Regions)
 	if !ok || s.window != w {
 		clear(v.Regions)
 		return v
@@ -370,11 +350,9 @@ type QuotaStat struct {
 const quotaEntryOverhead = 96
 
 // QuotaStats returns the size of the global quotas' G-counter state, one
-// entry per policy that has any, sorted by policy. It walks every counter
-// under the quota lock (as every merge does): for the admin API.
-func (c *Coordinator) QuotaStats() []QuotaStat {
-	c.q.mu.Lock()
-	defer c.q.mu.Unlock()
+// entry per policy that has any, sorted by policy. It walks every counter:
+// for the admin API.
+func (c *Core) QuotaStats() []QuotaStat {
 	by := map[string]*QuotaStat{}
 	add := func(k share.Key, q *share.QuotaCounter, node bool) {
 		st := by[k.Policy]

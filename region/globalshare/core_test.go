@@ -1,0 +1,495 @@
+package globalshare
+
+import (
+	"math"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/share"
+)
+
+// coreNet is a scripted cluster of cores: every node is ticked every step
+// of virtual time and messages are delivered after delay, in send order.
+// No memberlist, no goroutines, no sleeps.
+type coreNet struct {
+	t       *testing.T
+	sc      share.Config
+	now     time.Time
+	delay   time.Duration
+	nodes   []*coreNode
+	inFlite []flight
+	// rate is each node's offered rate of the test key, units/s.
+	rate map[string]float64
+	// cut, if set, drops every message between the two regions.
+	cut  func(from, to string) bool
+	log  []Ready // every non-empty Ready, in order (determinism checks)
+	sent int
+}
+
+type coreNode struct {
+	name, region string
+	core         *Core
+	state        gossip.State
+	carry        float64 // fractional demand not yet drained
+	admitted     float64
+}
+
+type flight struct {
+	at   time.Time
+	to   *coreNode
+	msg  gossip.Message
+	from *coreNode
+}
+
+func newCoreNet(t *testing.T, sc share.Config, nodes ...string) *coreNet {
+	t.Helper()
+	n := &coreNet{t: t, sc: sc, now: sc.EpochStart(1_000_000).Add(100 * time.Millisecond),
+		delay: 20 * time.Millisecond, rate: map[string]float64{}}
+	for _, name := range nodes {
+		n.nodes = append(n.nodes, &coreNode{name: name, region: regionOf(name), state: gossip.StateAlive})
+	}
+	for _, nd := range n.nodes {
+		c, err := NewCore(CoreConfig{Share: sc, Region: nd.region, Node: nd.name, Collect: 150 * time.Millisecond,
+			Limit: func(p string) (float64, bool) { return limit, p == policy }}, n.members())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nd.core = c
+		if err := c.Start(n.now, n.members(), nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+func (n *coreNet) members() []gossip.Member {
+	out := make([]gossip.Member, 0, len(n.nodes))
+	for _, nd := range n.nodes {
+		out = append(out, gossip.Member{Node: nd.name, Region: nd.region, State: nd.state})
+	}
+	return out
+}
+
+func (n *coreNet) node(name string) *coreNode {
+	for _, nd := range n.nodes {
+		if nd.name == name {
+			return nd
+		}
+	}
+	n.t.Fatalf("no node %s", name)
+	return nil
+}
+
+// usage is what node nd's engine would have drained over dt: its offered
+// rate, admitted up to its share of the limit split by rate in its region.
+func (n *coreNet) usage(nd *coreNode, dt time.Duration) map[engine.UsageKey]engine.Usage {
+	rate := n.rate[nd.name]
+	if rate == 0 {
+		return nil
+	}
+	regional := 0.0
+	for name, r := range n.rate {
+		if regionOf(name) == nd.region {
+			regional += r
+		}
+	}
+	nd.carry += rate * dt.Seconds()
+	nd.admitted += min(rate, nd.core.Share(policy, "hot")*limit*rate/regional) * dt.Seconds()
+	d, a := math.Floor(nd.carry), math.Floor(min(nd.admitted, nd.carry))
+	nd.carry -= d
+	nd.admitted -= a
+	return map[engine.UsageKey]engine.Usage{{Subject: "hot", Policy: policy}: {Demand: int64(d), Admitted: int64(a)}}
+}
+
+// send routes rd's messages from nd the way the gossip package does.
+func (n *coreNet) send(from *coreNode, rd Ready) {
+	if !reflect.DeepEqual(rd, Ready{}) {
+		n.log = append(n.log, rd)
+	}
+	to := func(m gossip.Message, ok func(*coreNode) bool) {
+		m.From, m.Region = from.name, from.region
+		for _, nd := range n.nodes {
+			if nd == from || nd.state != gossip.StateAlive || !ok(nd) || (n.cut != nil && n.cut(from.region, nd.region)) {
+				continue
+			}
+			n.sent++
+			n.inFlite = append(n.inFlite, flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from})
+		}
+	}
+	for _, r := range rd.Reports {
+		to(gossip.Message{Kind: gossip.KindReport, Report: r}, func(nd *coreNode) bool { return nd.region != from.region })
+	}
+	for _, u := range rd.NodeUsage {
+		to(gossip.Message{Kind: gossip.KindNodeUsage, Usage: u}, func(nd *coreNode) bool { return nd.region == from.region })
+	}
+	for _, b := range rd.Borrows {
+		to(gossip.Message{Kind: gossip.KindBorrow, Borrow: b}, func(nd *coreNode) bool { return nd.region != from.region })
+	}
+	for _, l := range rd.Loans {
+		to(gossip.Message{Kind: gossip.KindLoan, Loan: l}, func(nd *coreNode) bool {
+			return nd.region == l.Borrower || nd.region == l.Lender
+		})
+	}
+}
+
+// run advances virtual time to until in steps, ticking every live node and
+// delivering messages due; each (if set) is called after every step.
+func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
+	for n.now.Before(until) {
+		n.now = n.now.Add(step)
+		due := n.inFlite[:0:0]
+		keep := n.inFlite[:0]
+		for _, f := range n.inFlite {
+			if !f.at.After(n.now) {
+				due = append(due, f)
+			} else {
+				keep = append(keep, f)
+			}
+		}
+		n.inFlite = keep
+		for _, f := range due {
+			if f.to.state == gossip.StateAlive {
+				n.send(f.to, f.to.core.Step(n.now, f.msg))
+			}
+		}
+		for _, nd := range n.nodes {
+			if nd.state == gossip.StateAlive {
+				n.send(nd, nd.core.Tick(n.now, n.usage(nd, step), n.view(nd)))
+			}
+		}
+		if each != nil {
+			each()
+		}
+	}
+}
+
+// view is membership as nd sees it: a cut-off region looks dead.
+func (n *coreNet) view(nd *coreNode) []gossip.Member {
+	ms := n.members()
+	for i := range ms {
+		if n.cut != nil && n.cut(nd.region, ms[i].Region) {
+			ms[i].State = gossip.StateDead
+		}
+	}
+	return ms
+}
+
+func (n *coreNet) shares(names ...string) []float64 {
+	out := make([]float64, len(names))
+	for i, name := range names {
+		out[i] = n.node(name).core.Share(policy, "hot")
+	}
+	return out
+}
+
+func sum(v []float64) float64 {
+	s := 0.0
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
+
+// TestCoreSharesFollowTraffic drives four nodes in three regions through
+// scripted epochs: shares follow the traffic, the two eu nodes enforce the
+// same share, only eu's publisher sends its report, and Σ of the enforced
+// shares never exceeds 1.
+func TestCoreSharesFollowTraffic(t *testing.T) {
+	sc := testShareConfig()
+	sc.BorrowEvery = 0
+	n := newCoreNet(t, sc, "eu-1", "eu-2", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 70, "eu-2": 70, "us-1": 40, "ap-1": 20}
+	if got := n.shares("eu-1")[0]; math.Abs(got-1.0/3) > 1e-12 {
+		t.Fatalf("Share before any rebalance = %v, want 1/3", got)
+	}
+	check := func() {
+		s := n.shares("eu-1", "eu-2", "us-1", "ap-1")
+		if s[0] != s[1] {
+			t.Fatalf("%v: eu-1 enforces %v, eu-2 %v", n.now, s[0], s[1])
+		}
+		if got := s[0] + s[2] + s[3]; got > 1+1e-9 {
+			t.Fatalf("%v: Σ enforced shares = %v > 1", n.now, got)
+		}
+	}
+	n.run(n.now.Add(8*sc.Interval), 50*time.Millisecond, check)
+	s := n.shares("eu-1", "us-1", "ap-1")
+	for i, want := range []float64{0.7, 0.2, 0.1} {
+		if math.Abs(s[i]-want) > 0.05 {
+			t.Errorf("shares eu/us/ap = %.3f, want 0.7/0.2/0.1 ± 0.05", s)
+			break
+		}
+	}
+	reports := map[string]int{}
+	for _, rd := range n.log {
+		for _, r := range rd.Reports {
+			reports[r.Region]++
+		}
+	}
+	if reports["eu"] != reports["us"] || reports["eu"] < 7 {
+		t.Errorf("reports sent per region = %v: want one per epoch per region (eu's publisher only)", reports)
+	}
+
+	// All traffic moves to us.
+	n.rate = map[string]float64{"us-1": 200}
+	n.run(n.now.Add(5*sc.Interval), 50*time.Millisecond, check)
+	if us := n.shares("us-1")[0]; us < 0.9 {
+		t.Errorf("after the shift us holds %.3f, want ≥ 0.9", us)
+	}
+}
+
+// TestCoreDeadRegion: when membership declares ap dead, eu and us cut ap's
+// share at once and raise RaiseDelay later, without waiting K epochs.
+func TestCoreDeadRegion(t *testing.T) {
+	sc := testShareConfig()
+	sc.BorrowEvery = 0
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 30}
+	n.run(n.now.Add(6*sc.Interval), 50*time.Millisecond, nil)
+	before := n.shares("eu-1", "us-1")
+	n.node("ap-1").state = gossip.StateDead
+	n.run(n.now.Add(50*time.Millisecond), 50*time.Millisecond, nil)
+	at := n.now
+	n.run(at.Add(sc.RaiseDelay+100*time.Millisecond), 50*time.Millisecond, nil)
+	after := n.shares("eu-1", "us-1")
+	if sum(after) < sum(before)+0.1 || sum(after) > 1+1e-9 {
+		t.Errorf("eu+us = %.3f before ap died, %.3f one raise delay after: want ap's share reclaimed, Σ ≤ 1", sum(before), sum(after))
+	}
+}
+
+// TestCorePartitionedRegionCuts: a region cut off from the other two is
+// isolated and falls back to the safe share, while the majority reclaims
+// its share; Σ of the enforced shares stays ≤ 1 throughout.
+func TestCorePartitionedRegionCuts(t *testing.T) {
+	sc := testShareConfig()
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 60}
+	n.run(n.now.Add(5*sc.Interval), 50*time.Millisecond, nil)
+	n.cut = func(a, b string) bool { return a != b && (a == "ap" || b == "ap") }
+	n.run(n.now.Add(6*sc.Interval), 50*time.Millisecond, func() {
+		if s := sum(n.shares("eu-1", "us-1", "ap-1")); s > 1+1e-9 {
+			t.Fatalf("%v: Σ enforced shares = %v during the partition", n.now, s)
+		}
+	})
+	if ap := n.shares("ap-1")[0]; ap > sc.Floor/3+1e-12 {
+		t.Errorf("isolated ap enforces %v, want the safe share %v", ap, sc.Floor/3)
+	}
+	if s := sum(n.shares("eu-1", "us-1")); s < 0.95 {
+		t.Errorf("majority eu+us = %v, want ≥ 0.95", s)
+	}
+}
+
+// TestCoreDeterministic: the same script gives the same messages in the
+// same order, byte for byte.
+func TestCoreDeterministic(t *testing.T) {
+	sc := testShareConfig()
+	var logs [2][]Ready
+	for i := range logs {
+		n := newCoreNet(t, sc, "eu-1", "eu-2", "us-1", "ap-1")
+		n.rate = map[string]float64{"eu-1": 45, "eu-2": 45, "us-1": 5, "ap-1": 5}
+		n.run(n.now.Add(3*sc.Interval), 50*time.Millisecond, nil)
+		n.rate = map[string]float64{"us-1": 100}
+		n.run(n.now.Add(3*sc.Interval), 50*time.Millisecond, nil)
+		logs[i] = n.log
+	}
+	if !reflect.DeepEqual(logs[0], logs[1]) {
+		t.Error("two runs of one script sent different messages")
+	}
+	loans := 0
+	for _, rd := range logs[0] {
+		loans += len(rd.Loans)
+	}
+	if loans == 0 {
+		t.Error("no loan after the shift: the script does not exercise borrowing")
+	}
+}
+
+// TestCoreBorrowsAfterShift: traffic moves from eu to us mid-interval; us
+// gets a loan within 1.5 s, eu cuts before us raises.
+func TestCoreBorrowsAfterShift(t *testing.T) {
+	sc := share.DefaultConfig()
+	sc.Interval = 4 * time.Second
+	sc.Recent = 400 * time.Millisecond
+	sc.Settle = 400 * time.Millisecond
+	sc.RaiseDelay = 200 * time.Millisecond
+	n := newCoreNet(t, sc, "eu-1", "eu-2", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 45, "eu-2": 45, "us-1": 5, "ap-1": 5}
+	n.run(n.now.Add(3*sc.Interval+time.Second), 50*time.Millisecond, nil)
+	shift := n.now
+	n.rate = map[string]float64{"us-1": 100}
+	var got time.Time
+	n.run(n.now.Add(1500*time.Millisecond), 50*time.Millisecond, func() {
+		s := n.shares("eu-1", "eu-2", "us-1", "ap-1")
+		if total := max(s[0], s[1]) + s[2] + s[3]; total > 1+3*share.MinShare+1e-12 {
+			t.Fatalf("%v after the shift: Σ enforced shares = %v", n.now.Sub(shift), total)
+		}
+		if s[2] >= 0.5 && got.IsZero() {
+			got = n.now
+		}
+	})
+	if got.IsZero() {
+		t.Fatalf("us got no loan within 1.5 s of the shift (us at %.3f)", n.shares("us-1")[0])
+	}
+}
+
+// TestCoreDropsUnusableMessages: a message naming an unknown region, an
+// epoch far from now or a non-finite figure is counted and never applied.
+func TestCoreDropsUnusableMessages(t *testing.T) {
+	sc := testShareConfig()
+	n := newCoreNet(t, sc, "eu-1", "us-1")
+	c := n.node("eu-1").core
+	cur := sc.Epoch(n.now)
+	key := share.Key{Policy: policy, Subject: "hot"}
+	report := func(region string, epoch uint64, v float64) gossip.Message {
+		return gossip.Message{Kind: gossip.KindReport, From: region + "-1", Region: region, Report: share.Report{
+			Version: share.ReportVersion, Region: region, Epoch: epoch,
+			Keys: []share.KeyReport{{Key: key, Limit: limit, Offered: v, Recent: v, Demand: v, Admitted: v}}}}
+	}
+	for _, tt := range []struct {
+		name string
+		msg  gossip.Message
+		want string
+	}{
+		{"good report", report("us", cur, 50), ""},
+		{"unknown region", report("mars", cur, 50), DropRegion},
+		{"future epoch", report("us", cur+2, 50), DropEpoch},
+		{"ancient epoch", report("us", cur-maxAge-1, 50), DropEpoch},
+		{"NaN demand", report("us", cur, math.NaN()), DropNumber},
+		{"infinite demand", report("us", cur, math.Inf(1)), DropNumber},
+		{"negative demand", report("us", cur, -1), DropNumber},
+		{"no region", report("", cur, 1), DropMalformed},
+		{"NaN node usage", gossip.Message{Kind: gossip.KindNodeUsage, Usage: gossip.NodeUsage{Node: "eu-2", Region: "eu", Epoch: cur,
+			Keys: []gossip.KeyUsage{{Key: key, Limit: math.NaN()}}}}, DropNumber},
+		{"infinite want", gossip.Message{Kind: gossip.KindBorrow, Borrow: share.BorrowRequest{Region: "us", Epoch: cur, Key: key,
+			Want: math.Inf(1)}}, DropNumber},
+		{"loan from nowhere", gossip.Message{Kind: gossip.KindLoan, Loan: share.Loan{Lender: "mars", Borrower: "eu", Epoch: cur,
+			Key: key, Amount: 0.1}}, DropRegion},
+		{"loan above the limit", gossip.Message{Kind: gossip.KindLoan, Loan: share.Loan{Lender: "us", Borrower: "eu", Epoch: cur,
+			Key: key, Amount: 2}}, DropNumber},
+		{"NaN loan", gossip.Message{Kind: gossip.KindLoan, Loan: share.Loan{Lender: "us", Borrower: "eu", Epoch: cur,
+			Key: key, Amount: math.NaN()}}, DropNumber},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := c.Dropped()[tt.want]
+			rd := c.Step(n.now, tt.msg)
+			if rd.Dropped != tt.want {
+				t.Fatalf("Step(%s).Dropped = %q, want %q", tt.name, rd.Dropped, tt.want)
+			}
+			if tt.want == "" {
+				return
+			}
+			if got := c.Dropped()[tt.want]; got != before+1 {
+				t.Errorf("Dropped()[%s] = %d, want %d", tt.want, got, before+1)
+			}
+			if r := tt.msg.Report; tt.msg.Kind == gossip.KindReport {
+				if _, filed := c.reports[r.Epoch][r.Region]; filed && r.Region != "us" || filed && r.Epoch != cur {
+					t.Errorf("a dropped report was filed")
+				}
+				if f := c.reports[cur]["us"]; len(f.Keys) == 1 && !(f.Keys[0].Demand == 50) {
+					t.Errorf("a dropped report replaced the good one: %+v", f)
+				}
+			}
+		})
+	}
+}
+
+// TestCoreRestoresSavedShares: recent saved shares are enforced until the
+// first rebalance; old ones, or another region's, are ignored; the core
+// asks to save after each raise.
+func TestCoreRestoresSavedShares(t *testing.T) {
+	sc := testShareConfig()
+	now := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
+	cur := sc.Epoch(now)
+	key := share.Key{Policy: policy, Subject: "hot"}
+	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive}, {Node: "us-1", Region: "us", State: gossip.StateAlive}}
+	for _, tt := range []struct {
+		name  string
+		saved Saved
+		want  float64
+	}{
+		{"recent", Saved{Region: "eu", Epoch: cur - 1, Shares: []SavedShare{{Key: key, Share: 0.8}}}, 0.8},
+		{"too old", Saved{Region: "eu", Epoch: cur - uint64(sc.PartitionIntervals) - 1, Shares: []SavedShare{{Key: key, Share: 0.8}}}, 0.5},
+		{"another region's", Saved{Region: "us", Epoch: cur - 1, Shares: []SavedShare{{Key: key, Share: 0.8}}}, 0.5},
+		{"out of range", Saved{Region: "eu", Epoch: cur - 1, Shares: []SavedShare{{Key: key, Share: 7}}}, 0.5},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := NewCore(CoreConfig{Share: sc, Region: "eu", Node: "eu-1",
+				Limit: func(string) (float64, bool) { return limit, true }}, members)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(now, members, &tt.saved, nil); err != nil {
+				t.Fatal(err)
+			}
+			c.Tick(now.Add(50*time.Millisecond), nil, members)
+			if got := c.Share(policy, "hot"); got != tt.want {
+				t.Errorf("Share = %v, want %v", got, tt.want)
+			}
+			if got := c.Share(policy, "cold"); got != 0.5 {
+				t.Errorf("Share of another key = %v, want 1/2", got)
+			}
+			var saves []*Saved
+			for at := now.Add(100 * time.Millisecond); at.Before(now.Add(3 * sc.Interval)); at = at.Add(50 * time.Millisecond) {
+				if rd := c.Tick(at, nil, members); rd.Save != nil {
+					saves = append(saves, rd.Save)
+				}
+			}
+			if len(saves) < 2 || saves[0].Region != "eu" || saves[1].Epoch != saves[0].Epoch+1 {
+				t.Errorf("saves over three intervals = %d, want one per epoch", len(saves))
+			}
+		})
+	}
+}
+
+// TestCoreQuotaCounters: a global quota's spend is counted as a G-counter
+// and reaches the other region through the reports.
+func TestCoreQuotaCounters(t *testing.T) {
+	sc := testShareConfig()
+	const window = time.Hour
+	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive}, {Node: "us-1", Region: "us", State: gossip.StateAlive}}
+	mk := func(region, node string) *Core {
+		c, err := NewCore(CoreConfig{Share: sc, Region: region, Node: node,
+			Limit: func(string) (float64, bool) { return limit, true },
+			Quota: func(p string) (time.Duration, bool) { return window, p == "daily" }}, members)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	eu, us := mk("eu", "eu-1"), mk("us", "us-1")
+	now := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
+	for _, c := range []*Core{eu, us} {
+		if err := c.Start(now, members, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spend := map[engine.UsageKey]engine.Usage{{Subject: "acme", Policy: "daily"}: {Demand: 40, Admitted: 30}}
+	for at := now; at.Before(now.Add(3 * sc.Interval)); at = at.Add(50 * time.Millisecond) {
+		rd := eu.Tick(at, spend, members)
+		spend = nil
+		for _, r := range rd.Reports {
+			if got := us.Step(at, gossip.Message{Kind: gossip.KindReport, From: "eu-1", Region: "eu", Report: r}); got.Dropped != "" {
+				t.Fatalf("us dropped eu's report: %s", got.Dropped)
+			}
+		}
+		us.Tick(at, nil, members)
+	}
+	w := share.WindowIndex(now, window)
+	if got := us.QuotaOthers("daily", "acme", w); got != 30 {
+		t.Errorf("us: QuotaOthers = %d, want eu's 30 admitted units", got)
+	}
+	if got := eu.QuotaOthers("daily", "acme", w); got != 0 {
+		t.Errorf("eu: QuotaOthers = %d, want 0 (its own spend is in its engine)", got)
+	}
+	if q, ok := us.QuotaCounter("daily", "acme"); !ok || q.Get("eu") != 30 {
+		t.Errorf("us's counter = %+v, %v", q, ok)
+	}
+	if stats := us.QuotaStats(); len(stats) != 1 || stats[0].Counters != 1 {
+		t.Errorf("QuotaStats = %+v", stats)
+	}
+	if got := eu.Share("daily", "acme"); got != 0.5 {
+		t.Errorf("a quota is never shared: Share = %v", got)
+	}
+}
