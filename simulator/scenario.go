@@ -1,7 +1,9 @@
 // Package simulator runs n regions of Sluice on virtual time: each region
-// decides with the real engine memory store scaled by its share from the
-// real share package, regions exchange share.Reports through a simulated
-// gossip layer (delay, loss, partitions, crashes), and one central engine
+// runs the daemon's coordinator core (globalshare.Core) and decides every
+// arrival with the real engine memory store at the scale a daemon uses
+// (share.Scale, share.QuotaScale); the simulator delivers the cores'
+// messages through a simulated gossip layer (delay, jitter, loss,
+// partitions, clock skew, crashes and restarts), and one central engine
 // store fed the same arrivals (the oracle) says what a single limiter would
 // have admitted. Runs are deterministic for a seed.
 package simulator

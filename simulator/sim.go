@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/region/globalshare"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -17,6 +20,10 @@ import (
 type Options struct {
 	// Seed seeds every random choice; the same seed gives the same Result.
 	Seed uint64
+	// CheckShares makes Run fail if, at any tick, a live region enforces a
+	// share outside [share.MinShare, 1] or its view of a key's shares over
+	// the regions leaves [0, 1] or sums above 1 + 1e-9.
+	CheckShares bool
 	// Progress, if set, is called about once per simulated 10 s with the
 	// virtual time done and the total.
 	Progress func(done, total time.Duration)
@@ -33,56 +40,40 @@ func (c vclock) Now() time.Time { return time.Unix(0, *c.ns) }
 // start is the virtual epoch of every run: aligned to any interval.
 var startNS = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 
-type inMsg struct {
-	at  int64
-	rep share.Report
+// delivery is a gossip message in flight to a region.
+type delivery struct {
+	at  int64 // virtual ns
+	seq int64 // send order, to break ties
+	msg gossip.Message
 }
 
-// mail is a borrow request or a loan in flight.
-type mail struct {
-	at    int64
-	from  int
-	req   share.BorrowRequest
-	loan  share.Loan
-	isReq bool
-}
-
-// rateTau is the time constant of each region's per-key offered-rate
-// estimate (an exponentially decaying count), used for borrowing.
-const rateTau = 250 * time.Millisecond
-
+// region is one region: one daemon (its coordinator core and the engine
+// store it checks with) behind one regional store.
 type region struct {
 	idx     int
 	name    string
+	node    string
 	store   *engine.MemoryStore
-	alloc   *share.Allocator
-	table   *share.Table
+	core    *globalshare.Core
 	skew    int64
 	crashed bool
 	checks  [1]engine.Check
-	inbox   []inMsg
-	mail    []mail
-	dead    []string // membership's dead regions as last told to alloc
-
-	nextPublish   int64 // virtual ns
-	nextRebalance int64
-	rebalEpoch    uint64
-	pendingRebal  bool
-
-	// Per-key counters over the current report interval.
-	offered, recent, admitted []int32
-	touched                   []int32
-	quota                     share.QuotaCounter
-
-	// Offered-rate estimate per key: rate[k]·exp(−(now−rateAt[k])/τ), units/s.
-	rate   []float64
-	rateAt []int64
+	inbox   []delivery
+	usage   map[engine.UsageKey]engine.Usage // since the core's last Tick
+	wake    int64                            // next Tick (virtual ns): the adapter's timer
+	dead    []bool                           // membership: regions declared dead, by index
+	told    bool                             // the core has been given dead as it is
+	stepped bool                             // the core ran at this tick (CheckShares)
+	// saved is what the region's store holds of its shares (Ready.Save);
+	// it survives a crash, as the regional Redis would.
+	saved *globalshare.Saved
 }
 
 // sim is one run's state.
 type sim struct {
 	sc      Scenario
 	cfg     share.Config
+	opt     Options
 	rng     *rand.Rand
 	zipf    *rand.Zipf
 	now     int64
@@ -95,8 +86,8 @@ type sim struct {
 	checks  int64
 	m       *Recorder
 	shares  []float64 // each region's share of key 0, for m
-	subIdx  map[string]int
-	loans   int64 // loans accepted
+	seq     int64     // messages sent
+	err     error     // first invariant broken (Options.CheckShares)
 }
 
 // Run simulates sc and returns its metrics. It honours ctx between ticks.
@@ -105,13 +96,16 @@ func Run(ctx context.Context, sc Scenario, opt Options) (Result, error) {
 	if err := sc.Validate(); err != nil {
 		return Result{}, err
 	}
-	s, err := newSim(sc, opt.Seed)
+	s, err := newSim(sc, opt)
 	if err != nil {
 		return Result{}, err
 	}
 	wall := time.Now()
 	if err := s.run(ctx, opt.Progress); err != nil {
 		return Result{}, err
+	}
+	if s.err != nil {
+		return Result{}, s.err
 	}
 	res := s.m.Result()
 	res.Seed = opt.Seed
@@ -137,8 +131,10 @@ func (sc Scenario) withDefaults() Scenario {
 		sc.Share.Interval = Duration(10 * time.Second)
 	}
 	if sc.Share.Settle == 0 {
-		// Wait for the slowest report: delay, jitter, and two skews.
-		sc.Share.Settle = sc.Gossip.Delay + sc.Gossip.Jitter + 2*sc.Gossip.Skew + Duration(400*time.Millisecond)
+		// Wait for the slowest report: delay, jitter, and two skews, after
+		// the coordinator's collect step (a third of Settle by default),
+		// which is when a region's report is sent.
+		sc.Share.Settle = 3 * (sc.Gossip.Delay + sc.Gossip.Jitter + 2*sc.Gossip.Skew + Duration(400*time.Millisecond)) / 2
 	}
 	if sc.Share.RaiseDelay == 0 && sc.Gossip.Skew > 0 {
 		// Raises must wait out the skew between regions.
@@ -174,20 +170,18 @@ func (sc Scenario) shareConfig() share.Config {
 
 func regionName(i int) string { return fmt.Sprintf("r%d", i) }
 
-func newSim(sc Scenario, seed uint64) (*sim, error) {
-	s := &sim{sc: sc, cfg: sc.shareConfig(), now: startNS}
+func newSim(sc Scenario, opt Options) (*sim, error) {
+	s := &sim{sc: sc, cfg: sc.shareConfig(), opt: opt, now: startNS}
 	if err := s.cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("scenario %s: %w", sc.Name, err)
 	}
-	s.rng = rand.New(rand.NewPCG(seed, 0x5105e))
+	s.rng = rand.New(rand.NewPCG(opt.Seed, 0x5105e))
 	if sc.Zipf > 1 && sc.Keys > 1 {
 		s.zipf = rand.NewZipf(s.rng, sc.Zipf, 1, uint64(sc.Keys-1))
 	}
 	s.subs = make([]string, sc.Keys)
-	s.subIdx = make(map[string]int, sc.Keys)
 	for i := range s.subs {
 		s.subs[i] = "k" + strconv.Itoa(i)
-		s.subIdx[s.subs[i]] = i
 	}
 	s.lrate = sc.Limit.Rate
 	s.limit = engine.Limit{Algorithm: engine.TokenBucket, Rate: sc.Limit.Rate, Burst: sc.Limit.Burst}
@@ -201,17 +195,15 @@ func newSim(sc Scenario, seed uint64) (*sim, error) {
 	maxKeys := 2 * sc.Keys
 	s.oracle = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: maxKeys, Shards: 1})
 	s.ochecks[0] = engine.Check{Policy: policy, Limit: s.limit, Cost: 1, Scale: 1}
-	names := make([]string, sc.Regions)
-	for i := range names {
-		names[i] = regionName(i)
-	}
 	for i := range sc.Regions {
-		r := &region{idx: i, name: names[i]}
+		r := &region{idx: i, name: regionName(i), node: regionName(i) + "-n0", dead: make([]bool, sc.Regions)}
 		if sc.Gossip.Skew > 0 {
 			r.skew = int64((s.rng.Float64()*2 - 1) * float64(sc.Gossip.Skew))
 		}
 		s.regions = append(s.regions, r)
-		if err := s.boot(r, names); err != nil {
+	}
+	for _, r := range s.regions {
+		if err := s.boot(r); err != nil {
 			return nil, err
 		}
 	}
@@ -220,31 +212,57 @@ func newSim(sc Scenario, seed uint64) (*sim, error) {
 	return s, nil
 }
 
-// boot (re)starts a region with an empty store and allocator.
-func (s *sim) boot(r *region, names []string) error {
+// local is region r's clock at virtual time t.
+func (r *region) local(t int64) time.Time { return time.Unix(0, t+r.skew) }
+
+// members is the membership as region r sees it: every region's one node,
+// alive unless r's membership has declared that region dead.
+func (s *sim) members(r *region) []gossip.Member {
+	out := make([]gossip.Member, len(s.regions))
+	for i, q := range s.regions {
+		st := gossip.StateAlive
+		if r.dead[i] {
+			st = gossip.StateDead
+		}
+		out[i] = gossip.Member{Node: q.node, Region: q.name, State: st}
+	}
+	return out
+}
+
+// limitOf is the coordinator's Config.Limit: L of the simulated policy.
+func (s *sim) limitOf(p string) (float64, bool) { return s.lrate, p == policy }
+
+// quotaOf is the coordinator's Config.Quota: the quota's window, if any.
+func (s *sim) quotaOf(p string) (time.Duration, bool) {
+	if s.sc.Quota == nil || p != policy {
+		return 0, false
+	}
+	return s.sc.Quota.Window.D(), true
+}
+
+// boot (re)starts region r's daemon: an empty engine store and a new
+// coordinator core, which restores the shares its regional store saved.
+func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
-	local := s.now + r.skew
-	epoch := s.cfg.Epoch(time.Unix(0, local))
-	a, err := share.NewAllocator(s.cfg, r.name, names, epoch)
+	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf}
+	if s.sc.Quota != nil {
+		cfg.Quota = s.quotaOf
+	}
+	members := s.members(r)
+	c, err := globalshare.NewCore(cfg, members)
 	if err != nil {
 		return err
 	}
-	r.alloc = a
-	r.table = a.Table(time.Unix(0, local))
+	if err := c.Start(r.local(s.now), members, r.saved, nil); err != nil {
+		return err
+	}
+	r.core = c
 	r.checks[0] = engine.Check{Policy: policy, Limit: s.limit, Cost: 1}
-	r.nextPublish = s.cfg.EpochStart(epoch+1).UnixNano() - r.skew
-	r.pendingRebal = false
 	r.inbox = r.inbox[:0]
-	r.offered = make([]int32, s.sc.Keys)
-	r.recent = make([]int32, s.sc.Keys)
-	r.admitted = make([]int32, s.sc.Keys)
-	r.touched = r.touched[:0]
-	r.quota = share.QuotaCounter{Key: share.Key{Policy: policy, Subject: s.subs[0]}}
-	r.mail = r.mail[:0]
-	r.dead = nil
-	r.rate = make([]float64, s.sc.Keys)
-	r.rateAt = make([]int64, s.sc.Keys)
+	r.usage = map[engine.UsageKey]engine.Usage{}
+	r.wake = s.now
+	r.told, r.stepped = true, true
 	return nil
 }
 
@@ -286,7 +304,7 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 		for i, r := range s.regions {
 			s.shares[i] = 0
 			if !r.crashed {
-				s.shares[i] = r.table.Share(policy, s.subs[0])
+				s.shares[i] = share.Scale(r.core.Share(policy, s.subs[0]))
 			}
 		}
 		s.m.Shares(time.Duration(t0-startNS), s.lrate, s.shares)
@@ -320,145 +338,133 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 // lrateBase is the unit of traffic rates: the original L.
 func (s *sim) lrateBase() float64 { return s.sc.Limit.Rate }
 
-// arrive decides one request in region r for key k, and at the oracle.
+// arrive decides one request in region r for key k, with the engine call
+// and scale a daemon makes (share.Scale of the coordinator's share, or
+// share.QuotaScale of a global quota), and at the oracle.
 func (s *sim) arrive(r *region, k int) {
 	sub := s.subs[k]
-	var ok bool
 	if s.sc.Quota != nil {
-		w := share.WindowIndex(time.Unix(0, s.now), s.sc.Quota.Window.D())
-		if r.quota.Allow(w, s.sc.Quota.Limit, 1) {
-			r.quota.Add(w, r.name, 1)
-			ok = true
-		}
+		w := share.WindowIndex(r.local(s.now), s.sc.Quota.Window.D())
+		r.checks[0].Scale = share.QuotaScale(s.limit.Count, r.core.QuotaOthers(policy, sub, w))
 	} else {
-		scale := r.table.Share(policy, sub)
-		if scale < minScale {
-			scale = minScale
-		}
-		r.checks[0].Scale = scale
-		d, err := r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: r.checks[:]})
-		if err != nil {
-			panic(err) // scenario limits are validated up front
-		}
-		s.checks++
-		ok = d.Allowed
-		// Offered-rate estimate, and a loan request when the bucket will
-		// empty within the horizon.
-		rate := r.bump(k, s.now)
-		if refill := scale * s.lrate; rate > refill && s.lrate >= s.cfg.BorrowMinRate {
-			if tokens := float64(d.Results[0].Remaining); tokens < (rate-refill)*s.cfg.BorrowHorizon.Seconds() {
-				local := time.Unix(0, s.now+r.skew)
-				if req, ok := r.alloc.Borrow(local, share.Key{Policy: policy, Subject: sub}, s.lrate, rate, tokens); ok {
-					for _, q := range s.regions {
-						if q != r {
-							s.send(r, q, s.now, mail{req: req, isReq: true}, req.EncodedSizeEstimate())
-						}
-					}
-				}
-			}
-		}
+		r.checks[0].Scale = share.Scale(r.core.Share(policy, sub))
 	}
+	d, err := r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: r.checks[:]})
+	if err != nil {
+		panic(err) // scenario limits are validated up front; scales are in (0, 1]
+	}
+	s.checks++
+	ok := d.Allowed
+	uk := engine.UsageKey{Subject: sub, Policy: policy}
+	u := r.usage[uk]
+	u.Demand++
+	if ok {
+		u.Admitted++
+	}
+	r.usage[uk] = u
 	od, err := s.oracle.Check(context.Background(), engine.Request{Subject: sub, Checks: s.ochecks[:]})
 	if err != nil {
 		panic(err)
 	}
 	s.checks++
-	if r.offered[k] == 0 {
-		r.touched = append(r.touched, int32(k))
-	}
-	r.offered[k]++
-	if s.now >= r.nextPublish-s.cfg.Recent.Nanoseconds() {
-		r.recent[k]++
-	}
-	if ok {
-		r.admitted[k]++
-	}
 	s.m.Arrival(r.idx, k, ok, od.Allowed)
 }
 
-// bump counts one arrival of key k at now and returns the rate estimate.
-func (r *region) bump(k int, now int64) float64 {
-	v := r.rateNow(k, now) + 1/rateTau.Seconds()
-	r.rate[k], r.rateAt[k] = v, now
-	return v
-}
-
-// rateNow is the offered-rate estimate of key k at now, units/s.
-func (r *region) rateNow(k int, now int64) float64 {
-	if r.rate[k] == 0 {
-		return 0
+// tick runs region r's coordinator as Coordinator.Run would at t: Tick when
+// its timer is due (the epoch's next step, or PollEvery after the last
+// Tick), with the usage drained since and the membership it sees.
+func (s *sim) tick(r *region, t int64) {
+	for t >= r.wake {
+		local := r.local(t)
+		var usage map[engine.UsageKey]engine.Usage
+		if r.core.WantsUsage(local) {
+			usage = r.usage
+			r.usage = map[engine.UsageKey]engine.Usage{}
+		}
+		var members []gossip.Member
+		if !r.told {
+			members, r.told = s.members(r), true
+		}
+		s.do(r, t, r.core.Tick(local, usage, members))
+		r.stepped = true
+		next := r.core.Next().UnixNano() - r.skew
+		if next <= t {
+			continue // another step is due at once
+		}
+		r.wake = min(next, t+r.core.PollEvery().Nanoseconds())
 	}
-	return r.rate[k] * math.Exp(-float64(now-r.rateAt[k])/float64(rateTau))
 }
 
-// send hands a borrow message from r to q to the simulated gossip layer:
-// dropped across a partition, to a crashed region or by loss; delivered
-// after the delay (and jitter) otherwise. Bytes count as report traffic.
-func (s *sim) send(r, q *region, t int64, m mail, size int) {
+// deliver steps r's coordinator with the messages due at t, earliest
+// first (the inbox is kept sorted by arrival, then send order).
+func (s *sim) deliver(r *region, t int64) {
+	if len(r.inbox) == 0 {
+		return
+	}
+	for len(r.inbox) > 0 && r.inbox[0].at <= t {
+		d := r.inbox[0]
+		r.inbox = r.inbox[1:]
+		s.do(r, t, r.core.Step(r.local(t), d.msg))
+		r.stepped = true
+	}
+}
+
+// do sends what a Ready asks, as the daemon's adapter does: reports and
+// borrow requests to every other region, loans to the borrower, saves to
+// the region's store.
+func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
+	for _, rep := range rd.Reports {
+		m := gossip.Message{Kind: gossip.KindReport, Report: rep, Size: rep.EncodedSizeEstimate()}
+		for _, q := range s.regions {
+			if q != r {
+				s.send(r, q, t, m)
+			}
+		}
+	}
+	for _, req := range rd.Borrows {
+		m := gossip.Message{Kind: gossip.KindBorrow, Borrow: req, Size: req.EncodedSizeEstimate()}
+		for _, q := range s.regions {
+			if q != r {
+				s.send(r, q, t, m)
+			}
+		}
+	}
+	for _, l := range rd.Loans {
+		if i := slices.IndexFunc(s.regions, func(q *region) bool { return q.name == l.Borrower }); i >= 0 {
+			s.send(r, s.regions[i], t, gossip.Message{Kind: gossip.KindLoan, Loan: l, Size: l.EncodedSizeEstimate()})
+		}
+	}
+	if rd.Save != nil {
+		r.saved = rd.Save
+	}
+}
+
+// send hands a message from r to q to the simulated gossip layer: dropped
+// across a partition, to a crashed region or by loss; delivered after the
+// delay (and jitter) otherwise. Bytes count as report traffic.
+func (s *sim) send(r, q *region, t int64, m gossip.Message) {
 	if q.crashed || s.partitioned(r.idx, q.idx, t) {
 		return
 	}
-	s.m.Sent(size)
+	s.m.Sent(m.Size)
 	if s.sc.Gossip.Loss > 0 && s.rng.Float64() < s.sc.Gossip.Loss {
 		return
 	}
-	m.at = t + s.sc.Gossip.Delay.D().Nanoseconds()
+	at := t + s.sc.Gossip.Delay.D().Nanoseconds()
 	if j := s.sc.Gossip.Jitter.D(); j > 0 {
-		m.at += int64(s.rng.Float64() * float64(j))
+		at += int64(s.rng.Float64() * float64(j))
 	}
-	m.from = r.idx
-	q.mail = append(q.mail, m)
+	m.From, m.Region = r.node, r.name
+	s.seq++
+	d := delivery{at: at, seq: s.seq, msg: m}
+	i, _ := slices.BinarySearchFunc(q.inbox, d, func(a, b delivery) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq))
+	})
+	q.inbox = slices.Insert(q.inbox, i, d)
 }
 
-// deliverMail processes r's borrow messages due at t: a request is
-// answered (a loan sent back, or kept pending), a loan accepted; then
-// pending requests are retried.
-func (s *sim) deliverMail(r *region, t int64) {
-	local := time.Unix(0, t+r.skew)
-	if len(r.mail) > 0 {
-		keep := r.mail[:0]
-		var due []mail
-		for _, m := range r.mail {
-			if m.at <= t {
-				due = append(due, m)
-			} else {
-				keep = append(keep, m)
-			}
-		}
-		r.mail = keep
-		for _, m := range due {
-			if m.isReq {
-				k := s.subIdx[m.req.Subject]
-				if loan, ok := r.alloc.Lend(local, m.req, s.lrate, r.rateNow(k, t)); ok {
-					s.send(r, s.regions[m.from], t, mail{loan: loan}, loan.EncodedSizeEstimate())
-				}
-			} else if r.alloc.Accept(local, m.loan) {
-				s.loans++
-			}
-		}
-	}
-	if r.alloc.Pending() > 0 {
-		loans := r.alloc.ServeLoans(local, func(key share.Key) (float64, float64) {
-			return s.lrate, r.rateNow(s.subIdx[key.Subject], t)
-		})
-		for _, loan := range loans {
-			q := s.regions[s.index(loan.Borrower)]
-			s.send(r, q, t, mail{loan: loan}, loan.EncodedSizeEstimate())
-		}
-	}
-}
-
-func (s *sim) index(name string) int {
-	for i, r := range s.regions {
-		if r.name == name {
-			return i
-		}
-	}
-	return -1
-}
-
-// membership tells each live region which others memberlist would call
-// dead at t: crashed, or cut off by a partition, for at least Detect.
+// membership updates which other regions each live region's membership
+// calls dead at t: crashed, or cut off by a partition, for at least Detect.
 func (s *sim) membership(t int64) {
 	if s.sc.Gossip.NoMembership || len(s.regions) < 2 {
 		return
@@ -469,40 +475,30 @@ func (s *sim) membership(t int64) {
 		if r.crashed {
 			continue
 		}
-		var dead []string
-		for _, q := range s.regions {
-			if q == r {
-				continue
-			}
+		for i, q := range s.regions {
 			gone := false
-			for _, c := range s.sc.Gossip.Crashes {
-				if c.Region == q.idx && q.crashed && rel-c.At.D() >= det {
-					gone = true
+			if q != r {
+				for _, c := range s.sc.Gossip.Crashes {
+					if c.Region == q.idx && q.crashed && rel-c.At.D() >= det {
+						gone = true
+					}
+				}
+				for _, p := range s.sc.Gossip.Partitions {
+					if rel >= p.Start.D()+det && rel < p.End.D() &&
+						slices.Contains(p.Regions, r.idx) != slices.Contains(p.Regions, q.idx) {
+						gone = true
+					}
 				}
 			}
-			for _, p := range s.sc.Gossip.Partitions {
-				if rel >= p.Start.D()+det && rel < p.End.D() &&
-					slices.Contains(p.Regions, r.idx) != slices.Contains(p.Regions, q.idx) {
-					gone = true
-				}
+			if r.dead[i] != gone {
+				r.dead[i], r.told = gone, false
 			}
-			if gone {
-				dead = append(dead, q.name)
-			}
-		}
-		if !slices.Equal(dead, r.dead) {
-			r.dead = dead
-			r.alloc.SetDead(time.Unix(0, t+r.skew), dead)
 		}
 	}
 }
 
-// minScale keeps a share of zero from meaning "the whole limit" (the
-// engine's Scale treats zero as one).
-const minScale = 1e-9
-
-// events runs publications, deliveries, rebalances, crashes and limit steps
-// due at t.
+// events runs limit steps, crashes, restarts, membership, deliveries and
+// coordinator ticks due at t.
 func (s *sim) events(t int64) {
 	rel := time.Duration(t - startNS)
 	for _, st := range s.sc.LimitSteps {
@@ -523,12 +519,9 @@ func (s *sim) events(t int64) {
 		}
 		if c.Restart > c.At && rel == c.Restart.D() {
 			r.crashed = false
-			names := make([]string, len(s.regions))
-			for i := range names {
-				names[i] = regionName(i)
-			}
-			if err := s.boot(r, names); err != nil {
-				panic(err)
+			clear(r.dead) // boot tells the new core
+			if err := s.boot(r); err != nil {
+				panic(err) // the config was validated by the first boot
 			}
 		}
 	}
@@ -539,87 +532,42 @@ func (s *sim) events(t int64) {
 		if r.crashed {
 			continue
 		}
-		s.deliverMail(r, t)
-		if t >= r.nextPublish {
-			s.publish(r, t)
+		s.deliver(r, t)
+		s.tick(r, t)
+	}
+	if s.opt.CheckShares && s.err == nil {
+		s.err = s.checkShares(rel)
+	}
+}
+
+// checkShares verifies, for every live region and the first keys, that
+// the share it enforces is in [share.MinShare, 1] and that its view of
+// every region's share (Core.ShareVector) is in [0, 1] and sums to at
+// most 1 + 1e-9. Shares change only when a core runs, so only regions
+// whose core ran at this tick are checked.
+func (s *sim) checkShares(at time.Duration) error {
+	for _, r := range s.regions {
+		if r.crashed || !r.stepped {
+			continue
 		}
-		local := time.Unix(0, t+r.skew)
-		if r.pendingRebal && t >= r.nextRebalance {
-			var in []share.Report
-			keep := r.inbox[:0]
-			for _, m := range r.inbox {
-				switch {
-				case m.at <= t && m.rep.Epoch == r.rebalEpoch:
-					in = append(in, m.rep)
-					for _, q := range m.rep.Quotas {
-						r.quota.Merge(q)
-					}
-				case m.rep.Epoch > r.rebalEpoch:
-					keep = append(keep, m)
+		r.stepped = false
+		for _, sub := range s.subs[:min(len(s.subs), 8)] {
+			if v := r.core.Share(policy, sub); !(v >= share.MinShare && v <= 1) {
+				return fmt.Errorf("%v: %s enforces %v for %s, outside [MinShare, 1]", at, r.name, v, sub)
+			}
+			sum := 0.0
+			for i, v := range r.core.ShareVector(policy, sub) {
+				if !(v >= 0 && v <= 1) {
+					return fmt.Errorf("%v: %s's share of %s for region %d is %v, outside [0, 1]", at, r.name, sub, i, v)
 				}
+				sum += v
 			}
-			r.inbox = keep
-			r.alloc.Rebalance(local, r.rebalEpoch, in)
-			r.pendingRebal = false
-		}
-		r.table = r.alloc.Table(local)
-	}
-}
-
-// publish ends region r's interval: builds its report, sends it to every
-// reachable peer, and schedules its rebalance.
-func (s *sim) publish(r *region, t int64) {
-	local := t + r.skew
-	epoch := s.cfg.Epoch(time.Unix(0, local)) - 1
-	secs := s.cfg.Interval.Seconds()
-	rsecs := s.cfg.Recent.Seconds()
-	usage := make([]share.Usage, 0, len(r.touched))
-	slices.Sort(r.touched)
-	for _, k := range r.touched {
-		usage = append(usage, share.Usage{Key: share.Key{Policy: policy, Subject: s.subs[k]}, Limit: s.lrate,
-			Offered: float64(r.offered[k]) / secs, Recent: float64(r.recent[k]) / rsecs,
-			Admitted: float64(r.admitted[k]) / secs})
-		r.offered[k], r.recent[k], r.admitted[k] = 0, 0, 0
-	}
-	r.touched = r.touched[:0]
-	rep := r.alloc.Report(epoch, usage)
-	if s.sc.Quota != nil {
-		rep.Quotas = []share.QuotaCounter{r.quota.Clone()}
-	}
-	size := rep.EncodedSizeEstimate()
-	for _, q := range s.regions {
-		if q == r || q.crashed || s.partitioned(r.idx, q.idx, t) {
-			continue
-		}
-		s.m.Sent(size)
-		if s.sc.Gossip.Loss > 0 && s.rng.Float64() < s.sc.Gossip.Loss {
-			continue
-		}
-		at := t + s.sc.Gossip.Delay.D().Nanoseconds()
-		if j := s.sc.Gossip.Jitter.D(); j > 0 {
-			at += int64(s.rng.Float64() * float64(j))
-		}
-		q.inbox = append(q.inbox, inMsg{at: at, rep: rep})
-	}
-	r.nextPublish = s.cfg.EpochStart(epoch+2).UnixNano() - r.skew
-	r.nextRebalance = t + s.cfg.Settle.Nanoseconds()
-	r.rebalEpoch = epoch
-	r.pendingRebal = true
-	if s.sc.Quota != nil {
-		s.mergeQuotas(r)
-	}
-}
-
-// mergeQuotas folds delivered quota counters into r (at its publication,
-// which is when a daemon would process its inbox as well).
-func (s *sim) mergeQuotas(r *region) {
-	for _, m := range r.inbox {
-		if m.at <= s.now {
-			for _, q := range m.rep.Quotas {
-				r.quota.Merge(q)
+			if sum > 1+1e-9 {
+				return fmt.Errorf("%v: %s's shares of %s sum to %v > 1", at, r.name, sub, sum)
 			}
 		}
 	}
+	return nil
 }
 
 func (s *sim) partitioned(a, b int, t int64) bool {

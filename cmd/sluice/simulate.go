@@ -25,8 +25,8 @@ func newSimulateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "simulate",
 		Short: "Simulate regions sharing a global limit on virtual time",
-		Long: "Runs n regions with the real share allocator and engine memory store on virtual time,\n" +
-			"against a central oracle limiter, and reports accuracy metrics (docs/simulator.md).",
+		Long: "Runs n regions, each with the daemon's share coordinator and the engine memory store, on virtual\n" +
+			"time against a central oracle limiter, and reports accuracy metrics (docs/simulator.md).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stdout := cmd.OutOrStdout()

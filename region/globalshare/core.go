@@ -116,7 +116,7 @@ const (
 	// DropEpoch: its epoch is in the future or more than maxAge epochs old.
 	DropEpoch = "epoch"
 	// DropNumber: a rate, share, amount or limit that is NaN, infinite or
-	// negative, or a loan or request of more than the whole limit.
+	// negative, or a loan of more than the whole limit.
 	DropNumber = "number"
 	// DropMalformed: a field that must be set is empty.
 	DropMalformed = "malformed"
@@ -448,7 +448,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 			return DropRegion
 		case !epochOK(r.Epoch):
 			return DropEpoch
-		case !finite(r.Want) || r.Want > 1:
+		case !finite(r.Want): // a deficit may exceed the whole limit
 			return DropNumber
 		}
 	case gossip.KindLoan:
@@ -529,6 +529,14 @@ func (c *Core) RegionShares(policy, subject string) map[string]float64 {
 		out[r] = rs.shares[i]
 	}
 	return out
+}
+
+// ShareVector returns every known region's share of a coordinated key (in
+// the order of the regions RegionShares names) as computed at the last
+// rebalance, or nil; without copying, for checks run at every step of a
+// simulation. The caller must not modify it.
+func (c *Core) ShareVector(policy, subject string) []float64 {
+	return c.shares[share.Key{Policy: policy, Subject: subject}].shares
 }
 
 // Raised returns the epoch whose raises were last published.
