@@ -493,3 +493,49 @@ func TestCoreQuotaCounters(t *testing.T) {
 		t.Errorf("a quota is never shared: Share = %v", got)
 	}
 }
+
+// FuzzCoreStep feeds the core reports and loans with arbitrary figures
+// and epochs: whatever it applies or drops, the share it enforces stays in
+// [MinShare, 1] and its share vector in [0, 1] with a sum of at most
+// 1 + 1e-9.
+func FuzzCoreStep(f *testing.F) {
+	f.Add(50.0, 50.0, 40.0, 0.1, int64(0))
+	f.Add(math.NaN(), math.Inf(1), -1.0, 2.0, int64(-30))
+	f.Add(1e308, 0.0, 1e-300, 0.5, int64(3))
+	f.Fuzz(func(t *testing.T, offered, recent, demand, amount float64, de int64) {
+		sc := testShareConfig()
+		n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+		n.rate = map[string]float64{"eu-1": 80, "us-1": 40}
+		c := n.node("eu-1").core
+		key := share.Key{Policy: policy, Subject: "hot"}
+		check := func() {
+			if s := c.Share(policy, "hot"); !(s >= share.MinShare && s <= 1) {
+				t.Fatalf("Share = %v outside [MinShare, 1]", s)
+			}
+			sum := 0.0
+			for _, v := range c.ShareVector(policy, "hot") {
+				if !(v >= 0 && v <= 1) {
+					t.Fatalf("share vector %v has a share outside [0, 1]", c.ShareVector(policy, "hot"))
+				}
+				sum += v
+			}
+			if sum > 1+1e-9 {
+				t.Fatalf("share vector sums to %v", sum)
+			}
+		}
+		for i := range 4 {
+			n.run(n.now.Add(sc.Interval/2), 50*time.Millisecond, check)
+			e := int64(sc.Epoch(n.now)) + de + int64(i)
+			if e < 0 {
+				e = 0
+			}
+			c.Step(n.now, gossip.Message{Kind: gossip.KindReport, From: "ap-1", Region: "ap", Report: share.Report{
+				Version: share.ReportVersion, Region: "ap", Epoch: uint64(e) - 1,
+				Keys: []share.KeyReport{{Key: key, Limit: limit, Offered: offered, Recent: recent, Demand: demand, Admitted: offered}}}})
+			c.Step(n.now, gossip.Message{Kind: gossip.KindLoan, From: "ap-1", Region: "ap", Loan: share.Loan{
+				Lender: "ap", Borrower: "eu", Epoch: c.b.gen, Key: key, Amount: amount, Seq: uint64(i)}})
+			check()
+			n.run(n.now.Add(sc.Interval/2), 50*time.Millisecond, check)
+		}
+	})
+}

@@ -400,10 +400,13 @@ func (c *Coordinator) tick(ctx context.Context) {
 	members := c.cfg.Gossip.Members()
 	now := c.clock.Now()
 	c.mu.Lock()
+	want := c.core.WantsUsage(now)
+	c.mu.Unlock()
 	var usage map[engine.UsageKey]engine.Usage
-	if c.core.WantsUsage(now) {
-		usage = c.cfg.Usage() // drained when the core uses it, as a daemon always has
+	if want {
+		usage = c.cfg.Usage() // drained only when the core uses it, outside the lock
 	}
+	c.mu.Lock()
 	dead := c.core.dead
 	rd := c.core.Tick(now, usage, members)
 	if !slices.Equal(dead, c.core.dead) {
