@@ -31,17 +31,26 @@ func (t *Table) Share(policy, subject string) float64 {
 	if t == nil {
 		return 1
 	}
+	return Scale(t.Unclamped(policy, subject))
+}
+
+// Unclamped is the key's base share plus its net loan, before Share clamps
+// it: it may exceed 1 (several lenders answering one request) or fall
+// below MinShare. A caller that subtracts further cuts from it (another
+// node's loans) clamps the result with Scale.
+func (t *Table) Unclamped(policy, subject string) float64 {
+	if t == nil {
+		return 1
+	}
 	k := Key{Policy: policy, Subject: subject}
 	s, ok := t.shares[k]
 	if !ok {
 		s = t.def
 	}
 	if t.loans != nil {
-		if d, ok := t.loans[k]; ok {
-			s += d
-		}
+		s += t.loans[k]
 	}
-	return Scale(s)
+	return s
 }
 
 // Default returns the fraction used for keys nobody reported: L_global/n of

@@ -75,15 +75,18 @@ type view struct {
 // share is the engine's scale for a key: in [share.MinShare, 1] whatever
 // the table, cuts and caps hold.
 func (v *view) share(policy, subject string) float64 {
-	s := v.t.Share(policy, subject)
-	if v.cut != nil || v.caps != nil {
-		k := share.Key{Policy: policy, Subject: subject}
-		if d, ok := v.cut[k]; ok {
-			s -= d
-		}
-		if c, ok := v.caps[k]; ok {
-			s = min(s, c)
-		}
+	if v.cut == nil && v.caps == nil {
+		return v.t.Share(policy, subject)
+	}
+	// Subtract another node's loans from the sum before clamping: a
+	// share plus loans above 1 less a mirrored cut is the region's share.
+	s := v.t.Unclamped(policy, subject)
+	k := share.Key{Policy: policy, Subject: subject}
+	if d, ok := v.cut[k]; ok {
+		s -= d
+	}
+	if c, ok := v.caps[k]; ok {
+		s = min(s, c)
 	}
 	return share.Scale(s)
 }
