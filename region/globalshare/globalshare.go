@@ -379,6 +379,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			c.mu.Unlock()
 			d := next.Sub(c.clock.Now())
 			if d <= 0 {
+				c.mail(ctx)
 				c.tick(ctx)
 				continue
 			}
@@ -391,6 +392,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			c.mail(ctx)
 		case <-timer:
 			timer = nil
+			// Everything received before the step counts for it, even
+			// when the timer and the mail are ready at once.
+			c.mail(ctx)
 			c.tick(ctx)
 		}
 	}
