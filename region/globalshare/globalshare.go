@@ -360,8 +360,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if c.cfg.Store != nil {
 		saved = c.load(ctx)
 	}
+	usage, members := c.cfg.Usage(), c.cfg.Gossip.Members()
 	c.mu.Lock()
-	err := c.core.Start(c.clock.Now(), c.cfg.Gossip.Members(), saved, c.cfg.Usage())
+	err := c.core.Start(c.clock.Now(), members, saved, usage)
 	c.publishLocked()
 	c.mu.Unlock()
 	if err != nil {
