@@ -489,6 +489,15 @@ func (c *Core) fresh(now time.Time, epoch uint64) bool {
 	return epoch+3 >= cur && epoch <= cur+1
 }
 
+// SetMembers updates the membership the core knows between two Ticks, so
+// that Step recognises a region that has just joined. Tick takes the
+// membership as well; a nil members is ignored.
+func (c *Core) SetMembers(members []gossip.Member) {
+	if members != nil {
+		c.setMembers(members)
+	}
+}
+
 func (c *Core) setMembers(members []gossip.Member) {
 	c.members = slices.Clone(members)
 	live := map[string][]string{}

@@ -428,6 +428,14 @@ func (c *Coordinator) mail(ctx context.Context) {
 	in := c.inbox
 	c.inbox = nil
 	c.inMu.Unlock()
+	if len(in) == 0 {
+		return
+	}
+	// A message may come from a region that joined since the last tick.
+	members := c.cfg.Gossip.Members()
+	c.mu.Lock()
+	c.core.SetMembers(members)
+	c.mu.Unlock()
 	for _, m := range in {
 		c.mu.Lock()
 		rd := c.core.Step(c.clock.Now(), m)
