@@ -1,6 +1,7 @@
 package share
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -61,7 +62,7 @@ func (q *QuotaCounter) Add(w int64, region string, n uint64) {
 	if !ok {
 		q.Counts = slices.Insert(q.Counts, i, RegionCount{Region: region})
 	}
-	q.Counts[i].Count += n
+	q.Counts[i].Count = SatAdd(q.Counts[i].Count, n)
 }
 
 // Get returns region's component.
@@ -72,13 +73,23 @@ func (q QuotaCounter) Get(region string) uint64 {
 	return 0
 }
 
-// Total returns the global count: the sum of the components.
+// Total returns the global count: the sum of the components, saturating
+// at the largest uint64 so that no set of components, however received,
+// wraps around to a small count that would admit again.
 func (q QuotaCounter) Total() uint64 {
 	var t uint64
 	for _, c := range q.Counts {
-		t += c.Count
+		t = SatAdd(t, c.Count)
 	}
 	return t
+}
+
+// SatAdd returns a + b, or the largest uint64 where the sum would wrap.
+func SatAdd(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxUint64
 }
 
 // Merge folds o into q: a newer window replaces q, the same window takes

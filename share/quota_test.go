@@ -1,6 +1,7 @@
 package share
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"testing/quick"
@@ -86,5 +87,37 @@ func TestWindowIndex(t *testing.T) {
 	}
 	if got := WindowIndex(time.Unix(-1, 0), day); got != -1 {
 		t.Errorf("WindowIndex(-1s) = %d, want -1", got)
+	}
+}
+
+// Components that would wrap a uint64 when summed count as an exhausted
+// quota, never as a small count that admits again.
+func TestQuotaCounterSaturates(t *testing.T) {
+	const half = uint64(1) << 63
+	var q QuotaCounter
+	q.Add(7, "eu", half)
+	var other QuotaCounter
+	other.Add(7, "us", half)
+	q.Merge(other)
+	if got := q.Total(); got != math.MaxUint64 {
+		t.Errorf("Total() of 2^63 + 2^63 = %d, want %d", got, uint64(math.MaxUint64))
+	}
+	if q.Allow(7, 1000, 1) {
+		t.Error("Allow(7, 1000, 1) = true on a saturated counter, want false")
+	}
+	q.Add(7, "eu", math.MaxUint64)
+	if got := q.Get("eu"); got != math.MaxUint64 {
+		t.Errorf("Get(eu) after adding past the top = %d, want %d", got, uint64(math.MaxUint64))
+	}
+	for _, tt := range []struct{ a, b, want uint64 }{
+		{1, 2, 3},
+		{math.MaxUint64, 0, math.MaxUint64},
+		{math.MaxUint64, 1, math.MaxUint64},
+		{half, half - 1, math.MaxUint64},
+		{half, half, math.MaxUint64},
+	} {
+		if got := SatAdd(tt.a, tt.b); got != tt.want {
+			t.Errorf("SatAdd(%d, %d) = %d, want %d", tt.a, tt.b, got, tt.want)
+		}
 	}
 }

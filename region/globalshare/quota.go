@@ -267,7 +267,7 @@ func (c *Core) others(k share.Key, regions map[string]uint64) (s quotaSeen, ok b
 		s.window = g.Window
 		for _, rc := range g.Counts {
 			if rc.Region != c.self {
-				s.others += rc.Count
+				s.others = share.SatAdd(s.others, rc.Count)
 				if regions != nil {
 					regions[rc.Region] = rc.Count
 				}
@@ -291,7 +291,7 @@ func (c *Core) others(k share.Key, regions map[string]uint64) (s quotaSeen, ok b
 		region = max(region, g.Get(c.self))
 	}
 	siblings := region - min(region, q.Get(c.node))
-	s.others += siblings
+	s.others = share.SatAdd(s.others, siblings)
 	if regions != nil && siblings > 0 {
 		regions[c.self] = siblings
 	}
