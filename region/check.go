@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -444,12 +445,9 @@ func ceilMS(d time.Duration) int64 {
 // setRateLimitHeaders writes RateLimit-Policy, RateLimit and, when
 // rejected, Retry-After (whole seconds, rounded up).
 func setRateLimitHeaders(h http.Header, v *verdict) {
-	if len(v.headers) > 0 {
-		h.Set("RateLimit-Policy", formatPolicyHeader(v.headers))
-		h.Set("RateLimit", formatRateLimitHeader(v.headers))
-	}
+	setRateLimitFields(h, v.headers)
 	if v.status != http.StatusOK {
-		h.Set("Retry-After", fmt.Sprint(max(ceilSeconds(v.retryAfter), 1)))
+		h["Retry-After"] = []string{strconv.FormatInt(max(ceilSeconds(v.retryAfter), 1), 10)}
 	}
 }
 
