@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/sluice-rl/sluice/internal/strictjson"
@@ -96,7 +97,7 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	setRateLimitHeaders(w.Header(), &v)
 	if v.status == http.StatusOK {
-		writeJSON(w, http.StatusOK, v.Decision)
+		writeDecision(w, http.StatusOK, &v.Decision)
 		return
 	}
 	prob := rejection(&v)
@@ -286,12 +287,11 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	}
 	h := w.Header()
 	setRateLimitHeaders(h, &v)
+	h["X-Sluice-Status"] = sluiceStatus(v.status)
 	if v.status == http.StatusOK {
-		h.Set("X-Sluice-Status", "200")
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	h.Set("X-Sluice-Status", fmt.Sprint(v.status))
 	prob := rejection(&v)
 	prob.Instance = route
 	// nginx auth_request understands only 2xx, 401 and 403: ?deny_status=403
@@ -307,6 +307,27 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeProblem(w, r, prob)
+}
+
+// The values of X-Sluice-Status, shared like the header values of
+// writeProblem: no code may write into them.
+var (
+	hdrStatus200 = []string{"200"}
+	hdrStatus429 = []string{"429"}
+	hdrStatus503 = []string{"503"}
+)
+
+// sluiceStatus is the X-Sluice-Status value of a verdict's status.
+func sluiceStatus(status int) []string {
+	switch status {
+	case http.StatusOK:
+		return hdrStatus200
+	case http.StatusTooManyRequests:
+		return hdrStatus429
+	case http.StatusServiceUnavailable:
+		return hdrStatus503
+	}
+	return []string{strconv.Itoa(status)}
 }
 
 // fail answers a problem and counts 4xx answers.
