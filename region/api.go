@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -157,22 +158,42 @@ const (
 )
 
 // authzHeaders is the header pair a plain /v1/authz call carries the
-// limited request's method and URI in.
-type authzHeaders struct{ method, uri string }
+// limited request's method and URI in: each as problems name it (the
+// spelling the gateways document) and as its key in an http.Header (the
+// canonical form, which Header.Values would compute on every call).
+type authzHeaders struct{ method, uri, methodKey, uriKey string }
+
+var (
+	originalHeaders  = authzHeaders{"X-Original-Method", "X-Original-URI", "X-Original-Method", "X-Original-Uri"}
+	forwardedHeaders = authzHeaders{"X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Method", "X-Forwarded-Uri"}
+)
 
 // forwardAuthHeaders returns the pair mode names ("" is
 // ForwardAuthOriginal). Only that pair is read: the other one may come from
 // the client, passed on by a gateway that does not clear it.
 func forwardAuthHeaders(mode string) authzHeaders {
 	if mode == ForwardAuthForwarded {
-		return authzHeaders{"X-Forwarded-Method", "X-Forwarded-Uri"}
+		return forwardedHeaders
 	}
-	return authzHeaders{"X-Original-Method", "X-Original-URI"}
+	return originalHeaders
 }
 
-// identityConfig is the quota.IdentityConfig of the configuration.
+// identityConfig is the quota.IdentityConfig of the configuration. The key
+// headers are given in canonical form, which Identify then looks up as is
+// instead of canonicalising them on every request; their names appear in
+// no problem. The user and tier headers keep the configured spelling,
+// which problems name.
 func (c Config) identityConfig() quota.IdentityConfig {
-	return quota.IdentityConfig{KeyHeaders: c.KeyHeaders, TrustedProxies: c.TrustedProxies, TierHeader: c.TierHeader,
+	keys := c.KeyHeaders
+	if keys == nil {
+		keys = quota.DefaultKeyHeaders()
+	} else {
+		keys = slices.Clone(keys)
+	}
+	for i, k := range keys {
+		keys[i] = http.CanonicalHeaderKey(k)
+	}
+	return quota.IdentityConfig{KeyHeaders: keys, TrustedProxies: c.TrustedProxies, TierHeader: c.TierHeader,
 		UserHeader: c.UserHeader, ClientIPHeader: c.ClientIPHeader}
 }
 
@@ -200,10 +221,10 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 	if !prefixed {
 		fieldM, fieldU = pair.method, pair.uri
 		var p *Problem
-		if m, p = oneHeader(h, pair.method); p != nil {
+		if m, p = oneHeader(h, pair.methodKey, pair.method); p != nil {
 			return "", "", p
 		}
-		if u, p = oneHeader(h, pair.uri); p != nil {
+		if u, p = oneHeader(h, pair.uriKey, pair.uri); p != nil {
 			return "", "", p
 		}
 	}
@@ -232,9 +253,10 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 	return strings.ToUpper(m), quota.NormalizeRoute(u), nil
 }
 
-// oneHeader returns the value of a header sent exactly once.
-func oneHeader(h http.Header, name string) (string, *Problem) {
-	vs := h.Values(name)
+// oneHeader returns the value of a header sent exactly once: key in
+// canonical form, name as the problem names it.
+func oneHeader(h http.Header, key, name string) (string, *Problem) {
+	vs := h[key]
 	switch {
 	case len(vs) == 0 || strings.TrimSpace(vs[0]) == "":
 		return "", invalid(name, "required: the gateway must set it on every /v1/authz call (or call /v1/authz/<path>)")
