@@ -267,7 +267,20 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	v.Policies = make([]PolicyResult, len(applied))
 	v.Exempt = exemptResults(exempt)
 
-	var enforced, shadow [engine.MaxChecks]engine.Check
+	// The engine keeps its request's checks beyond the stack (they go
+	// through the store interface), so both sets share one allocation of
+	// exactly their size: the enforced checks first, then the shadow ones.
+	var checks []engine.Check
+	nEnforced := 0
+	for i := range applied {
+		if applied[i].Policy.Mode == quota.ModeEnforce {
+			nEnforced++
+		}
+	}
+	if len(applied) > 0 {
+		checks = make([]engine.Check, len(applied))
+	}
+	enforced, shadow := checks[:nEnforced:nEnforced], checks[nEnforced:]
 	var enfIdx, shIdx [engine.MaxChecks]int
 	var quotaAt [engine.MaxChecks]bool // enforced global quotas
 	ne, ns := 0, 0
