@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"net/url"
@@ -23,27 +22,52 @@ const MaxBatch = 100
 // value, no unknown fields. Every failure is a 4xx problem naming the field
 // where one is known.
 func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return &Problem{Type: ProblemInvalid, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
-				Detail: fmt.Sprintf("Content-Type must be application/json, got %q", clipStr(ct)),
-				Errors: []quota.FieldError{{Field: "Content-Type", Reason: "must be application/json"}}}
-		}
+	if p := checkContentType(r); p != nil {
+		return p
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", max))
-		}
-		return invalid("", "reading the body: %v", err)
+	bp, p := readBody(w, r, max)
+	if p != nil {
+		return p
 	}
-	return decodeBytes(body, v)
+	defer putBody(bp)
+	return decodeBytes(*bp, v)
+}
+
+// decodeCheckBody is decodeJSON for a CheckRequest, through decodeCheck.
+func decodeCheckBody(w http.ResponseWriter, r *http.Request, max int64, in *CheckRequest) *Problem {
+	if p := checkContentType(r); p != nil {
+		return p
+	}
+	bp, p := readBody(w, r, max)
+	if p != nil {
+		return p
+	}
+	defer putBody(bp)
+	return decodeCheck(*bp, in)
+}
+
+// checkContentType accepts a body without Content-Type, or with
+// application/json or a +json type (with any parameters).
+func checkContentType(r *http.Request) *Problem {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" || ct == "application/json" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return &Problem{Type: ProblemInvalid, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
+			Detail: fmt.Sprintf("Content-Type must be application/json, got %q", clipStr(ct)),
+			Errors: []quota.FieldError{{Field: "Content-Type", Reason: "must be application/json"}}}
+	}
+	return nil
 }
 
 // decodeBytes is decodeJSON's parser, separate so that it can be fuzzed.
+// A *CheckRequest goes through decodeCheck, as POST /v1/check's does.
 func decodeBytes(body []byte, v any) *Problem {
+	if in, ok := v.(*CheckRequest); ok {
+		return decodeCheck(body, in)
+	}
 	if e := strictjson.Decode(body, v); e != nil {
 		return invalid(e.Field, "%s", e.Reason)
 	}
@@ -82,7 +106,7 @@ type checkRejection struct {
 
 func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	var in CheckRequest
-	if p := decodeJSON(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
+	if p := decodeCheckBody(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
 		d.fail(w, r, p)
 		return
 	}

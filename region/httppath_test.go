@@ -1,8 +1,20 @@
 package region
 
 import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
 	"testing"
+	"testing/iotest"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-rl/sluice/internal/strictjson"
 )
 
 // The header keys the hot paths look up directly must be what
@@ -28,5 +40,121 @@ func TestHeaderKeysCanonical(t *testing.T) {
 	cfg.KeyHeaders = []string{}
 	if got := cfg.identityConfig().KeyHeaders; got == nil || len(got) != 0 {
 		t.Errorf("identityConfig().KeyHeaders = %#v for no key headers, want empty, not nil", got)
+	}
+}
+
+// checkBodies are bodies for decodeCheck: what the fast path takes, and
+// what it must leave to strictjson.
+var checkBodies = []string{
+	`{"user":"u","route":"/bench","method":"GET"}`,
+	` { "api_key" : "k" , "route":"/a", "cost": 3, "tier":"pro", "method":"post", "ip":"::1" } ` + "\n",
+	`{"subject":"s","route":"/","cost":-0}`,
+	`{"cost":0,"route":"/"}`,
+	`{}`, ` {	}`,
+	`{"user":"u","user":"v","route":"/"}`, // duplicate: last wins
+	`{"USER":"u","route":"/"}`,            // case-insensitive match
+	`{"user":"\u0075","route":"/"}`,       // escape
+	`{"user":"ü","route":"/"}`,            // non-ASCII
+	`{"user":null,"route":"/"}`,           // null
+	`{"cost":1.0,"route":"/"}`,            // not an integer
+	`{"cost":1e2}`, `{"cost":01}`, `{"cost":-}`, `{"cost":"1"}`,
+	`{"cost":123456789012345678}`, `{"cost":1234567890123456789}`, `{"cost":99999999999999999999}`,
+	`{"route":"/"} {}`, `{"route":"/"}x`, `{"route":"/",}`, `{"route" "/"}`, `{"route":"/"`,
+	`{"other":1}`, `[]`, ``, ` `, `null`, "\ufeff{}", `{"route":"/a` + "\x01" + `"}`,
+}
+
+func TestDecodeCheckMatchesStrict(t *testing.T) {
+	for _, body := range checkBodies {
+		compareCheckDecoders(t, []byte(body))
+	}
+	// The fast path takes the benchmark's body.
+	var in CheckRequest
+	if !decodeCheckFast([]byte(checkBodies[0]), &in) {
+		t.Errorf("decodeCheckFast(%s) = false, want true", checkBodies[0])
+	}
+}
+
+// FuzzDecodeCheck compares decodeCheck with strictjson: the same value or
+// the same problem for every body.
+func FuzzDecodeCheck(f *testing.F) {
+	for _, b := range checkBodies {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(compareCheckDecoders)
+}
+
+func compareCheckDecoders(t *testing.T, body []byte) {
+	t.Helper()
+	var got, want CheckRequest
+	gp := decodeCheck(body, &got)
+	var wp *Problem
+	if e := strictjson.Decode(body, &want); e != nil {
+		wp = invalid(e.Field, "%s", e.Reason)
+	}
+	if !reflect.DeepEqual(gp, wp) {
+		t.Fatalf("decodeCheck(%q) problem = %+v, want %+v", body, gp, wp)
+	}
+	if wp == nil && !reflect.DeepEqual(got, want) {
+		t.Fatalf("decodeCheck(%q) = %+v, want %+v", body, got, want)
+	}
+}
+
+func TestReadBody(t *testing.T) {
+	const limit = 3000
+	tests := []struct {
+		name   string
+		size   int
+		length int64 // Content-Length; -1 unknown
+		status int   // of the problem; 0 none
+	}{
+		{"empty", 0, 0, 0},
+		{"known length", 100, 100, 0},
+		{"unknown length, several reads", 2999, -1, 0},
+		{"exactly the limit", limit, limit, 0},
+		{"one byte over", limit + 1, limit + 1, http.StatusRequestEntityTooLarge},
+		{"over with unknown length", 5000, -1, http.StatusRequestEntityTooLarge},
+		{"longer than its Content-Length says", limit + 1, 10, http.StatusRequestEntityTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := bytes.Repeat([]byte("x"), tt.size)
+			r := httptest.NewRequest("POST", "/v1/check", iotest.OneByteReader(bytes.NewReader(body)))
+			if tt.size > 0 {
+				r.Body = io.NopCloser(iotest.HalfReader(bytes.NewReader(body)))
+			}
+			r.ContentLength = tt.length
+			bp, p := readBody(httptest.NewRecorder(), r, limit)
+			switch {
+			case tt.status != 0 && (p == nil || p.Status != tt.status):
+				t.Fatalf("readBody = %v, want status %d", p, tt.status)
+			case tt.status == 0 && p != nil:
+				t.Fatalf("readBody = %v, want the body", p)
+			case tt.status == 0 && !bytes.Equal(*bp, body):
+				t.Fatalf("readBody = %d bytes, want %d", len(*bp), len(body))
+			}
+		})
+	}
+}
+
+// A body over the limit closes the connection after the 413, as
+// http.MaxBytesReader has the server do.
+func TestBodyTooLargeClosesConnection(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxBodyBytes = 1024
+	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.close)
+	srv := httptest.NewServer(d.Handler())
+	t.Cleanup(srv.Close)
+	body := `{"user":"u","route":"/` + strings.Repeat("a", 1100) + `"}`
+	resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+		t.Errorf("POST of %d bytes = %d, close %v; want 413, close true", len(body), resp.StatusCode, resp.Close)
 	}
 }
