@@ -146,7 +146,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeDecision is writeJSON for the body of a check; a *Decision is not
 // copied into an interface value, which saves an allocation per check.
 func writeDecision(w http.ResponseWriter, status int, d *Decision) {
-	body, ok := appendDecision(make([]byte, 0, 512), d)
+	bp := bodyBufs.Get().(*[]byte)
+	defer putBody(bp) // Write keeps no reference to its argument (io.Writer)
+	body, ok := appendDecision((*bp)[:0], d)
+	*bp = body
 	if !ok {
 		// A copy, so that d itself does not escape to the heap on the
 		// common path.
