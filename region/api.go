@@ -49,7 +49,10 @@ func decodeCheckBody(w http.ResponseWriter, r *http.Request, max int64, in *Chec
 // checkContentType accepts a body without Content-Type, or with
 // application/json or a +json type (with any parameters).
 func checkContentType(r *http.Request) *Problem {
-	ct := r.Header.Get("Content-Type")
+	var ct string
+	if vs := r.Header["Content-Type"]; len(vs) > 0 { // Header.Get, key canonical
+		ct = vs[0]
+	}
 	if ct == "" || ct == "application/json" {
 		return nil
 	}
@@ -252,7 +255,7 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 			return "", "", p
 		}
 	}
-	if !methodPattern.MatchString(m) {
+	if !validMethod(m) {
 		return "", "", invalid(fieldM, "must be an HTTP method such as GET, got %q", clipStr(m))
 	}
 	if len(u) > maxRouteLen {

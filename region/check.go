@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
@@ -160,6 +164,20 @@ var (
 	methodPattern = regexp.MustCompile(`^[A-Za-z]{1,32}$`)
 )
 
+// validMethod reports whether m matches methodPattern, without the
+// regular expression: it is on the path of every check.
+func validMethod(m string) bool {
+	if m == "" || len(m) > 32 {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if c := m[i] | 0x20; c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
 const maxRouteLen = 4096
 
 func validRoute(route string) error {
@@ -222,7 +240,7 @@ func (in *CheckRequest) target(prefix string) (target, *Problem) {
 	method := in.Method
 	if method == "" {
 		method = http.MethodGet
-	} else if !methodPattern.MatchString(method) {
+	} else if !validMethod(method) {
 		return target{}, invalid(at("method"), "must be an HTTP method such as GET, got %q", clipStr(method))
 	}
 	if err := validRoute(in.Route); err != nil {
@@ -427,15 +445,42 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			v.RetryAfterMS = 0
 		}
 	}
-	decision := "allowed"
+	decision := 0 // allowed
 	switch v.status {
 	case http.StatusTooManyRequests:
-		decision = "rejected"
+		decision = 1
 	case http.StatusServiceUnavailable:
-		decision = "unavailable"
+		decision = 2
 	}
-	d.m.checks.WithLabelValues(decision, v.Source).Inc()
+	d.m.checkSeries.counter(d.m.checks, decision, v.Source).Inc()
 	return v, nil
+}
+
+// checkSeries holds the series of sluice_checks_total as they are first
+// used, so that a check counts itself without hashing its labels: by
+// decision (allowed, rejected, unavailable) and source.
+type checkSeries struct {
+	c [3][len(checkSources)]atomic.Pointer[prometheus.Counter]
+}
+
+var (
+	checkDecisions = [3]string{"allowed", "rejected", "unavailable"}
+	checkSources   = [...]string{"store", "deny_cache", "fallback", "none"}
+)
+
+// counter is the series of checkDecisions[decision] and source.
+func (cs *checkSeries) counter(vec *prometheus.CounterVec, decision int, source string) prometheus.Counter {
+	si := slices.Index(checkSources[:], source)
+	if si < 0 {
+		return vec.WithLabelValues(checkDecisions[decision], source)
+	}
+	p := &cs.c[decision][si]
+	if c := p.Load(); c != nil {
+		return *c
+	}
+	c := vec.WithLabelValues(checkDecisions[decision], source)
+	p.Store(&c)
+	return c
 }
 
 func a(applied []quota.Applied, i int) quota.Applied { return applied[i] }

@@ -13,6 +13,7 @@ import (
 	"testing/iotest"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluice-rl/sluice/internal/strictjson"
 )
@@ -156,5 +157,43 @@ func TestBodyTooLargeClosesConnection(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
 		t.Errorf("POST of %d bytes = %d, close %v; want 413, close true", len(body), resp.StatusCode, resp.Close)
+	}
+}
+
+// FuzzValidMethod holds validMethod to methodPattern.
+func FuzzValidMethod(f *testing.F) {
+	for _, m := range []string{"GET", "post", "M-SEARCH", "", "@", "[", "`", "{", "Zz", strings.Repeat("A", 32), strings.Repeat("a", 33), "GET\x00", "Gét"} {
+		f.Add(m)
+	}
+	f.Fuzz(func(t *testing.T, m string) {
+		if got, want := validMethod(m), methodPattern.MatchString(m); got != want {
+			t.Fatalf("validMethod(%q) = %v, want %v", m, got, want)
+		}
+	})
+}
+
+// Each check counts in sluice_checks_total under its decision and source,
+// through the resolved series as through the vector.
+func TestCheckSeries(t *testing.T) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"decision", "source"})
+	var cs checkSeries
+	for range 2 {
+		cs.counter(vec, 0, "store").Inc()
+		cs.counter(vec, 1, "deny_cache").Inc()
+		cs.counter(vec, 2, "odd").Inc()
+	}
+	for _, l := range [][2]string{{"allowed", "store"}, {"rejected", "deny_cache"}, {"unavailable", "odd"}} {
+		var m dto.Metric
+		if err := vec.WithLabelValues(l[0], l[1]).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetCounter().GetValue(); got != 2 {
+			t.Errorf("checks{%s,%s} = %v, want 2", l[0], l[1], got)
+		}
+	}
+	ch := make(chan prometheus.Metric, 10)
+	vec.Collect(ch)
+	if n := len(ch); n != 3 {
+		t.Errorf("%d series, want 3", n)
 	}
 }
