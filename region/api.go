@@ -136,8 +136,9 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
 		return
 	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
+	h := w.Header()
+	h["Content-Type"] = hdrProblem
+	h["Cache-Control"] = hdrNoStore
 	w.WriteHeader(v.status)
 	w.Write(append(b, '\n'))
 }

@@ -382,6 +382,11 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			pr.Degraded = out.Degraded
 			p := applied[enfIdx[j]].Policy
 			if !r.Allowed && !out.Allowed {
+				if v.violated == nil {
+					// One allocation for both lists, each of at most ne.
+					ids := make([]string, 0, 2*ne)
+					v.violated, v.violatedPublic = ids[:0:ne], ids[ne:ne]
+				}
 				v.violated = append(v.violated, p.ID)
 				if p.Class != quota.ClassSecurity {
 					v.violatedPublic = append(v.violatedPublic, p.ID)
