@@ -131,10 +131,16 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	prob := rejection(&v)
 	body := checkRejection{Type: prob.Type, Title: prob.Title, Status: prob.Status, Detail: prob.Detail,
 		Instance: r.URL.Path, ViolatedPolicies: v.violated, Decision: v.Decision}
-	b, err := json.Marshal(body)
-	if err != nil {
-		d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
-		return
+	bp := bodyBufs.Get().(*[]byte)
+	defer putBody(bp)
+	b, ok := appendRejection((*bp)[:0], &body)
+	*bp = b
+	if !ok {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
+			return
+		}
 	}
 	h := w.Header()
 	h["Content-Type"] = hdrProblem

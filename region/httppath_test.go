@@ -3,6 +3,7 @@ package region
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -195,5 +196,57 @@ func TestCheckSeries(t *testing.T) {
 	vec.Collect(ch)
 	if n := len(ch); n != 3 {
 		t.Errorf("%d series, want 3", n)
+	}
+}
+
+// rejectionCases are 429/503 bodies appendRejection must write exactly as
+// encoding/json does, or leave to it.
+func rejectionCases() []checkRejection {
+	d := encodingCases()[2]
+	d.Allowed = false
+	return []checkRejection{
+		{Type: ProblemQuotaExceeded, Title: "Too Many Requests", Status: 429, Detail: `Policy "bench" allows 1 requests per 1 s for this client; retry in 1 s.`,
+			Instance: "/v1/check", ViolatedPolicies: []string{"bench", "daily"}, Decision: d},
+		{Type: ProblemAbnormalUsage, Title: "Too Many Requests", Status: 429, Detail: `back\slash`, Decision: d},
+		{Type: ProblemReducedCapacity, Title: "Service Unavailable", Status: 503, ViolatedPolicies: []string{}, Decision: Decision{}},
+		// Left to encoding/json:
+		{Detail: "a<b", Decision: d},
+		{Instance: "/é", Decision: d},
+		{ViolatedPolicies: []string{"x\ny"}, Decision: d},
+		{Decision: encodingCases()[len(encodingCases())-1]},
+	}
+}
+
+func TestAppendRejectionIsEncodingJSON(t *testing.T) {
+	for i, c := range rejectionCases() {
+		compareRejection(t, c, i < 3)
+	}
+}
+
+func FuzzAppendRejection(f *testing.F) {
+	f.Add("Too Many Requests", `Policy "p" allows`, "/v1/check", "p", "user:u")
+	f.Add("<&>", "\u2028", "\x00", "é", `\"`)
+	f.Fuzz(func(t *testing.T, title, detail, instance, policy, subject string) {
+		d := encodingCases()[2]
+		d.Subject = subject
+		c := checkRejection{Type: ProblemQuotaExceeded, Title: title, Status: 429, Detail: detail, Instance: instance,
+			ViolatedPolicies: []string{policy, policy}, Decision: d}
+		compareRejection(t, c, false)
+	})
+}
+
+func compareRejection(t *testing.T, c checkRejection, mustTake bool) {
+	t.Helper()
+	want, err := json.Marshal(c)
+	got, ok := appendRejection([]byte("prefix"), &c)
+	switch {
+	case !ok && string(got) != "prefix":
+		t.Fatalf("appendRejection declined but changed the buffer to %s", got)
+	case !ok && mustTake:
+		t.Fatalf("appendRejection declined %+v", c)
+	case ok && err != nil:
+		t.Fatalf("appendRejection wrote %s where encoding/json fails: %v", got, err)
+	case ok && string(got) != "prefix"+string(want):
+		t.Fatalf("appendRejection =\n%s\nwant\n%s", got[len("prefix"):], want)
 	}
 }
