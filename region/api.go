@@ -355,7 +355,7 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	// with error_page (see deploy/nginx). X-Sluice-Status keeps the real one.
 	// Only on plain /v1/authz: on /v1/authz/<path> the query is the
 	// client's own.
-	if ds := r.URL.Query().Get("deny_status"); !prefixed && (ds == "403" || ds == "401") {
+	if ds := denyStatus(r.URL, prefixed); ds == "403" || ds == "401" {
 		if ds == "403" {
 			prob.Status = http.StatusForbidden
 		} else {
@@ -384,6 +384,15 @@ func sluiceStatus(status int) []string {
 		return hdrStatus503
 	}
 	return []string{strconv.Itoa(status)}
+}
+
+// denyStatus is the deny_status query parameter of a plain /v1/authz
+// call; the query is parsed only when there is one.
+func denyStatus(u *url.URL, prefixed bool) string {
+	if prefixed || u.RawQuery == "" {
+		return ""
+	}
+	return u.Query().Get("deny_status")
 }
 
 // fail answers a problem and counts 4xx answers.

@@ -173,3 +173,22 @@ func BenchmarkHTTPCheckRejected(b *testing.B) {
 	})
 	runHTTPBenchStatus(b, d.Handler(), reqs, http.StatusTooManyRequests)
 }
+
+// BenchmarkHTTPAuthzRejected is BenchmarkHTTPAuthz for 100 addresses over
+// their limit of one request per second: nearly every call is answered
+// 429 with a problem+json body.
+func BenchmarkHTTPAuthzRejected(b *testing.B) {
+	d := newBenchDaemonRate(b, 1)
+	reqs := benchRequests(func(user string) (*http.Request, []byte) {
+		r, err := http.NewRequest("GET", "http://sluice/v1/authz", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := strconv.Atoi(user[1:])
+		r.RemoteAddr = "10.0.0." + strconv.Itoa(n%100) + ":40000"
+		r.Header.Set("X-Original-URI", "/bench")
+		r.Header.Set("X-Original-Method", "GET")
+		return r, nil
+	})
+	runHTTPBenchStatus(b, d.Handler(), reqs, http.StatusTooManyRequests)
+}

@@ -206,3 +206,47 @@ func appendQuoted(b []byte, key, s string) ([]byte, bool) {
 	}
 	return append(b, '"'), true
 }
+
+// appendProblem appends p as JSON to b, as appendRejection does, for a
+// problem without field errors (a rejection, a 404); one with errors, or
+// anything unusual, is left to encoding/json.
+func appendProblem(b []byte, p *Problem) ([]byte, bool) {
+	if len(p.Errors) > 0 {
+		return b, false
+	}
+	start := len(b)
+	fail := func() ([]byte, bool) { return b[:start], false }
+	var ok bool
+	if b, ok = appendQuoted(b, `{"type":`, p.Type); !ok {
+		return fail()
+	}
+	if b, ok = appendQuoted(b, `,"title":`, p.Title); !ok {
+		return fail()
+	}
+	b = appendInt(b, `,"status":`, int64(p.Status))
+	for _, f := range [...]struct{ key, v string }{{`,"detail":`, p.Detail}, {`,"instance":`, p.Instance}} {
+		if f.v == "" {
+			continue
+		}
+		if b, ok = appendQuoted(b, f.key, f.v); !ok {
+			return fail()
+		}
+	}
+	if len(p.ViolatedPolicies) > 0 {
+		b = append(b, `,"violated-policies":`...)
+		for i, id := range p.ViolatedPolicies {
+			key := ","
+			if i == 0 {
+				key = "["
+			}
+			if b, ok = appendQuoted(b, key, id); !ok {
+				return fail()
+			}
+		}
+		b = append(b, ']')
+	}
+	if p.RetryAfterMS != nil {
+		b = appendInt(b, `,"retry_after_ms":`, *p.RetryAfterMS)
+	}
+	return append(b, '}'), true
+}

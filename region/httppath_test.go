@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluice-rl/sluice/internal/strictjson"
+	"github.com/sluice-rl/sluice/quota"
 )
 
 // The header keys the hot paths look up directly must be what
@@ -248,5 +249,46 @@ func compareRejection(t *testing.T, c checkRejection, mustTake bool) {
 		t.Fatalf("appendRejection wrote %s where encoding/json fails: %v", got, err)
 	case ok && string(got) != "prefix"+string(want):
 		t.Fatalf("appendRejection =\n%s\nwant\n%s", got[len("prefix"):], want)
+	}
+}
+
+func TestAppendProblemIsEncodingJSON(t *testing.T) {
+	ms := int64(1500)
+	for i, p := range []Problem{
+		{Type: ProblemQuotaExceeded, Title: "Forbidden", Status: 403, Detail: `Policy "p" allows 1 requests per 1 s`, Instance: "/bench",
+			ViolatedPolicies: []string{"p", "q"}, RetryAfterMS: &ms},
+		{Type: ProblemNotFound, Title: "Not Found", Status: 404, Detail: "no such route: /x"},
+		{Type: ProblemMethod, Status: 405, ViolatedPolicies: []string{}},
+		{},
+		// Left to encoding/json:
+		{Type: ProblemInvalid, Title: "Bad Request", Status: 400, Errors: []quota.FieldError{{Field: "f", Reason: "r"}}},
+		{Detail: "<script>"},
+	} {
+		compareProblem(t, p, i < 4)
+	}
+}
+
+func FuzzAppendProblem(f *testing.F) {
+	f.Add("Too Many Requests", `Policy "p" allows`, "/v1/check", "p", int64(1))
+	f.Add("<&>", "\u2028", "\x00", "é", int64(-1))
+	f.Fuzz(func(t *testing.T, title, detail, instance, policy string, ms int64) {
+		compareProblem(t, Problem{Type: ProblemQuotaExceeded, Title: title, Status: 429, Detail: detail, Instance: instance,
+			ViolatedPolicies: []string{policy}, RetryAfterMS: &ms}, false)
+	})
+}
+
+func compareProblem(t *testing.T, p Problem, mustTake bool) {
+	t.Helper()
+	want, err := json.Marshal(p)
+	got, ok := appendProblem([]byte("prefix"), &p)
+	switch {
+	case !ok && string(got) != "prefix":
+		t.Fatalf("appendProblem declined but changed the buffer to %s", got)
+	case !ok && mustTake:
+		t.Fatalf("appendProblem declined %+v", p)
+	case ok && err != nil:
+		t.Fatalf("appendProblem wrote %s where encoding/json fails: %v", got, err)
+	case ok && string(got) != "prefix"+string(want):
+		t.Fatalf("appendProblem =\n%s\nwant\n%s", got[len("prefix"):], want)
 	}
 }

@@ -116,10 +116,16 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
-	body, err := json.Marshal(p)
-	if err != nil { // cannot happen: every member is a plain value
-		body = []byte(`{"type":"` + ProblemInternal + `","title":"Internal Server Error","status":500}`)
-		p.Status = http.StatusInternalServerError
+	bp := bodyBufs.Get().(*[]byte)
+	defer putBody(bp)
+	body, ok := appendProblem((*bp)[:0], p)
+	*bp = body
+	if !ok {
+		var err error
+		if body, err = json.Marshal(p); err != nil { // cannot happen: every member is a plain value
+			body = []byte(`{"type":"` + ProblemInternal + `","title":"Internal Server Error","status":500}`)
+			p.Status = http.StatusInternalServerError
+		}
 	}
 	h := w.Header()
 	h["Content-Type"] = hdrProblem
