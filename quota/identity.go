@@ -187,6 +187,11 @@ func (id Identity) Subject() string {
 	return id.IPSubject()
 }
 
+// hasSubject reports whether Subject is not "", without formatting it.
+func (id Identity) hasSubject() bool {
+	return id.Raw != "" || id.KeyID != "" || id.User != "" || id.IP.IsValid()
+}
+
 // IPSubject returns the subject of the client address alone: an IPv4
 // address counts by itself, an IPv6 address by its /64 prefix (one
 // customer's allocation), "" when unknown.
@@ -201,11 +206,16 @@ func (id Identity) IPSubject() string {
 // "ip6:<prefix>/64" for IPv6.
 func IPSubject(a netip.Addr) string {
 	a = a.Unmap().WithZone("")
+	// Formatted in place: on the path of every check by address.
+	var buf [64]byte
 	if a.Is4() {
-		return "ip:" + a.String()
+		return string(a.AppendTo(append(buf[:0], "ip:"...)))
 	}
 	p, _ := a.Prefix(64)
-	return "ip6:" + p.String()
+	if !p.IsValid() {
+		return "ip6:" + p.String() // as String spells the invalid prefix
+	}
+	return string(p.AppendTo(append(buf[:0], "ip6:"...)))
 }
 
 // SubjectFields are the identity fields of a check API body: exactly one
@@ -353,7 +363,7 @@ func Identify(r *http.Request, cfg IdentityConfig) (Identity, error) {
 	} else {
 		id.IP = peer
 	}
-	if id.Subject() == "" && !id.KeyInvalid {
+	if !id.hasSubject() && !id.KeyInvalid {
 		return Identity{}, ErrNoSubject
 	}
 	return id, nil

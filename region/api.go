@@ -4,10 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/sluice-rl/sluice/internal/strictjson"
@@ -21,27 +22,55 @@ const MaxBatch = 100
 // value, no unknown fields. Every failure is a 4xx problem naming the field
 // where one is known.
 func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return &Problem{Type: ProblemInvalid, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
-				Detail: fmt.Sprintf("Content-Type must be application/json, got %q", clipStr(ct)),
-				Errors: []quota.FieldError{{Field: "Content-Type", Reason: "must be application/json"}}}
-		}
+	if p := checkContentType(r); p != nil {
+		return p
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", max))
-		}
-		return invalid("", "reading the body: %v", err)
+	bp, p := readBody(w, r, max)
+	if p != nil {
+		return p
 	}
-	return decodeBytes(body, v)
+	defer putBody(bp)
+	return decodeBytes(*bp, v)
+}
+
+// decodeCheckBody is decodeJSON for a CheckRequest, through decodeCheck.
+func decodeCheckBody(w http.ResponseWriter, r *http.Request, max int64, in *CheckRequest) *Problem {
+	if p := checkContentType(r); p != nil {
+		return p
+	}
+	bp, p := readBody(w, r, max)
+	if p != nil {
+		return p
+	}
+	defer putBody(bp)
+	return decodeCheck(*bp, in)
+}
+
+// checkContentType accepts a body without Content-Type, or with
+// application/json or a +json type (with any parameters).
+func checkContentType(r *http.Request) *Problem {
+	var ct string
+	if vs := r.Header["Content-Type"]; len(vs) > 0 { // Header.Get, key canonical
+		ct = vs[0]
+	}
+	if ct == "" || ct == "application/json" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		return &Problem{Type: ProblemInvalid, Title: "Unsupported Media Type", Status: http.StatusUnsupportedMediaType,
+			Detail: fmt.Sprintf("Content-Type must be application/json, got %q", clipStr(ct)),
+			Errors: []quota.FieldError{{Field: "Content-Type", Reason: "must be application/json"}}}
+	}
+	return nil
 }
 
 // decodeBytes is decodeJSON's parser, separate so that it can be fuzzed.
+// A *CheckRequest goes through decodeCheck, as POST /v1/check's does.
 func decodeBytes(body []byte, v any) *Problem {
+	if in, ok := v.(*CheckRequest); ok {
+		return decodeCheck(body, in)
+	}
 	if e := strictjson.Decode(body, v); e != nil {
 		return invalid(e.Field, "%s", e.Reason)
 	}
@@ -80,7 +109,7 @@ type checkRejection struct {
 
 func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	var in CheckRequest
-	if p := decodeJSON(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
+	if p := decodeCheckBody(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
 		d.fail(w, r, p)
 		return
 	}
@@ -96,19 +125,26 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	setRateLimitHeaders(w.Header(), &v)
 	if v.status == http.StatusOK {
-		writeJSON(w, http.StatusOK, v.Decision)
+		writeDecision(w, http.StatusOK, &v.Decision)
 		return
 	}
 	prob := rejection(&v)
 	body := checkRejection{Type: prob.Type, Title: prob.Title, Status: prob.Status, Detail: prob.Detail,
 		Instance: r.URL.Path, ViolatedPolicies: v.violated, Decision: v.Decision}
-	b, err := json.Marshal(body)
-	if err != nil {
-		d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
-		return
+	bp := bodyBufs.Get().(*[]byte)
+	defer putBody(bp)
+	b, ok := appendRejection((*bp)[:0], &body)
+	*bp = b
+	if !ok {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
+			return
+		}
 	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
+	h := w.Header()
+	h["Content-Type"] = hdrProblem
+	h["Cache-Control"] = hdrNoStore
 	w.WriteHeader(v.status)
 	w.Write(append(b, '\n'))
 }
@@ -156,22 +192,42 @@ const (
 )
 
 // authzHeaders is the header pair a plain /v1/authz call carries the
-// limited request's method and URI in.
-type authzHeaders struct{ method, uri string }
+// limited request's method and URI in: each as problems name it (the
+// spelling the gateways document) and as its key in an http.Header (the
+// canonical form, which Header.Values would compute on every call).
+type authzHeaders struct{ method, uri, methodKey, uriKey string }
+
+var (
+	originalHeaders  = authzHeaders{"X-Original-Method", "X-Original-URI", "X-Original-Method", "X-Original-Uri"}
+	forwardedHeaders = authzHeaders{"X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Method", "X-Forwarded-Uri"}
+)
 
 // forwardAuthHeaders returns the pair mode names ("" is
 // ForwardAuthOriginal). Only that pair is read: the other one may come from
 // the client, passed on by a gateway that does not clear it.
 func forwardAuthHeaders(mode string) authzHeaders {
 	if mode == ForwardAuthForwarded {
-		return authzHeaders{"X-Forwarded-Method", "X-Forwarded-Uri"}
+		return forwardedHeaders
 	}
-	return authzHeaders{"X-Original-Method", "X-Original-URI"}
+	return originalHeaders
 }
 
-// identityConfig is the quota.IdentityConfig of the configuration.
+// identityConfig is the quota.IdentityConfig of the configuration. The key
+// headers are given in canonical form, which Identify then looks up as is
+// instead of canonicalising them on every request; their names appear in
+// no problem. The user and tier headers keep the configured spelling,
+// which problems name.
 func (c Config) identityConfig() quota.IdentityConfig {
-	return quota.IdentityConfig{KeyHeaders: c.KeyHeaders, TrustedProxies: c.TrustedProxies, TierHeader: c.TierHeader,
+	keys := c.KeyHeaders
+	if keys == nil {
+		keys = quota.DefaultKeyHeaders()
+	} else {
+		keys = slices.Clone(keys)
+	}
+	for i, k := range keys {
+		keys[i] = http.CanonicalHeaderKey(k)
+	}
+	return quota.IdentityConfig{KeyHeaders: keys, TrustedProxies: c.TrustedProxies, TierHeader: c.TierHeader,
 		UserHeader: c.UserHeader, ClientIPHeader: c.ClientIPHeader}
 }
 
@@ -199,14 +255,14 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 	if !prefixed {
 		fieldM, fieldU = pair.method, pair.uri
 		var p *Problem
-		if m, p = oneHeader(h, pair.method); p != nil {
+		if m, p = oneHeader(h, pair.methodKey, pair.method); p != nil {
 			return "", "", p
 		}
-		if u, p = oneHeader(h, pair.uri); p != nil {
+		if u, p = oneHeader(h, pair.uriKey, pair.uri); p != nil {
 			return "", "", p
 		}
 	}
-	if !methodPattern.MatchString(m) {
+	if !validMethod(m) {
 		return "", "", invalid(fieldM, "must be an HTTP method such as GET, got %q", clipStr(m))
 	}
 	if len(u) > maxRouteLen {
@@ -231,9 +287,10 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 	return strings.ToUpper(m), quota.NormalizeRoute(u), nil
 }
 
-// oneHeader returns the value of a header sent exactly once.
-func oneHeader(h http.Header, name string) (string, *Problem) {
-	vs := h.Values(name)
+// oneHeader returns the value of a header sent exactly once: key in
+// canonical form, name as the problem names it.
+func oneHeader(h http.Header, key, name string) (string, *Problem) {
+	vs := h[key]
 	switch {
 	case len(vs) == 0 || strings.TrimSpace(vs[0]) == "":
 		return "", invalid(name, "required: the gateway must set it on every /v1/authz call (or call /v1/authz/<path>)")
@@ -286,12 +343,11 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	}
 	h := w.Header()
 	setRateLimitHeaders(h, &v)
+	h["X-Sluice-Status"] = sluiceStatus(v.status)
 	if v.status == http.StatusOK {
-		h.Set("X-Sluice-Status", "200")
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	h.Set("X-Sluice-Status", fmt.Sprint(v.status))
 	prob := rejection(&v)
 	prob.Instance = route
 	// nginx auth_request understands only 2xx, 401 and 403: ?deny_status=403
@@ -299,7 +355,7 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	// with error_page (see deploy/nginx). X-Sluice-Status keeps the real one.
 	// Only on plain /v1/authz: on /v1/authz/<path> the query is the
 	// client's own.
-	if ds := r.URL.Query().Get("deny_status"); !prefixed && (ds == "403" || ds == "401") {
+	if ds := denyStatus(r.URL, prefixed); ds == "403" || ds == "401" {
 		if ds == "403" {
 			prob.Status = http.StatusForbidden
 		} else {
@@ -307,6 +363,36 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeProblem(w, r, prob)
+}
+
+// The values of X-Sluice-Status, shared like the header values of
+// writeProblem: no code may write into them.
+var (
+	hdrStatus200 = []string{"200"}
+	hdrStatus429 = []string{"429"}
+	hdrStatus503 = []string{"503"}
+)
+
+// sluiceStatus is the X-Sluice-Status value of a verdict's status.
+func sluiceStatus(status int) []string {
+	switch status {
+	case http.StatusOK:
+		return hdrStatus200
+	case http.StatusTooManyRequests:
+		return hdrStatus429
+	case http.StatusServiceUnavailable:
+		return hdrStatus503
+	}
+	return []string{strconv.Itoa(status)}
+}
+
+// denyStatus is the deny_status query parameter of a plain /v1/authz
+// call; the query is parsed only when there is one.
+func denyStatus(u *url.URL, prefixed bool) string {
+	if prefixed || u.RawQuery == "" {
+		return ""
+	}
+	return u.Query().Get("deny_status")
 }
 
 // fail answers a problem and counts 4xx answers.

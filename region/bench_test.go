@@ -25,11 +25,15 @@ import (
 
 const benchUsers = 10000
 
-func newBenchDaemon(b *testing.B) *Daemon {
+func newBenchDaemon(b *testing.B) *Daemon { return newBenchDaemonRate(b, 1000) }
+
+// newBenchDaemonRate is newBenchDaemon with a token bucket of rate per
+// second and as much burst.
+func newBenchDaemonRate(b *testing.B, rate float64) *Daemon {
 	b.Helper()
 	cfg := DefaultConfig()
 	p := quota.Policy{ID: "bench", Match: quota.Match{Routes: []string{"/bench"}}, Algorithm: "token_bucket",
-		RatePerSec: 1000, Burst: 1000, Mode: quota.ModeEnforce}
+		RatePerSec: rate, Burst: rate, Mode: quota.ModeEnforce}
 	cfg.Policies = []quota.Policy{p}
 	reg := prometheus.NewRegistry()
 	d, err := New(context.Background(), cfg, slog.New(slog.DiscardHandler), reg, reg)
@@ -82,8 +86,15 @@ func benchRequests(newReq func(user string) (*http.Request, []byte)) []benchRequ
 }
 
 func runHTTPBench(b *testing.B, h http.Handler, reqs []benchRequest) {
+	runHTTPBenchStatus(b, h, reqs, http.StatusOK)
+}
+
+// runHTTPBenchStatus runs reqs round and round, each answered with want;
+// a request whose user still has tokens may be allowed instead, so the
+// rejected share is reported when want is not 200.
+func runHTTPBenchStatus(b *testing.B, h http.Handler, reqs []benchRequest, want int) {
 	w := &discardWriter{h: http.Header{}}
-	i := 0
+	i, n := 0, 0
 	b.ReportAllocs()
 	for b.Loop() {
 		br := reqs[i]
@@ -96,9 +107,15 @@ func runHTTPBench(b *testing.B, h http.Handler, reqs []benchRequest) {
 		}
 		w.reset()
 		h.ServeHTTP(w, br.r)
-		if w.status != http.StatusOK {
-			b.Fatalf("status %d, want 200", w.status)
+		switch {
+		case w.status == want:
+			n++
+		case want == http.StatusOK || w.status != http.StatusOK:
+			b.Fatalf("status %d, want %d", w.status, want)
 		}
+	}
+	if want != http.StatusOK {
+		b.ReportMetric(float64(n)/float64(b.N), "rejected/op")
 	}
 }
 
@@ -136,4 +153,42 @@ func BenchmarkHTTPAuthz(b *testing.B) {
 		return r, nil
 	})
 	runHTTPBench(b, d.Handler(), reqs)
+}
+
+// BenchmarkHTTPCheckRejected is BenchmarkHTTPCheck for 100 users over
+// their limit of one check per second: nearly every check is answered 429
+// with its problem+json body, most from the deny cache.
+func BenchmarkHTTPCheckRejected(b *testing.B) {
+	d := newBenchDaemonRate(b, 1)
+	reqs := benchRequests(func(user string) (*http.Request, []byte) {
+		n, _ := strconv.Atoi(user[1:])
+		raw := []byte(`{"user":"u` + strconv.Itoa(n%100) + `","route":"/bench","method":"GET"}`)
+		r, err := http.NewRequest("POST", "http://sluice/v1/check", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Header.Set("Content-Type", "application/json")
+		r.ContentLength = int64(len(raw))
+		return r, raw
+	})
+	runHTTPBenchStatus(b, d.Handler(), reqs, http.StatusTooManyRequests)
+}
+
+// BenchmarkHTTPAuthzRejected is BenchmarkHTTPAuthz for 100 addresses over
+// their limit of one request per second: nearly every call is answered
+// 429 with a problem+json body.
+func BenchmarkHTTPAuthzRejected(b *testing.B) {
+	d := newBenchDaemonRate(b, 1)
+	reqs := benchRequests(func(user string) (*http.Request, []byte) {
+		r, err := http.NewRequest("GET", "http://sluice/v1/authz", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := strconv.Atoi(user[1:])
+		r.RemoteAddr = "10.0.0." + strconv.Itoa(n%100) + ":40000"
+		r.Header.Set("X-Original-URI", "/bench")
+		r.Header.Set("X-Original-Method", "GET")
+		return r, nil
+	})
+	runHTTPBenchStatus(b, d.Handler(), reqs, http.StatusTooManyRequests)
 }

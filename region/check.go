@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
@@ -159,6 +164,20 @@ var (
 	methodPattern = regexp.MustCompile(`^[A-Za-z]{1,32}$`)
 )
 
+// validMethod reports whether m matches methodPattern, without the
+// regular expression: it is on the path of every check.
+func validMethod(m string) bool {
+	if m == "" || len(m) > 32 {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if c := m[i] | 0x20; c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
 const maxRouteLen = 4096
 
 func validRoute(route string) error {
@@ -221,7 +240,7 @@ func (in *CheckRequest) target(prefix string) (target, *Problem) {
 	method := in.Method
 	if method == "" {
 		method = http.MethodGet
-	} else if !methodPattern.MatchString(method) {
+	} else if !validMethod(method) {
 		return target{}, invalid(at("method"), "must be an HTTP method such as GET, got %q", clipStr(method))
 	}
 	if err := validRoute(in.Route); err != nil {
@@ -266,7 +285,20 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	v.Policies = make([]PolicyResult, len(applied))
 	v.Exempt = exemptResults(exempt)
 
-	var enforced, shadow [engine.MaxChecks]engine.Check
+	// The engine keeps its request's checks beyond the stack (they go
+	// through the store interface), so both sets share one allocation of
+	// exactly their size: the enforced checks first, then the shadow ones.
+	var checks []engine.Check
+	nEnforced := 0
+	for i := range applied {
+		if applied[i].Policy.Mode == quota.ModeEnforce {
+			nEnforced++
+		}
+	}
+	if len(applied) > 0 {
+		checks = make([]engine.Check, len(applied))
+	}
+	enforced, shadow := checks[:nEnforced:nEnforced], checks[nEnforced:]
 	var enfIdx, shIdx [engine.MaxChecks]int
 	var quotaAt [engine.MaxChecks]bool // enforced global quotas
 	ne, ns := 0, 0
@@ -350,6 +382,11 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			pr.Degraded = out.Degraded
 			p := applied[enfIdx[j]].Policy
 			if !r.Allowed && !out.Allowed {
+				if v.violated == nil {
+					// One allocation for both lists, each of at most ne.
+					ids := make([]string, 0, 2*ne)
+					v.violated, v.violatedPublic = ids[:0:ne], ids[ne:ne]
+				}
 				v.violated = append(v.violated, p.ID)
 				if p.Class != quota.ClassSecurity {
 					v.violatedPublic = append(v.violatedPublic, p.ID)
@@ -413,15 +450,42 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			v.RetryAfterMS = 0
 		}
 	}
-	decision := "allowed"
+	decision := 0 // allowed
 	switch v.status {
 	case http.StatusTooManyRequests:
-		decision = "rejected"
+		decision = 1
 	case http.StatusServiceUnavailable:
-		decision = "unavailable"
+		decision = 2
 	}
-	d.m.checks.WithLabelValues(decision, v.Source).Inc()
+	d.m.checkSeries.counter(d.m.checks, decision, v.Source).Inc()
 	return v, nil
+}
+
+// checkSeries holds the series of sluice_checks_total as they are first
+// used, so that a check counts itself without hashing its labels: by
+// decision (allowed, rejected, unavailable) and source.
+type checkSeries struct {
+	c [3][len(checkSources)]atomic.Pointer[prometheus.Counter]
+}
+
+var (
+	checkDecisions = [3]string{"allowed", "rejected", "unavailable"}
+	checkSources   = [...]string{"store", "deny_cache", "fallback", "none"}
+)
+
+// counter is the series of checkDecisions[decision] and source.
+func (cs *checkSeries) counter(vec *prometheus.CounterVec, decision int, source string) prometheus.Counter {
+	si := slices.Index(checkSources[:], source)
+	if si < 0 {
+		return vec.WithLabelValues(checkDecisions[decision], source)
+	}
+	p := &cs.c[decision][si]
+	if c := p.Load(); c != nil {
+		return *c
+	}
+	c := vec.WithLabelValues(checkDecisions[decision], source)
+	p.Store(&c)
+	return c
 }
 
 func a(applied []quota.Applied, i int) quota.Applied { return applied[i] }
@@ -444,12 +508,9 @@ func ceilMS(d time.Duration) int64 {
 // setRateLimitHeaders writes RateLimit-Policy, RateLimit and, when
 // rejected, Retry-After (whole seconds, rounded up).
 func setRateLimitHeaders(h http.Header, v *verdict) {
-	if len(v.headers) > 0 {
-		h.Set("RateLimit-Policy", formatPolicyHeader(v.headers))
-		h.Set("RateLimit", formatRateLimitHeader(v.headers))
-	}
+	setRateLimitFields(h, v.headers)
 	if v.status != http.StatusOK {
-		h.Set("Retry-After", fmt.Sprint(max(ceilSeconds(v.retryAfter), 1)))
+		h["Retry-After"] = []string{strconv.FormatInt(max(ceilSeconds(v.retryAfter), 1), 10)}
 	}
 }
 

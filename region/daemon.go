@@ -535,11 +535,20 @@ func (d *Daemon) mux(include func(Route) bool) http.Handler {
 	return d.recoverer(d.notFound(mux))
 }
 
-// notFound turns the mux's plain-text 404 and 405 into problems.
+// notFound turns the mux's plain-text 404 and 405 into problems. A
+// request is routed once: a matched pattern without wildcards (the check
+// routes) is served here with r.Pattern set as ServeMux.ServeHTTP sets it;
+// only one with wildcards goes through ServeHTTP again, which alone can
+// set the path values.
 func (d *Daemon) notFound(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
-		if pattern != "" {
+		switch {
+		case pattern != "" && strings.IndexByte(pattern, '{') < 0:
+			r.Pattern = pattern
+			h.ServeHTTP(w, r)
+			return
+		case pattern != "":
 			mux.ServeHTTP(w, r) // sets r.Pattern and the path values
 			return
 		}

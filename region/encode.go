@@ -144,3 +144,109 @@ func appendFloat(b []byte, f float64) ([]byte, bool) {
 	}
 	return b, true
 }
+
+// appendRejection appends c as JSON to b, as appendDecision does: the
+// problem members, then the decision's. The detail quotes a policy id, so
+// here a string may hold '"' and '\', which encoding/json escapes as \"
+// and \\; anything else unusual is left to encoding/json.
+func appendRejection(b []byte, c *checkRejection) ([]byte, bool) {
+	start := len(b)
+	fail := func() ([]byte, bool) { return b[:start], false }
+	var ok bool
+	if b, ok = appendQuoted(b, `{"type":`, c.Type); !ok {
+		return fail()
+	}
+	if b, ok = appendQuoted(b, `,"title":`, c.Title); !ok {
+		return fail()
+	}
+	b = appendInt(b, `,"status":`, int64(c.Status))
+	if b, ok = appendQuoted(b, `,"detail":`, c.Detail); !ok {
+		return fail()
+	}
+	if c.Instance != "" {
+		if b, ok = appendQuoted(b, `,"instance":`, c.Instance); !ok {
+			return fail()
+		}
+	}
+	if len(c.ViolatedPolicies) > 0 {
+		b = append(b, `,"violated-policies":`...)
+		for i, id := range c.ViolatedPolicies {
+			key := ","
+			if i == 0 {
+				key = "["
+			}
+			if b, ok = appendQuoted(b, key, id); !ok {
+				return fail()
+			}
+		}
+		b = append(b, ']')
+	}
+	open := len(b)
+	if b, ok = appendDecision(b, &c.Decision); !ok {
+		return fail()
+	}
+	b[open] = ',' // the decision's members continue the object
+	return b, true
+}
+
+// appendQuoted is appendField that also takes '"' and '\'.
+func appendQuoted(b []byte, key, s string) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '<' || c == '>' || c == '&' {
+			return b, false
+		}
+	}
+	b = append(b, key...)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"'), true
+}
+
+// appendProblem appends p as JSON to b, as appendRejection does, for a
+// problem without field errors (a rejection, a 404); one with errors, or
+// anything unusual, is left to encoding/json.
+func appendProblem(b []byte, p *Problem) ([]byte, bool) {
+	if len(p.Errors) > 0 {
+		return b, false
+	}
+	start := len(b)
+	fail := func() ([]byte, bool) { return b[:start], false }
+	var ok bool
+	if b, ok = appendQuoted(b, `{"type":`, p.Type); !ok {
+		return fail()
+	}
+	if b, ok = appendQuoted(b, `,"title":`, p.Title); !ok {
+		return fail()
+	}
+	b = appendInt(b, `,"status":`, int64(p.Status))
+	for _, f := range [...]struct{ key, v string }{{`,"detail":`, p.Detail}, {`,"instance":`, p.Instance}} {
+		if f.v == "" {
+			continue
+		}
+		if b, ok = appendQuoted(b, f.key, f.v); !ok {
+			return fail()
+		}
+	}
+	if len(p.ViolatedPolicies) > 0 {
+		b = append(b, `,"violated-policies":`...)
+		for i, id := range p.ViolatedPolicies {
+			key := ","
+			if i == 0 {
+				key = "["
+			}
+			if b, ok = appendQuoted(b, key, id); !ok {
+				return fail()
+			}
+		}
+		b = append(b, ']')
+	}
+	if p.RetryAfterMS != nil {
+		b = appendInt(b, `,"retry_after_ms":`, *p.RetryAfterMS)
+	}
+	return append(b, '}'), true
+}

@@ -12,6 +12,7 @@ import (
 // registry, so shadow rejections are labelled by policy.
 type metrics struct {
 	checks       *prometheus.CounterVec
+	checkSeries  checkSeries // checks' series, resolved once each
 	duration     prometheus.Histogram
 	wouldReject  *prometheus.CounterVec
 	badRequests  *prometheus.CounterVec

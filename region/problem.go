@@ -116,10 +116,16 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
-	body, err := json.Marshal(p)
-	if err != nil { // cannot happen: every member is a plain value
-		body = []byte(`{"type":"` + ProblemInternal + `","title":"Internal Server Error","status":500}`)
-		p.Status = http.StatusInternalServerError
+	bp := bodyBufs.Get().(*[]byte)
+	defer putBody(bp)
+	body, ok := appendProblem((*bp)[:0], p)
+	*bp = body
+	if !ok {
+		var err error
+		if body, err = json.Marshal(p); err != nil { // cannot happen: every member is a plain value
+			body = []byte(`{"type":"` + ProblemInternal + `","title":"Internal Server Error","status":500}`)
+			p.Status = http.StatusInternalServerError
+		}
 	}
 	h := w.Header()
 	h["Content-Type"] = hdrProblem
@@ -146,7 +152,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // writeDecision is writeJSON for the body of a check; a *Decision is not
 // copied into an interface value, which saves an allocation per check.
 func writeDecision(w http.ResponseWriter, status int, d *Decision) {
-	body, ok := appendDecision(make([]byte, 0, 512), d)
+	bp := bodyBufs.Get().(*[]byte)
+	defer putBody(bp) // Write keeps no reference to its argument (io.Writer)
+	body, ok := appendDecision((*bp)[:0], d)
+	*bp = body
 	if !ok {
 		// A copy, so that d itself does not escape to the heap on the
 		// common path.
