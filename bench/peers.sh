@@ -266,7 +266,11 @@ for r in $(seq 1 "$ROUNDS"); do
       -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
     res=$(echo "$out" | grep '^RESULT')
     field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
-    [ "$(field errors)" = 0 ] && [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: errors or non-2xx at $RATE/s"; }
+    # A non-2xx answer means the system did other work than the rest: stop.
+    # A transport error (a stalled connection on a busy machine) is named
+    # in the log and the round still counts, its latencies showing the stall.
+    [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: non-2xx answers at $RATE/s"; }
+    [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) transport errors at $RATE/s ($(echo "$out" | grep -m1 '^first error'))"
     awk -v a="$(field achieved)" -v r="$RATE" 'BEGIN { exit !(a < 0.95 * r) }' &&
       log "warning: $s achieved $(field achieved)/s of $RATE/s offered: its latency figures measure a backlog"
     lat50[$s]="${lat50[$s]:-} $(field p50_us)"
