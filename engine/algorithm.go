@@ -48,8 +48,10 @@ type Result struct {
 
 // Decide applies one policy to one check at time now. It is pure: the
 // caller stores the returned State only if it commits the check (a check
-// rejected by any of several policies commits none of them). A cost of
-// zero reads the state and consumes nothing.
+// rejected by any of several policies commits none of them), or if the
+// check was rejected and keepRejected holds for this policy (a refreshed,
+// full bucket: nothing spent). A cost of zero reads the state and consumes
+// nothing.
 //
 // now must be after the Unix epoch; the limit must be valid (Validate).
 // A cost above the limit's capacity, possible when a region's share shrinks
@@ -67,6 +69,9 @@ func Decide(now time.Time, st State, l Limit, cost int64) (State, Result) {
 	var r Result
 	decide(us, &next, &l, float64(cost), &r)
 	if !r.Allowed {
+		if keepRejected(st.T, &next, &l) {
+			return State{A: next.a, T: next.t}, r
+		}
 		return st, r
 	}
 	return State{A: next.a, B: next.b, T: next.t}, r
@@ -99,6 +104,32 @@ func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	case SlidingWindowCounter:
 		slidingCounter(now, st, l, cost, r)
 	}
+}
+
+// keepRejected reports whether a rejected check's state must be stored
+// all the same: a token bucket that is full at the burst enforced now
+// (quantDown of it, as stored), at a time later than the stored state's
+// (oldT, zero for none). Storing it spends nothing, so a request rejected
+// under any policy may store it and stay all-or-nothing.
+//
+// The bucket keeps absolute tokens, and refills from its stored time at the
+// rate enforced when it is next checked. A region whose share of a global
+// limit is too small for a check's cost rejects every check; were nothing
+// stored, a subject never seen would, once the share is raised, start from
+// a full bucket at the new burst, and a known one would be refilled at the
+// new rate for all the time since its stored state: either way up to a
+// whole burst on top of the rate. Stored full at the small burst at each
+// rejection, the bucket refills from that level at the raised rate, from
+// the moment of the last rejection.
+//
+// Only a full bucket is stored: a rejected bucket that is not full is left
+// unwritten (a rejection of a known subject costs no write), so after a
+// raise it is refilled at the new rate since its last admission, less
+// than the time it needed to fill at the old rate. The other algorithms
+// need nothing: a leaky bucket or window left unwritten reads as empty,
+// which is what a fresh state stored at the rejection would hold.
+func keepRejected(oldT int64, next *counters, l *Limit) bool {
+	return l.Algorithm == TokenBucket && next.t != oldT && next.a == quantDown(l.Burst)
 }
 
 const usPerSec = 1e6

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -41,6 +42,11 @@ func FuzzDecide(f *testing.F) {
 			}
 			if cost == 0 && !r.Allowed {
 				t.Fatalf("step %d: cost 0 rejected", i)
+			}
+			// A rejection keeps the state, or stores a full bucket at now.
+			if !r.Allowed && !reflect.DeepEqual(next, st) &&
+				(l.Algorithm != TokenBucket || !reflect.DeepEqual(next, State{A: quantDown(l.Burst), T: now.UnixMicro()})) {
+				t.Fatalf("step %d: rejected check changed the state %+v to %+v", i, st, next)
 			}
 			bound := 3*l.Window.Seconds() + 1
 			if !l.Algorithm.Windowed() {

@@ -89,7 +89,8 @@ type pending struct {
 	key   uint64
 	idx   int // entry index, -1 if the key is not in the table
 	stale bool
-	drop  int // expired log timestamps a commit removes
+	keep  bool // store next even if the request is rejected (keepRejected)
+	drop  int  // expired log timestamps a commit removes
 	lim   Limit
 	next  counters
 }
@@ -183,13 +184,26 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 			d.Results[i], q.drop = decideLog(now, log, &q.lim, float64(c.Cost))
 			continue
 		}
+		var oldT int64
 		if !q.stale {
 			q.next = counters{a: e.a, b: e.b, t: e.t}
+			oldT = e.t
 		}
 		decide(now, &q.next, &q.lim, float64(c.Cost), &d.Results[i])
+		q.keep = !d.Results[i].Allowed && keepRejected(oldT, &q.next, &q.lim)
 	}
 	d.finish(checks)
 	if !d.Allowed {
+		for i := range p {
+			if q := &p[i]; q.keep {
+				e := &tab.e[q.idx]
+				if e.meta>>algShift == uint32(SlidingWindowLog) {
+					delete(sh.logs, q.key) // only on the slow path: acquire refuses logs
+				}
+				e.a, e.b, e.t = q.next.a, q.next.b, q.next.t
+				e.meta = packMeta(expirySeconds(now+ttl(now, &q.next, nil, &q.lim, checks[i].scale()), s.base), q.lim.Algorithm)
+			}
+		}
 		return
 	}
 	for i := range p {

@@ -35,7 +35,10 @@
 -- match reads as a subject never seen.
 --
 -- The state is written, with its TTL, only if every policy allows and only
--- for policies with a non-zero cost. Returns five integers per policy:
+-- for policies with a non-zero cost; or, when some policy rejects, for each
+-- token bucket that rejected while full at its burst at a time later than
+-- its stored state (keepRejected in algorithm.go: a full bucket spends
+-- nothing). Returns five integers per policy:
 -- allowed (0/1), limit, remaining, reset-after µs, retry-after µs.
 
 local US = 1000000
@@ -321,7 +324,7 @@ local function ttl(alg, st, p1, p2, w, f)
   return US
 end
 
-local out, states, algs, costs = {}, {}, {}, {}
+local out, states, algs, costs, keep = {}, {}, {}, {}, {}
 local all = true
 for i = 1, #KEYS do
   local j = 3 + 6 * (i - 1)
@@ -341,7 +344,13 @@ for i = 1, #KEYS do
   else
     ok, limit, remaining, reset, retry, next = sliding_counter(st, p1, w, cost)
   end
-  if ok == 0 then all = false end
+  if ok == 0 then
+    all = false
+    -- keepRejected: a token bucket full at its burst, newer than stored.
+    local old_t = 0
+    if st then old_t = st[2] end
+    keep[i] = alg == 1 and next[2] ~= old_t and next[1] == q29(p2, math.floor)
+  end
   states[i], algs[i], costs[i] = next, alg, cost
   local k = 5 * (i - 1)
   out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = ok, limit, remaining, reset, retry
@@ -353,6 +362,14 @@ if all then
       local j = 3 + 6 * (i - 1)
       local us = ttl(algs[i], states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 5]))
       redis.call('SET', KEYS[i], encode(algs[i], states[i]), 'PX', math.ceil(us / 1000) + pad)
+    end
+  end
+else
+  for i = 1, #KEYS do
+    if keep[i] then
+      local j = 3 + 6 * (i - 1)
+      local us = ttl(1, states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), 0, tonumber(ARGV[j + 5]))
+      redis.call('SET', KEYS[i], encode(1, states[i]), 'PX', math.ceil(us / 1000) + pad)
     end
   end
 end

@@ -229,6 +229,56 @@ func TestRedisStateIsCompact(t *testing.T) {
 	}
 }
 
+// TestRedisRejectionWrites holds the script to writing on a rejected
+// check only what keepRejected asks for: a token bucket full at its
+// scaled burst, later than its stored state. Rejections of a bucket that
+// is not full, or under any other algorithm, leave Redis untouched.
+func TestRedisRejectionWrites(t *testing.T) {
+	clock := newManualClock()
+	s, srv := newTestRedisStore(t, clock)
+	c := srv.Client(t)
+	ctx := context.Background()
+	scaled := func(l Limit, cost int64, scale float64) Request {
+		return Request{Subject: "s", Checks: []Check{{Policy: "p", Limit: l, Cost: cost, Scale: scale}}}
+	}
+	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 100}
+	tests := []struct {
+		name  string
+		setup []Request // allowed checks made first
+		req   Request   // rejected
+		write bool
+	}{
+		{"token bucket never seen, small share", nil, scaled(tb, 1, 0.001), true},
+		{"token bucket not full", []Request{scaled(tb, 60, 1)}, scaled(tb, 50, 1), false},
+		{"leaky bucket never seen, small share", nil, scaled(Limit{Algorithm: LeakyBucket, Rate: 10, Burst: 100}, 1, 0.001), false},
+		{"fixed window never seen, small share", nil, scaled(Limit{Algorithm: FixedWindow, Count: 100, Window: time.Minute}, 1, 0.001), false},
+		{"sliding window log never seen, small share", nil, scaled(Limit{Algorithm: SlidingWindowLog, Count: 100, Window: time.Minute}, 1, 0.001), false},
+		{"sliding window counter never seen, small share", nil, scaled(Limit{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Minute}, 1, 0.001), false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			subject := fmt.Sprint("w", i)
+			for _, r := range tt.setup {
+				r.Subject = subject
+				if d := mustCheck(t, s, r); !d.Allowed {
+					t.Fatalf("setup check %+v rejected", r)
+				}
+			}
+			key := s.Key(subject, "p")
+			before, _ := c.Get(ctx, key).Result()
+			clock.Advance(time.Millisecond)
+			tt.req.Subject = subject
+			if d := mustCheck(t, s, tt.req); d.Allowed {
+				t.Fatalf("Check(%+v) allowed, want rejected", tt.req)
+			}
+			after, _ := c.Get(ctx, key).Result()
+			if wrote := after != before; wrote != tt.write {
+				t.Errorf("rejected check wrote %v (%x -> %x), want %v", wrote, before, after, tt.write)
+			}
+		})
+	}
+}
+
 // TestRedisStateFormat reads the stored strings back as redis.lua's header
 // describes them: a 7-byte header holding T and the algorithm, then A (and
 // B) in 5 bytes each, a bucket's as the top of a double and a window's as

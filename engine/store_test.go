@@ -288,6 +288,68 @@ func TestScaleChangesWithoutReset(t *testing.T) {
 	}
 }
 
+// TestRaisedScaleAfterRejectionsAdmitsTheRate covers a region whose share
+// of a global limit is too small for a check's cost (it lent the share
+// away): it rejects a subject's first checks, then the share is raised and
+// the subject is offered ten times the rate. Over the following interval
+// a token bucket admits at most the rate × interval plus what it held at
+// the small share, not a full burst at the new one: the rejected checks
+// stored a full bucket at the small share, refilled from there. For the
+// other algorithms a fresh state reads as empty (nothing kept could grant
+// more), so the rejected subject admits no more than one never seen.
+func TestRaisedScaleAfterRejectionsAdmitsTheRate(t *testing.T) {
+	const (
+		small    = 0.001
+		interval = time.Second
+		step     = time.Millisecond
+	)
+	limits := []Limit{
+		{Algorithm: TokenBucket, Rate: 100, Burst: 50},
+		{Algorithm: LeakyBucket, Rate: 100, Burst: 50},
+		{Algorithm: FixedWindow, Count: 100, Window: time.Second},
+		{Algorithm: SlidingWindowLog, Count: 100, Window: time.Second},
+		{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Second},
+	}
+	for _, sc := range storeCases {
+		for _, l := range limits {
+			t.Run(sc.name+"/"+l.Algorithm.String(), func(t *testing.T) {
+				clock := newManualClock()
+				clock.Advance(250 * time.Millisecond) // off any window boundary
+				s := sc.new(t, clock)
+				req := func(subject string, scale float64) Request {
+					return Request{Subject: subject, Checks: []Check{{Policy: "global", Limit: l, Cost: 1, Scale: scale}}}
+				}
+				// Rejected at the small share: first as a subject never
+				// seen, then as one the store holds.
+				for range 2 {
+					if d := mustCheck(t, s, req("alice", small)); d.Allowed {
+						t.Fatalf("Check(cost 1, scale %v) = allowed, want rejected", small)
+					}
+					clock.Advance(500 * time.Millisecond)
+				}
+				mustCheck(t, s, req("alice", small))
+				admitted := map[string]int{}
+				for el := time.Duration(0); el < interval; el += step {
+					for _, subject := range []string{"alice", "bob"} {
+						if mustCheck(t, s, req(subject, 1)).Allowed {
+							admitted[subject]++
+						}
+					}
+					clock.Advance(step)
+				}
+				bound := float64(admitted["bob"]) // bob: never seen before the raise
+				if l.Algorithm == TokenBucket {
+					bound = l.Rate*interval.Seconds() + small*l.Burst
+				}
+				if got := admitted["alice"]; float64(got) > bound {
+					t.Errorf("admitted %d in %v after the scale rose from %v to 1, want at most %.2f (a never-seen subject admitted %d)",
+						got, interval, small, bound, admitted["bob"])
+				}
+			})
+		}
+	}
+}
+
 func TestCheckRejectsBadRequests(t *testing.T) {
 	good := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}
 	tests := []struct {

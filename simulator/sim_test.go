@@ -10,9 +10,7 @@ import (
 // documented reason (docs/simulator.md). The test fails if one of them
 // starts passing, so the list cannot go stale, and fails for any other
 // scenario that misses.
-var nfr02Misses = map[string]string{
-	"shift": "the borrower's first admission after its loan finds a full bucket at the new share (engine keeps no state for a key it only rejected)",
-}
+var nfr02Misses = map[string]string{}
 
 func TestBuiltinScenariosNFR02(t *testing.T) {
 	for _, sc := range Builtins() {
