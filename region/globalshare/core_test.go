@@ -33,6 +33,7 @@ type coreNode struct {
 	name, region string
 	core         *Core
 	state        gossip.State
+	down         bool    // crashed: neither ticked nor sent to, whatever membership says
 	carry        float64 // fractional demand not yet drained
 	admitted     float64
 }
@@ -46,13 +47,20 @@ type flight struct {
 
 func newCoreNet(t *testing.T, sc share.Config, nodes ...string) *coreNet {
 	t.Helper()
+	return newCoreNetCollect(t, sc, 150*time.Millisecond, nodes...)
+}
+
+// newCoreNetCollect is newCoreNet with the cores' CoreConfig.Collect (zero:
+// the default, Settle/3).
+func newCoreNetCollect(t *testing.T, sc share.Config, collect time.Duration, nodes ...string) *coreNet {
+	t.Helper()
 	n := &coreNet{t: t, sc: sc, now: sc.EpochStart(1_000_000).Add(100 * time.Millisecond),
 		delay: 20 * time.Millisecond, rate: map[string]float64{}}
 	for _, name := range nodes {
 		n.nodes = append(n.nodes, &coreNode{name: name, region: regionOf(name), state: gossip.StateAlive})
 	}
 	for _, nd := range n.nodes {
-		c, err := NewCore(CoreConfig{Share: sc, Region: nd.region, Node: nd.name, Collect: 150 * time.Millisecond,
+		c, err := NewCore(CoreConfig{Share: sc, Region: nd.region, Node: nd.name, Collect: collect,
 			Limit: func(p string) (float64, bool) { return limit, p == policy }}, n.members())
 		if err != nil {
 			t.Fatal(err)
@@ -112,7 +120,7 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 	to := func(m gossip.Message, ok func(*coreNode) bool) {
 		m.From, m.Region = from.name, from.region
 		for _, nd := range n.nodes {
-			if nd == from || nd.state != gossip.StateAlive || !ok(nd) || (n.cut != nil && n.cut(from.region, nd.region)) {
+			if nd == from || nd.down || nd.state != gossip.StateAlive || !ok(nd) || (n.cut != nil && n.cut(from.region, nd.region)) {
 				continue
 			}
 			n.sent++
@@ -151,12 +159,12 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 		}
 		n.inFlite = keep
 		for _, f := range due {
-			if f.to.state == gossip.StateAlive {
+			if f.to.state == gossip.StateAlive && !f.to.down {
 				n.send(f.to, f.to.core.Step(n.now, f.msg))
 			}
 		}
 		for _, nd := range n.nodes {
-			if nd.state == gossip.StateAlive {
+			if nd.state == gossip.StateAlive && !nd.down {
 				n.send(nd, nd.core.Tick(n.now, n.usage(nd, step), n.view(nd)))
 			}
 		}
@@ -538,4 +546,65 @@ func FuzzCoreStep(f *testing.F) {
 			n.run(n.now.Add(sc.Interval/2), 50*time.Millisecond, check)
 		}
 	})
+}
+
+// TestCoreTakeoverAfterCrash scripts the end-to-end failover at the
+// daemon's 1 s timings: three regions of two nodes, all traffic in r3, then
+// r3's nodes crash (no leave; membership keeps them alive until it declares
+// them dead) and the traffic moves to r1 and r2. The survivors must hold
+// r3's share by the documented bound: K+1 intervals after r3's last report
+// plus Settle and RaiseDelay, or RaiseDelay after membership declares r3
+// dead if that comes first; Σ of the enforced shares never exceeds 1.
+func TestCoreTakeoverAfterCrash(t *testing.T) {
+	sc := testShareConfig()
+	sc.Settle = 250 * time.Millisecond // region.ShareConfig(1 s)
+	sc.RaiseDelay = 100 * time.Millisecond
+	reclaim := time.Duration(sc.PartitionIntervals+1)*sc.Interval + sc.Settle + sc.RaiseDelay
+	for _, tt := range []struct {
+		name   string
+		delay  time.Duration // gossip delivery delay
+		crash  time.Duration // into the interval: r3's report of the last one is sent at Settle/3
+		detect time.Duration // membership declares r3 dead this long after the crash
+	}{
+		{"crash at the boundary, slow detection", 20 * time.Millisecond, 0, 8 * time.Second},
+		{"crash after the report, slow detection", 20 * time.Millisecond, 200 * time.Millisecond, 8 * time.Second},
+		{"crash late in the interval, slow detection", 20 * time.Millisecond, 900 * time.Millisecond, 8 * time.Second},
+		{"slow gossip, slow detection", 140 * time.Millisecond, 500 * time.Millisecond, 8 * time.Second},
+		{"fast detection", 20 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second},
+		{"slow gossip, fast detection", 140 * time.Millisecond, 0, 1500 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			n := newCoreNetCollect(t, sc, 0, "r1-0", "r1-1", "r2-0", "r2-1", "r3-0", "r3-1")
+			n.delay = tt.delay
+			n.rate = map[string]float64{"r1-0": 70, "r1-1": 70, "r2-0": 20, "r2-1": 20, "r3-0": 10, "r3-1": 10}
+			n.run(n.now.Add(8*sc.Interval), 10*time.Millisecond, nil)
+			n.rate = map[string]float64{"r3-0": 100, "r3-1": 100}
+			n.run(n.now.Truncate(sc.Interval).Add(7*sc.Interval+tt.crash), 10*time.Millisecond, nil)
+			if r3 := n.shares("r3-0")[0]; r3 < 0.9 {
+				t.Fatalf("before the crash r3 holds %.3f, want ≥ 0.9", r3)
+			}
+			crash := n.now
+			n.node("r3-0").down, n.node("r3-1").down = true, true
+			n.rate = map[string]float64{"r1-0": 50, "r1-1": 50, "r2-0": 50, "r2-1": 50}
+			var took time.Duration
+			n.run(crash.Add(reclaim+2*sc.Interval), 10*time.Millisecond, func() {
+				since := n.now.Sub(crash)
+				if since >= tt.detect {
+					n.node("r3-0").state, n.node("r3-1").state = gossip.StateDead, gossip.StateDead
+				}
+				s := n.shares("r1-0", "r1-1", "r2-0", "r2-1")
+				if total := max(s[0], s[1]) + max(s[2], s[3]); total > 1+1e-9 {
+					t.Fatalf("%v after the crash: Σ enforced shares = %v", since, total)
+				}
+				if took == 0 && s[0]+s[2] > 0.9 && s[1]+s[3] > 0.9 {
+					took = since
+				}
+			})
+			bound := min(reclaim, tt.detect+sc.RaiseDelay) + 20*time.Millisecond // two ticks
+			if took == 0 || took > bound {
+				t.Errorf("r1+r2 hold r3's share %v after the crash (0: never), want within %v (r1, r2 at %.3f)",
+					took, bound, n.shares("r1-0", "r2-0"))
+			}
+		})
+	}
 }
