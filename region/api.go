@@ -22,19 +22,17 @@ const MaxBatch = 100
 // value, no unknown fields. Every failure is a 4xx problem naming the field
 // where one is known.
 func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
-	if p := checkContentType(r); p != nil {
-		return p
-	}
-	bp, p := readBody(w, r, max)
-	if p != nil {
-		return p
-	}
-	defer putBody(bp)
-	return decodeBytes(*bp, v)
+	return decodeBody(w, r, max, func(b []byte) *Problem { return decodeBytes(b, v) })
 }
 
 // decodeCheckBody is decodeJSON for a CheckRequest, through decodeCheck.
 func decodeCheckBody(w http.ResponseWriter, r *http.Request, max int64, in *CheckRequest) *Problem {
+	return decodeBody(w, r, max, func(b []byte) *Problem { return decodeCheck(b, in) })
+}
+
+// decodeBody checks the Content-Type, reads the body into a pooled buffer
+// and hands it to decode, which must not keep it.
+func decodeBody(w http.ResponseWriter, r *http.Request, max int64, decode func([]byte) *Problem) *Problem {
 	if p := checkContentType(r); p != nil {
 		return p
 	}
@@ -43,7 +41,7 @@ func decodeCheckBody(w http.ResponseWriter, r *http.Request, max int64, in *Chec
 		return p
 	}
 	defer putBody(bp)
-	return decodeCheck(*bp, in)
+	return decode(*bp)
 }
 
 // checkContentType accepts a body without Content-Type, or with

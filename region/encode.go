@@ -168,18 +168,8 @@ func appendRejection(b []byte, c *checkRejection) ([]byte, bool) {
 			return fail()
 		}
 	}
-	if len(c.ViolatedPolicies) > 0 {
-		b = append(b, `,"violated-policies":`...)
-		for i, id := range c.ViolatedPolicies {
-			key := ","
-			if i == 0 {
-				key = "["
-			}
-			if b, ok = appendQuoted(b, key, id); !ok {
-				return fail()
-			}
-		}
-		b = append(b, ']')
+	if b, ok = appendViolated(b, c.ViolatedPolicies); !ok {
+		return fail()
 	}
 	open := len(b)
 	if b, ok = appendDecision(b, &c.Decision); !ok {
@@ -232,21 +222,32 @@ func appendProblem(b []byte, p *Problem) ([]byte, bool) {
 			return fail()
 		}
 	}
-	if len(p.ViolatedPolicies) > 0 {
-		b = append(b, `,"violated-policies":`...)
-		for i, id := range p.ViolatedPolicies {
-			key := ","
-			if i == 0 {
-				key = "["
-			}
-			if b, ok = appendQuoted(b, key, id); !ok {
-				return fail()
-			}
-		}
-		b = append(b, ']')
+	if b, ok = appendViolated(b, p.ViolatedPolicies); !ok {
+		return fail()
 	}
 	if p.RetryAfterMS != nil {
 		b = appendInt(b, `,"retry_after_ms":`, *p.RetryAfterMS)
 	}
 	return append(b, '}'), true
+}
+
+// appendViolated appends `,"violated-policies":[...]` for a non-empty ids,
+// nothing for an empty one; ok is false when an id needs escaping, as for
+// appendQuoted.
+func appendViolated(b []byte, ids []string) ([]byte, bool) {
+	if len(ids) == 0 {
+		return b, true
+	}
+	b = append(b, `,"violated-policies":`...)
+	ok := true
+	for i, id := range ids {
+		key := ","
+		if i == 0 {
+			key = "["
+		}
+		if b, ok = appendQuoted(b, key, id); !ok {
+			return b, false
+		}
+	}
+	return append(b, ']'), true
 }
