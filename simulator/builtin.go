@@ -15,7 +15,7 @@ func atLeast(metric string, v float64, note string) Target {
 }
 
 // Builtins returns the built-in scenarios, in a stable order: every row of
-// share-algorithms.md §5, the extra scenarios of issue 4, and
+// share-algorithms.md §5, the transient and fault scenarios beyond it, and
 // steady-uneven (the scenario the live simulation is compared against).
 func Builtins() []Scenario {
 	l := LimitSpec{Rate: 1000}

@@ -201,7 +201,7 @@ func waitSeconds(n int64, from int64) {
 	<-time.After(time.Until(time.Unix(from+n, 0)))
 }
 
-// TestMultiRegionSharesConverge is issue 5's must-show: 3 regions × 2
+// TestMultiRegionSharesConverge runs 3 regions × 2
 // daemons (the real binary) on loopback, real memberlist, each region with
 // its own redis-server; one global key offered 2·L split 70/20/10 at a 1 s
 // interval. After 3 intervals the total admitted per interval is within 5%

@@ -11,10 +11,10 @@ import (
 	"github.com/sluice-rl/sluice/simulator"
 )
 
-// TestSteadyUnevenMatchesVirtual is issue 5's must-show: the live run of
-// steady-uneven (3 regions, 2·L split 70/20/10, real daemons, memberlist and
-// HTTP, interval compressed to 1 s) and the virtual-time run of the same
-// scenario agree on global_error_p99_pct within 3 percentage points.
+// TestSteadyUnevenMatchesVirtual checks that the live run of steady-uneven
+// (3 regions, 2·L split 70/20/10, real daemons, memberlist and HTTP,
+// interval compressed to 1 s) and the virtual-time run of the same scenario
+// agree on global_error_p99_pct within 3 percentage points.
 func TestSteadyUnevenMatchesVirtual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live run of 30 s; skipped under -short")
