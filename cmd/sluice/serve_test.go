@@ -43,6 +43,10 @@ type daemon struct {
 	mu   sync.Mutex
 	logs bytes.Buffer
 	done chan error
+	// exited is closed once the process has been waited for, so that a
+	// cleanup can tell without reading cmd.ProcessState, which Wait writes
+	// on another goroutine.
+	exited chan struct{}
 }
 
 // startDaemon runs `sluice serve --listen 127.0.0.1:0 args...` and waits
@@ -58,7 +62,7 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{t: t, cmd: cmd, done: make(chan error, 1)}
+	d := &daemon{t: t, cmd: cmd, done: make(chan error, 1), exited: make(chan struct{})}
 	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -75,12 +79,16 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 				}
 			}
 		}
-		d.done <- cmd.Wait()
+		err := cmd.Wait()
+		close(d.exited)
+		d.done <- err
 	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-d.exited:
+		default:
 			cmd.Process.Kill()
-			<-d.done
+			<-d.exited
 		}
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.log())
@@ -320,7 +328,8 @@ func TestServeSharedPolicies(t *testing.T) {
 }
 
 // TestServeGracefulShutdown sends SIGTERM while a check is in flight (its
-// body half sent) and requires that check to complete with 200.
+// handler reading a body only half sent) and requires that check to
+// complete with 200.
 func TestServeGracefulShutdown(t *testing.T) {
 	bin := buildSluice(t)
 	d := startDaemon(t, bin)
@@ -331,11 +340,17 @@ func TestServeGracefulShutdown(t *testing.T) {
 	defer conn.Close()
 	body := `{"ip":"192.0.2.7","route":"/v1/things"}`
 	half := len(body) / 2
-	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:half])
-	// The server has the request once it answers /readyz on another
-	// connection, which shows it is serving; then terminate it.
-	if r := d.do("GET", "/healthz", ""); r.status != 200 {
-		t.Fatalf("healthz = %d", r.status)
+	// With Expect: 100-continue the server answers 100 Continue when the
+	// handler starts reading the body: from then on the request is in
+	// flight, not a connection the shutdown may close unread.
+	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", len(body))
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	if res, err := http.ReadResponse(br, nil); err != nil || res.StatusCode != http.StatusContinue {
+		t.Fatalf("before the body: %v %v, want 100 Continue", res, err)
+	}
+	if _, err := conn.Write([]byte(body[:half])); err != nil {
+		t.Fatalf("sending half the body: %v", err)
 	}
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -351,7 +366,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 		t.Fatalf("finishing the in-flight request: %v", err)
 	}
 	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	res, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("in-flight request got no response: %v", err)
 	}
