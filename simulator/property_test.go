@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/racedetector"
 )
 
 // shortened compresses a scenario into about length of virtual time for
@@ -83,14 +85,15 @@ func propertyScenarios(length time.Duration) []Scenario {
 }
 
 // TestPropertySharesValid runs every built-in scenario (shortened to 60 s of
-// virtual time) for 1000 seeds (50 with -short): no run panics or fails,
+// virtual time) for 1000 seeds (50 with -short, and under the race
+// detector, which looks for races, not for seeds): no run panics or fails,
 // at every tick every live region enforces a share in [MinShare, 1] and
 // its view of a key's shares over the regions sums to at most 1 + 1e-9
 // (Options.CheckShares), and a second run of every tenth seed gives the
 // same JSON byte for byte.
 func TestPropertySharesValid(t *testing.T) {
 	seeds := 1000
-	if testing.Short() {
+	if testing.Short() || racedetector.Enabled {
 		seeds = 50
 	}
 	scenarios := propertyScenarios(60 * time.Second)
