@@ -761,12 +761,11 @@ func (r *Registry) SyncKeys(ctx context.Context, who string, want []KeyEntry) er
 	ve := &ValidationError{}
 	seen := make(map[string]bool, len(want))
 	for i, k := range want {
-		switch {
-		case !validKeyID(k.KeyID):
-			ve.add(fmt.Sprintf("keys[%d].key_id", i), "must be %d lower-case hex digits", keyIDLen)
-		case !idPattern.MatchString(k.Tier):
-			ve.add(fmt.Sprintf("keys[%d].tier", i), "must match ^[a-z0-9][a-z0-9._-]{0,63}$")
-		case seen[k.KeyID]:
+		if err := k.Validate(); err != nil {
+			for _, fe := range err.(*ValidationError).Problems {
+				ve.add(fmt.Sprintf("keys[%d].%s", i, fe.Field), "%s", fe.Reason)
+			}
+		} else if seen[k.KeyID] {
 			ve.add(fmt.Sprintf("keys[%d].key_id", i), "listed twice")
 		}
 		seen[k.KeyID] = true
@@ -796,6 +795,21 @@ func (r *Registry) SyncKeys(ctx context.Context, who string, want []KeyEntry) er
 		}
 		return changes, nil
 	})
+}
+
+// Validate checks an entry as the registry stores it: KeyID must be one
+// that KeyID can produce (a key id of another form could never match a
+// request) and Tier a valid tier, ^[a-z0-9][a-z0-9._-]{0,63}$. The
+// *ValidationError names the field and never quotes the entry, which, when
+// it comes from elsewhere, may hold anything, even an API key.
+func (k KeyEntry) Validate() error {
+	ve := &ValidationError{}
+	if !validKeyID(k.KeyID) {
+		ve.add("key_id", "must be %d lower-case hex digits", keyIDLen)
+	} else if !idPattern.MatchString(k.Tier) {
+		ve.add("tier", "must match ^[a-z0-9][a-z0-9._-]{0,63}$")
+	}
+	return ve.err()
 }
 
 // validKeyID reports whether id is a KeyID: keyIDLen lower-case hex digits.

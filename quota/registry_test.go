@@ -567,3 +567,38 @@ func TestRegistrySyncKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestKeyEntryValidate(t *testing.T) {
+	id := KeyID("sk_a")
+	tests := []struct {
+		name  string
+		in    KeyEntry
+		field string // the field refused; "" for none
+	}{
+		{"valid", KeyEntry{id, "pro"}, ""},
+		{"a raw key, not an id", KeyEntry{"sk_live_raw_key", "pro"}, "key_id"},
+		{"upper-case hex", KeyEntry{strings.ToUpper(id), "pro"}, "key_id"},
+		{"short id", KeyEntry{id[:31], "pro"}, "key_id"},
+		{"not hex", KeyEntry{strings.Repeat("g", 32), "pro"}, "key_id"},
+		{"empty tier", KeyEntry{id, ""}, "tier"},
+		{"upper-case tier", KeyEntry{id, "Pro"}, "tier"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.in.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Errorf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) || len(ve.Problems) != 1 || ve.Problems[0].Field != tt.field {
+				t.Fatalf("Validate() = %v, want one problem naming %s", err, tt.field)
+			}
+			if strings.Contains(err.Error(), tt.in.KeyID) {
+				t.Errorf("Validate() = %q quotes the entry", err)
+			}
+		})
+	}
+}
