@@ -1,11 +1,8 @@
 package region
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,96 +10,6 @@ import (
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/quota"
 )
-
-// policiesOnlyHash is policyHash as builds before override and key
-// replication compute it.
-func policiesOnlyHash(ps []quota.Policy) string {
-	ps = slices.Clone(ps)
-	slices.SortFunc(ps, func(a, b quota.Policy) int { return strings.Compare(a.ID, b.ID) })
-	h := sha256.New()
-	for _, p := range ps {
-		p.Version = 0
-		b, _ := json.Marshal(p)
-		h.Write(b)
-		h.Write([]byte{'\n'})
-	}
-	return hex.EncodeToString(h.Sum(nil)[:6])
-}
-
-func TestPolicyHashSeesKeys(t *testing.T) {
-	ps := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
-	k1 := quota.KeyEntry{KeyID: quota.KeyID("sk-1"), Tier: "pro"}
-	k2 := quota.KeyEntry{KeyID: quota.KeyID("sk-2"), Tier: "free"}
-	k1free := quota.KeyEntry{KeyID: k1.KeyID, Tier: "free"}
-	if got, want := policyHash(ps, nil, []quota.KeyEntry{}), policiesOnlyHash(ps); got != want {
-		t.Errorf("policyHash(ps, none, none) = %s, want the policies-only hash %s", got, want)
-	}
-	tests := []struct {
-		name string
-		a, b []quota.KeyEntry
-		same bool
-	}{
-		{"nil and empty keys", nil, []quota.KeyEntry{}, true},
-		{"a key against none", nil, []quota.KeyEntry{k1}, false},
-		{"order", []quota.KeyEntry{k1, k2}, []quota.KeyEntry{k2, k1}, true},
-		{"another tier", []quota.KeyEntry{k1}, []quota.KeyEntry{k1free}, false},
-		{"another key", []quota.KeyEntry{k1}, []quota.KeyEntry{k2}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ha, hb := policyHash(ps, nil, tt.a), policyHash(ps, nil, tt.b)
-			if (ha == hb) != tt.same {
-				t.Errorf("policyHash(ps, nil, %v) = %s, policyHash(ps, nil, %v) = %s; want equal %v", tt.a, ha, tt.b, hb, tt.same)
-			}
-		})
-	}
-}
-
-func TestValidKeys(t *testing.T) {
-	id1, id2 := quota.KeyID("sk-1"), quota.KeyID("sk-2")
-	k := func(id, tier string) quota.KeyEntry { return quota.KeyEntry{KeyID: id, Tier: tier} }
-	tests := []struct {
-		name    string
-		in      []quota.KeyEntry
-		want    []string // key ids kept, in order
-		wantBad int      // index refused; -1 for none
-	}{
-		{"none", nil, []string{}, -1},
-		{"valid, sorted", []quota.KeyEntry{k(id2, "pro"), k(id1, "free")}, slices.Sorted(slices.Values([]string{id1, id2})), -1},
-		{"one id twice", []quota.KeyEntry{k(id1, "pro"), k(id1, "free")}, nil, 1},
-		{"a raw key instead of an id", []quota.KeyEntry{k(id1, "pro"), k("sk-live-secret", "pro")}, nil, 1},
-		{"upper-case hex", []quota.KeyEntry{k(strings.ToUpper(id1), "pro")}, nil, 0},
-		{"short id", []quota.KeyEntry{k(id1[:31], "pro")}, nil, 0},
-		{"empty tier", []quota.KeyEntry{k(id1, "")}, nil, 0},
-		{"bad tier", []quota.KeyEntry{k(id1, "Pro")}, nil, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, bad, err := validKeys(tt.in)
-			if tt.wantBad >= 0 {
-				if err == nil || bad != tt.wantBad {
-					t.Errorf("validKeys = %v, %d, %v; want entry %d refused", got, bad, err, tt.wantBad)
-				}
-				for _, e := range tt.in {
-					if err != nil && e.KeyID != "" && strings.Contains(err.Error(), e.KeyID) {
-						t.Errorf("validKeys error %q quotes an entry", err)
-					}
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("validKeys = %d, %v; want no error", bad, err)
-			}
-			ids := []string{}
-			for _, e := range got {
-				ids = append(ids, e.KeyID)
-			}
-			if fmt.Sprint(ids) != fmt.Sprint(tt.want) {
-				t.Errorf("validKeys kept %v, want %v", ids, tt.want)
-			}
-		})
-	}
-}
 
 // checkKey runs a zero-cost check with apiKey on l and returns the tier it
 // resolved to and the ids of the policies that applied.

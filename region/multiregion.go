@@ -2,12 +2,9 @@ package region
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"net"
 	"net/http"
@@ -25,6 +22,7 @@ import (
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
 	"github.com/sluice-rl/sluice/region/globalshare"
+	"github.com/sluice-rl/sluice/region/policyset"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -273,107 +271,13 @@ func (cl *cluster) receive(u gossip.PolicyUpdate) {
 	}
 }
 
-// policySet is the payload of a gossip.PolicyUpdate: the policies in force
-// (the newest version of each), the per-subject overrides in force and the
-// API-key registry, as JSON so that a newer build's fields survive (and an
-// older build ignores the fields it does not know).
-//
-// Overrides is a pointer so that its absence is visible: a set from a build
-// that predates override replication has none, and applying it leaves the
-// receiver's overrides alone (only those of policies the set deletes go,
-// as with a local delete). A present but empty list means "no overrides".
-// Each override keeps its absolute expires_at; the sender lists only those
-// not yet expired, and a receiver skips any that have expired by its own
-// clock, so an expired override is never brought back.
-//
-// Keys is a pointer for the same reason: absent (an older build), the
-// receiver's key registry stays as it is; present, the receiver holds
-// exactly these keys. It carries what the registry stores, key ids
-// (quota.KeyID, a SHA-256 prefix) and tiers, never an API key.
-type policySet struct {
-	Origin    string            `json:"origin"`
-	Policies  []quota.Policy    `json:"policies"`
-	Overrides *[]quota.Override `json:"overrides,omitempty"`
-	Keys      *[]quota.KeyEntry `json:"keys,omitempty"`
-}
-
-// revision numbers are hybrid logical clocks: the high 48 bits are
-// milliseconds since the Unix epoch, advanced past every revision seen, and
-// the low 16 bits a hash of the node that made the change, so revisions made
-// anywhere are totally ordered, a later change (by wall clock, or causally
-// after one it has seen) is larger, and two changes made in the same
-// millisecond are ordered by node.
-func nextRevision(now time.Time, last uint64, node string) uint64 {
-	ms := uint64(now.UnixMilli())
-	if prev := last >> 16; ms <= prev {
-		ms = prev + 1
-	}
-	h := fnv.New32a()
-	h.Write([]byte(node))
-	return ms<<16 | uint64(h.Sum32()&0xffff)
-}
-
-// policyHash is a short content hash of a policy set, its overrides and
-// its key registry, independent of the per-region version numbers the
-// registries assign and of the order of any list. With no overrides and no
-// keys it is the hash of the policies alone, as builds before override and
-// key replication compute it, so a mixed cluster without either shows no
-// skew; with them, nodes that differ only in them do.
-func policyHash(ps []quota.Policy, ovs []quota.Override, keys []quota.KeyEntry) string {
-	ps = slices.Clone(ps)
-	slices.SortFunc(ps, func(a, b quota.Policy) int { return strings.Compare(a.ID, b.ID) })
-	h := sha256.New()
-	for _, p := range ps {
-		p.Version = 0
-		b, _ := json.Marshal(p)
-		h.Write(b)
-		h.Write([]byte{'\n'})
-	}
-	if len(ovs) > 0 {
-		ovs = slices.Clone(ovs)
-		slices.SortFunc(ovs, func(a, b quota.Override) int { return strings.Compare(a.ID, b.ID) })
-		h.Write([]byte("overrides\n"))
-		for _, o := range ovs {
-			o.ExpiresAt = o.ExpiresAt.UTC()
-			b, _ := json.Marshal(o)
-			h.Write(b)
-			h.Write([]byte{'\n'})
-		}
-	}
-	if len(keys) > 0 {
-		keys = slices.Clone(keys)
-		slices.SortFunc(keys, func(a, b quota.KeyEntry) int { return strings.Compare(a.KeyID, b.KeyID) })
-		h.Write([]byte("keys\n"))
-		for _, k := range keys {
-			b, _ := json.Marshal(k)
-			h.Write(b)
-			h.Write([]byte{'\n'})
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil)[:6])
-}
-
-// contentHash is policyHash of what the registry holds now. Expired
+// contentHash is the hash of what the registry holds now. Expired
 // overrides drop out of it when they expire, on every node alike.
-func (d *Daemon) contentHash() string {
-	return policyHash(d.reg.List(""), d.reg.Overrides(), d.reg.Snapshot().Keys)
-}
+func (d *Daemon) contentHash() string { return d.heldSet("").Hash() }
 
-func samePolicy(a, b quota.Policy) bool {
-	a.Version, b.Version = 0, 0
-	x, _ := json.Marshal(a)
-	y, _ := json.Marshal(b)
-	return string(x) == string(y)
-}
-
-// sameOverride compares overrides field by field, expiry as an instant
-// (a time zone or monotonic reading picked up on the way does not count).
-func sameOverride(a, b quota.Override) bool {
-	if !a.ExpiresAt.Equal(b.ExpiresAt) {
-		return false
-	}
-	a.ExpiresAt, b.ExpiresAt = time.Time{}, time.Time{}
-	return a == b
+// heldSet is what the registry holds now, as the set node origin sends.
+func (d *Daemon) heldSet(origin string) policyset.Set {
+	return policyset.New(origin, d.reg.List(""), d.reg.Overrides(), d.reg.Snapshot().Keys)
 }
 
 // run broadcasts local changes, applies remote ones and keeps the node's
@@ -411,24 +315,16 @@ func (d *Daemon) runPolicySync(ctx context.Context) error {
 
 func (d *Daemon) broadcastPolicies(ctx context.Context) {
 	cl := d.cl
-	ps := d.reg.List("")
-	ovs := d.reg.Overrides() // those not expired
-	if ovs == nil {
-		ovs = []quota.Override{} // present and empty: the receivers delete theirs
-	}
-	keys := d.reg.Snapshot().Keys
-	if keys == nil {
-		keys = []quota.KeyEntry{} // likewise
-	}
-	data, err := json.Marshal(policySet{Origin: cl.g.Name(), Policies: ps, Overrides: &ovs, Keys: &keys})
+	set := d.heldSet(cl.g.Name()) // overrides not expired; empty lists present, so receivers delete theirs
+	data, err := set.Encode()
 	if err != nil {
 		cl.log.Error("policy sync: encode", "err", err)
 		return
 	}
+	h := set.Hash()
 	cl.mu.Lock()
-	rev := nextRevision(time.Now(), cl.rev, cl.g.Name())
-	cl.rev, cl.hash, cl.from = rev, policyHash(ps, ovs, keys), cl.g.Name()
-	h := cl.hash
+	rev := policyset.NextRevision(time.Now(), cl.rev, cl.g.Name())
+	cl.rev, cl.hash, cl.from = rev, h, cl.g.Name()
 	cl.mu.Unlock()
 	cl.g.SetPolicyVersion(rev, h)
 	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -438,17 +334,16 @@ func (d *Daemon) broadcastPolicies(ctx context.Context) {
 		return
 	}
 	d.m.policySync.WithLabelValues("sent").Inc()
-	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(ps), "overrides", len(ovs), "keys", len(keys))
+	cl.log.Info("policy sync: broadcast", "revision", rev, "hash", h, "policies", len(set.Policies), "overrides", len(*set.Overrides), "keys", len(*set.Keys))
 }
 
 // applyPolicies makes the local registry hold exactly the policies of u
 // (and, when the set carries them, exactly its overrides and API keys) if u
-// is newer than the revision in force: changed policies, overrides and keys
-// are Put (a new local version), missing ones deleted, identical ones left
-// alone, so
-// applying the same set twice, or on several daemons sharing one Redis,
-// changes nothing the second time. A set with anything the admin API would
-// refuse is refused whole, before anything changes.
+// is newer than the revision in force, writing only what differs
+// (policyset.Diff), so applying the same set twice, or on several daemons
+// sharing one Redis, changes nothing the second time. A set with anything
+// the admin API would refuse is refused whole, before anything changes
+// (policyset.Set.Validate).
 func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 	cl := d.cl
 	cl.mu.Lock()
@@ -457,50 +352,23 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 	if stale {
 		return
 	}
-	var set policySet
-	if err := json.Unmarshal(u.Data, &set); err != nil {
+	got, err := policyset.Decode(u.Data)
+	if err != nil {
 		d.m.policySync.WithLabelValues("invalid").Inc()
 		cl.log.Warn("policy sync: undecodable policy set", "revision", u.Version, "err", err)
 		return
 	}
-	for i := range set.Policies {
-		if err := set.Policies[i].Validate(); err != nil {
-			d.m.policySync.WithLabelValues("invalid").Inc()
-			cl.log.Warn("policy sync: invalid policy in set", "revision", u.Version, "policy", set.Policies[i].ID, "err", err)
-			return
-		}
-	}
-	var overrides []quota.Override // nil: the set does not carry overrides
-	if set.Overrides != nil {
-		var err error
-		var id string
-		if overrides, id, err = validOverrides(ctx, set.Policies, *set.Overrides, time.Now()); err != nil {
-			d.m.policySync.WithLabelValues("invalid").Inc()
-			cl.log.Warn("policy sync: invalid override in set", "revision", u.Version, "override", id, "err", err)
-			return
-		}
-	}
-	var keys []quota.KeyEntry // nil: the set does not carry keys
-	if set.Keys != nil {
-		var err error
-		var at int
-		if keys, at, err = validKeys(*set.Keys); err != nil {
-			// The entry is named by its index: its content may be
-			// anything, even (by a sender's mistake) an API key.
-			d.m.policySync.WithLabelValues("invalid").Inc()
-			cl.log.Warn("policy sync: invalid key entry in set", "revision", u.Version, "entry", at, "err", err)
-			return
-		}
+	set, err := got.Validate(time.Now())
+	if err != nil {
+		d.m.policySync.WithLabelValues("invalid").Inc()
+		logInvalid(cl.log, u.Version, err)
+		return
 	}
 	who := "gossip:" + set.Origin
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		if err = d.syncRegistry(actx, who, set.Policies, overrides); err == nil && keys != nil {
-			err = d.reg.SyncKeys(actx, who, keys)
-		}
-		if err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
+		if err = d.syncRegistry(actx, who, set); err == nil || !errors.Is(err, redispolicy.ErrConcurrentChange) {
 			break
 		}
 		// A sibling daemon on the same Redis applied it first: reload
@@ -523,116 +391,61 @@ func (d *Daemon) applyPolicies(ctx context.Context, u gossip.PolicyUpdate) {
 	d.m.policySync.WithLabelValues("applied").Inc()
 	nov, nkeys := -1, -1 // not carried
 	if set.Overrides != nil {
-		nov = len(overrides)
+		nov = len(*set.Overrides)
 	}
 	if set.Keys != nil {
-		nkeys = len(keys)
+		nkeys = len(*set.Keys)
 	}
 	cl.log.Info("policy sync: applied", "revision", u.Version, "from", set.Origin, "hash", h, "policies", len(set.Policies), "overrides", nov, "keys", nkeys)
 }
 
-// fixedClock is a quota.Clock stopped at one instant.
-type fixedClock time.Time
-
-func (c fixedClock) Now() time.Time { return time.Time(c) }
-
-// validOverrides checks received overrides as the admin API would, against
-// the received policies (which are applied first), at now: each must fit
-// its policy, and a subject may have one override per policy. It returns
-// the ones still in force, leaving out those expired by now (they would
-// be pruned at once; skipping them keeps them from coming back), or the id
-// of the first invalid one and why. It checks in a scratch registry, so
-// nothing is saved or audited.
-func validOverrides(ctx context.Context, ps []quota.Policy, ovs []quota.Override, now time.Time) ([]quota.Override, string, error) {
-	live := make([]quota.Override, 0, len(ovs))
-	seen := map[string]bool{}
-	for _, o := range ovs {
-		if seen[o.ID] {
-			return nil, o.ID, errors.New("listed twice")
-		}
-		seen[o.ID] = true
-		if o.ExpiresAt.IsZero() || o.ExpiresAt.After(now) {
-			live = append(live, o) // a zero expiry is refused below
-		}
+// logInvalid logs why a received set was refused, naming the entry as
+// policyset.InvalidError does (a key entry by its index alone).
+func logInvalid(log *slog.Logger, rev uint64, err error) {
+	var ie *policyset.InvalidError
+	if !errors.As(err, &ie) {
+		log.Warn("policy sync: invalid policy set", "revision", rev, "err", err)
+		return
 	}
-	if len(live) == 0 {
-		return live, "", nil
+	switch ie.Part {
+	case policyset.PartKey:
+		log.Warn("policy sync: invalid key entry in set", "revision", rev, "entry", ie.Index, "err", ie.Err)
+	case policyset.PartPolicies:
+		log.Warn("policy sync: invalid policies in set", "revision", rev, "err", ie.Err)
+	default:
+		log.Warn("policy sync: invalid "+string(ie.Part)+" in set", "revision", rev, string(ie.Part), ie.ID, "err", ie.Err)
 	}
-	scratch := quota.NewRegistry(quota.RegistryConfig{Clock: fixedClock(now)})
-	if err := scratch.Seed(ctx, "gossip", ps); err != nil {
-		return nil, "", fmt.Errorf("the set's policies: %w", err)
-	}
-	for _, o := range live {
-		if _, err := scratch.PutOverride(ctx, "gossip", o); err != nil {
-			return nil, o.ID, err
-		}
-	}
-	return live, "", nil
 }
 
-// syncRegistry makes the registry hold the policies want and, unless
-// overrides is nil, exactly the overrides: policies first, since an
-// override is checked against the policy in force.
-func (d *Daemon) syncRegistry(ctx context.Context, who string, want []quota.Policy, overrides []quota.Override) error {
-	keep := map[string]bool{}
-	for _, p := range want {
-		keep[p.ID] = true
-		if cur, ok := d.reg.Get(p.ID); ok && samePolicy(cur, p) {
-			continue
-		}
+// syncRegistry writes into the registry the changes that make it hold
+// want, a validated set, in the order policyset.Changes prescribes.
+func (d *Daemon) syncRegistry(ctx context.Context, who string, want policyset.Set) error {
+	c := policyset.Diff(d.heldSet(""), want)
+	for _, p := range c.PutPolicies {
 		if _, err := d.reg.Put(ctx, who, p, nil); err != nil {
 			return fmt.Errorf("policy %s: %w", p.ID, err)
 		}
 	}
-	for _, p := range d.reg.List("") {
-		if !keep[p.ID] {
-			if err := d.reg.Delete(ctx, who, p.ID, nil); err != nil && !errors.Is(err, quota.ErrNotFound) {
-				return fmt.Errorf("policy %s: %w", p.ID, err)
-			}
+	for _, id := range c.DeletePolicies {
+		if err := d.reg.Delete(ctx, who, id, nil); err != nil && !errors.Is(err, quota.ErrNotFound) {
+			return fmt.Errorf("policy %s: %w", id, err)
 		}
 	}
-	if overrides == nil {
-		return nil
-	}
-	return d.syncOverrides(ctx, who, overrides)
-}
-
-// syncOverrides makes the registry hold exactly want. It deletes first the
-// overrides absent from want and those whose subject and policy an
-// override of another id in want takes (a subject has one override per
-// policy), then puts the new and changed ones.
-func (d *Daemon) syncOverrides(ctx context.Context, who string, want []quota.Override) error {
-	type pair struct{ subject, policy string }
-	byID := map[string]quota.Override{}
-	claimed := map[pair]string{}
-	for _, o := range want {
-		byID[o.ID] = o
-		claimed[pair{o.Subject, o.Policy}] = o.ID
-	}
-	cur := map[string]quota.Override{}
-	for _, o := range d.reg.Overrides() {
-		w, ok := byID[o.ID]
-		if ok && sameOverride(o, w) {
-			cur[o.ID] = o
-			continue
-		}
-		if id, taken := claimed[pair{o.Subject, o.Policy}]; ok && (!taken || id == o.ID) {
-			continue // replaced in place below
-		}
-		if err := d.reg.DeleteOverride(ctx, who, o.ID); err != nil && !errors.Is(err, quota.ErrNotFound) {
-			return fmt.Errorf("override %s: %w", o.ID, err)
+	for _, id := range c.DeleteOverrides {
+		if err := d.reg.DeleteOverride(ctx, who, id); err != nil && !errors.Is(err, quota.ErrNotFound) {
+			return fmt.Errorf("override %s: %w", id, err)
 		}
 	}
-	for _, o := range want {
-		if _, ok := cur[o.ID]; ok {
-			continue
-		}
+	for _, o := range c.PutOverrides {
 		if _, err := d.reg.PutOverride(ctx, who, o); err != nil {
 			if !time.Now().Before(o.ExpiresAt) {
 				continue // expired since it was checked: nothing to hold
 			}
 			return fmt.Errorf("override %s: %w", o.ID, err)
 		}
+	}
+	if len(c.PutKeys)+len(c.DeleteKeys) > 0 {
+		return d.reg.SyncKeys(ctx, who, *want.Keys)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,85 +13,38 @@ import (
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/region/policyset"
 )
 
-func TestPolicyHashSeesOverrides(t *testing.T) {
-	ps := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
-	exp := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
-	o1 := quota.Override{ID: "vip", Subject: "tenant-7", Policy: "q", Burst: 50, ExpiresAt: exp}
-	o2 := quota.Override{ID: "vip2", Subject: "tenant-8", Policy: "q", Burst: 30, ExpiresAt: exp}
-	o1elsewhere := o1
-	o1elsewhere.ExpiresAt = exp.In(time.FixedZone("CET", 3600))
-	o1later := o1
-	o1later.ExpiresAt = exp.Add(time.Second)
-	tests := []struct {
-		name string
-		a, b []quota.Override
-		same bool
-	}{
-		{"nil and empty overrides", nil, []quota.Override{}, true},
-		{"an override against none", nil, []quota.Override{o1}, false},
-		{"order", []quota.Override{o1, o2}, []quota.Override{o2, o1}, true},
-		{"time zone of the expiry", []quota.Override{o1}, []quota.Override{o1elsewhere}, true},
-		{"a later expiry", []quota.Override{o1}, []quota.Override{o1later}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ha, hb := policyHash(ps, tt.a, nil), policyHash(ps, tt.b, nil)
-			if (ha == hb) != tt.same {
-				t.Errorf("policyHash(ps, %v) = %s, policyHash(ps, %v) = %s; want equal %v", tt.a, ha, tt.b, hb, tt.same)
-			}
-		})
-	}
+// The tests of this package call the policy set's parts by these names.
+type policySet = policyset.Set
+
+func nextRevision(now time.Time, last uint64, node string) uint64 {
+	return policyset.NextRevision(now, last, node)
 }
 
-func TestValidOverrides(t *testing.T) {
-	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
-	ps := []quota.Policy{
-		{ID: "tb", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce},
-		{ID: "fw", Algorithm: "fixed_window", Count: 100, Window: 60, Mode: quota.ModeEnforce},
+func policyHash(ps []quota.Policy, ovs []quota.Override, keys []quota.KeyEntry) string {
+	return policyset.New("", ps, ovs, keys).Hash()
+}
+
+func sameOverride(a, b quota.Override) bool { return policyset.SameOverride(a, b) }
+
+// validOverrides validates the set of ps (normalized, as a registry lists
+// them) and ovs and returns the overrides kept, or the id of the one
+// refused and why.
+func validOverrides(_ context.Context, ps []quota.Policy, ovs []quota.Override, now time.Time) ([]quota.Override, string, error) {
+	norm := make([]quota.Policy, len(ps))
+	for i, p := range ps {
+		norm[i] = p.Normalize()
 	}
-	ov := func(id, subject, policy string, burst, limit float64, expires time.Duration) quota.Override {
-		return quota.Override{ID: id, Subject: subject, Policy: policy, Burst: burst, Count: limit, ExpiresAt: now.Add(expires)}
+	set, err := policyset.Set{Policies: norm, Overrides: &ovs}.Validate(now)
+	if ie := (*policyset.InvalidError)(nil); errors.As(err, &ie) {
+		return nil, ie.ID, ie.Err
 	}
-	tests := []struct {
-		name    string
-		in      []quota.Override
-		want    []string // ids kept
-		wantBad string   // id refused; "" for none
-	}{
-		{"none", nil, []string{}, ""},
-		{"valid", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("b", "s1", "fw", 0, 500, time.Hour)}, []string{"a", "b"}, ""},
-		{"expired left out", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("old", "s2", "tb", 50, 0, -time.Second)}, []string{"a"}, ""},
-		{"expiring now left out", []quota.Override{ov("now", "s2", "tb", 50, 0, 0)}, []string{}, ""},
-		{"parameter the policy does not use", []quota.Override{ov("a", "s1", "tb", 0, 5, time.Hour)}, nil, "a"},
-		{"policy not in the set", []quota.Override{ov("a", "s1", "gone", 50, 0, time.Hour)}, nil, "a"},
-		{"two for one subject and policy", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("b", "s1", "tb", 20, 0, time.Hour)}, nil, "b"},
-		{"one id twice", []quota.Override{ov("a", "s1", "tb", 50, 0, time.Hour), ov("a", "s2", "tb", 20, 0, time.Hour)}, nil, "a"},
-		{"no expiry", []quota.Override{{ID: "a", Subject: "s1", Policy: "tb", Burst: 50}}, nil, "a"},
-		{"bad subject", []quota.Override{ov("a", "has space", "tb", 50, 0, time.Hour)}, nil, "a"},
+	if err != nil {
+		return nil, "", err
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, bad, err := validOverrides(context.Background(), ps, tt.in, now)
-			if tt.wantBad != "" {
-				if err == nil || bad != tt.wantBad {
-					t.Errorf("validOverrides = %v, %q, %v; want override %q refused", got, bad, err, tt.wantBad)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("validOverrides = %q, %v; want no error", bad, err)
-			}
-			ids := []string{}
-			for _, o := range got {
-				ids = append(ids, o.ID)
-			}
-			if fmt.Sprint(ids) != fmt.Sprint(tt.want) {
-				t.Errorf("validOverrides kept %v, want %v", ids, tt.want)
-			}
-		})
-	}
+	return *set.Overrides, "", nil
 }
 
 // checkLimit runs a zero-cost check of subject on l and returns the first
@@ -136,7 +90,7 @@ func (l *liveDaemon) syncCount(t *testing.T, result string) int {
 func broadcastAs(t *testing.T, l, other *liveDaemon, origin, data string) uint64 {
 	t.Helper()
 	last := max(l.regions(t).PolicyRevision, other.regions(t).PolicyRevision)
-	rev := nextRevision(time.Now(), last, origin)
+	rev := policyset.NextRevision(time.Now(), last, origin)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := l.d.Gossip().BroadcastPolicy(ctx, gossip.PolicyUpdate{Version: rev, Data: []byte(data)}); err != nil {
@@ -315,53 +269,4 @@ func TestOverrideSyncSiblingsOnRedis(t *testing.T) {
 	if n := b1.syncCount(t, "error") + b2.syncCount(t, "error"); n != 0 {
 		t.Errorf("policy sync errors in b = %d, want 0", n)
 	}
-}
-
-// FuzzPolicySetOverrides feeds received policy sets to the checks a
-// receiver runs before applying one: they must not panic, and what they
-// accept must be overrides in force with distinct ids, and key entries
-// with distinct, well-formed key ids and tiers, sorted.
-func FuzzPolicySetOverrides(f *testing.F) {
-	f.Add([]byte(`{"origin":"a1","policies":[{"id":"q","algorithm":"token_bucket","rate_per_sec":10,"burst":10,"mode":"enforce"}],` +
-		`"overrides":[{"id":"vip","subject":"tenant-7","policy":"q","burst":50,"expires_at":"2031-01-01T00:00:00Z"}]}`))
-	f.Add([]byte(`{"origin":"old","policies":[]}`))
-	f.Add([]byte(`{"overrides":[{"id":"x","subject":"s","policy":"p","limit":-1,"expires_at":"1999-01-01T00:00:00Z"}],"overrides":null}`))
-	f.Add([]byte(`{"origin":"a1","policies":[],"keys":[{"key_id":"0123456789abcdef0123456789abcdef","tier":"pro"},` +
-		`{"key_id":"00000000000000000000000000000000","tier":"free"}]}`))
-	f.Add([]byte(`{"keys":[{"key_id":"sk-live-x","tier":"Pro"}],"keys":[]}`))
-	now := time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var set policySet
-		if json.Unmarshal(data, &set) != nil {
-			return
-		}
-		if set.Keys != nil {
-			if got, _, err := validKeys(*set.Keys); err == nil {
-				for i, k := range got {
-					if !keyIDPattern.MatchString(k.KeyID) || !tierPattern.MatchString(k.Tier) || (i > 0 && got[i-1].KeyID >= k.KeyID) {
-						t.Fatalf("validKeys accepted %+v (malformed, repeated or out of order)", got)
-					}
-				}
-			}
-		}
-		if set.Overrides == nil {
-			return
-		}
-		for i := range set.Policies {
-			if set.Policies[i].Validate() != nil {
-				return
-			}
-		}
-		got, _, err := validOverrides(context.Background(), set.Policies, *set.Overrides, now)
-		if err != nil {
-			return
-		}
-		seen := map[string]bool{}
-		for _, o := range got {
-			if !o.ExpiresAt.After(now) || seen[o.ID] {
-				t.Fatalf("validOverrides accepted %+v (expired or repeated)", o)
-			}
-			seen[o.ID] = true
-		}
-	})
 }
