@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -65,6 +66,98 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reg.MustRegister(m.dropped, m.rejected, m.received, m.receivedBytes, m.sent, m.sentBytes, m.sendErrors, m.queueLen, m.members)
 	}
 	return m
+}
+
+// clusterCollector reads, at scrape time, what a node knows of the other
+// regions: how old their newest usage report is and whether they hold the
+// policy set this node holds. Its series are labelled by region, a set the
+// cluster's configuration bounds (a region is known only through a member
+// that holds the gossip key).
+type clusterCollector struct {
+	n   *Node
+	now func() time.Time // the local clock; not Config.Now, which judges message epochs
+
+	mu         sync.Mutex
+	lastReport map[string]time.Time // region → when its newest report was delivered here
+
+	reportAge *prometheus.Desc
+	skew      *prometheus.Desc
+}
+
+// watchCluster registers n's cluster collector on reg and has it note
+// every report n delivers. Call it from New, before Run.
+func watchCluster(n *Node, reg prometheus.Registerer) {
+	c := &clusterCollector{n: n, now: time.Now, lastReport: map[string]time.Time{},
+		reportAge: prometheus.NewDesc("sluice_gossip_report_age_seconds",
+			"Seconds since this node last received a usage report from each other region, or, if none has come, since it saw the region's first node join. Regions whose nodes all left gracefully are not listed; a crashed region stays, its age growing.",
+			[]string{"region"}, nil),
+		skew: prometheus.NewDesc("sluice_policy_set_skewed_regions",
+			"Regions, this one included, with a live node advertising a policy set (content hash) other than this node's; 0 when every live node holds the same set.",
+			nil, nil),
+	}
+	n.OnMessage(func(m Message) {
+		if m.Kind == KindReport {
+			c.mu.Lock()
+			c.lastReport[m.Region] = c.now()
+			c.mu.Unlock()
+		}
+	})
+	if reg != nil {
+		reg.MustRegister(c)
+	}
+}
+
+func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.reportAge
+	ch <- c.skew
+}
+
+func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	for region, age := range c.reportAges(c.n.Members(), now) {
+		ch <- prometheus.MustNewConstMetric(c.reportAge, prometheus.GaugeValue, age.Seconds(), region)
+	}
+	c.n.metaMu.Lock()
+	own := c.n.metaFields.PolicyHash
+	c.n.metaMu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.skew, prometheus.GaugeValue, float64(skewedRegions(c.n.Members(), own)))
+}
+
+// reportAges is the age, at now, of the newest report of every other
+// region that has a member not gone by a graceful leave; a region that has
+// sent none is as old as its oldest member's state.
+func (c *clusterCollector) reportAges(members []Member, now time.Time) map[string]time.Duration {
+	joined := map[string]time.Time{}
+	for _, m := range members {
+		if m.Region == "" || m.Region == c.n.cfg.Region || m.State == StateLeft {
+			continue
+		}
+		if t, ok := joined[m.Region]; !ok || m.since.Before(t) {
+			joined[m.Region] = m.since
+		}
+	}
+	out := make(map[string]time.Duration, len(joined))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for region, since := range joined {
+		if t, ok := c.lastReport[region]; ok {
+			since = t
+		}
+		out[region] = max(now.Sub(since), 0)
+	}
+	return out
+}
+
+// skewedRegions counts the regions with a live member whose advertised
+// policy hash is not own.
+func skewedRegions(members []Member, own string) int {
+	skewed := map[string]bool{}
+	for _, m := range members {
+		if m.State.Live() && m.PolicyHash != own {
+			skewed[m.Region] = true
+		}
+	}
+	return len(skewed)
 }
 
 // logWriter turns memberlist's log lines ("[LEVEL] memberlist: ...") into

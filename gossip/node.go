@@ -111,6 +111,7 @@ func New(cfg Config) (*Node, error) {
 		rejectLogged: map[string]time.Time{},
 		metrics:      newMetrics(cfg.Registerer),
 	}
+	watchCluster(n, cfg.Registerer)
 	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region}
 	meta, err := marshal(n.metaFields)
 	if err != nil {
