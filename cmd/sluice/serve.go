@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -20,6 +21,16 @@ import (
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 )
+
+// buildInfo is sluice_build_info{version,goversion}, always 1: which build
+// of sluice a daemon runs, for dashboards to show and queries to join on.
+func buildInfo() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "sluice_build_info",
+		Help:        "Always 1; labelled with the version of sluice and of Go it was built with.",
+		ConstLabels: prometheus.Labels{"version": buildVersion(), "goversion": runtime.Version()},
+	}, func() float64 { return 1 })
+}
 
 // newServeCmd is `sluice serve`: flags (and SLUICE_* variables, and an
 // optional --config file of flag values) to region.Config, then Run.
@@ -98,7 +109,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				log.Warn("no admin token: the admin API is disabled (set --admin-token-file or SLUICE_ADMIN_TOKEN)")
 			}
 			reg := prometheus.NewRegistry()
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 			d, err := region.New(cmd.Context(), cfg, log, reg, reg)
 			if err != nil {
 				return err
