@@ -113,14 +113,14 @@ func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
-	now := c.now()
-	for region, age := range c.reportAges(c.n.Members(), now) {
+	members := c.n.Members()
+	for region, age := range c.reportAges(members, c.now()) {
 		ch <- prometheus.MustNewConstMetric(c.reportAge, prometheus.GaugeValue, age.Seconds(), region)
 	}
 	c.n.metaMu.Lock()
 	own := c.n.metaFields.PolicyHash
 	c.n.metaMu.Unlock()
-	ch <- prometheus.MustNewConstMetric(c.skew, prometheus.GaugeValue, float64(skewedRegions(c.n.Members(), own)))
+	ch <- prometheus.MustNewConstMetric(c.skew, prometheus.GaugeValue, float64(skewedRegions(members, own)))
 }
 
 // reportAges is the age, at now, of the newest report of every other
