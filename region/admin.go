@@ -216,6 +216,20 @@ func (d *Daemon) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
+// OverrideList is the body of GET /v1/overrides.
+type OverrideList struct {
+	Overrides []quota.Override `json:"overrides"`
+}
+
+// handleListOverrides lists the overrides in force (not expired), by id.
+func (d *Daemon) handleListOverrides(w http.ResponseWriter, r *http.Request) {
+	list := d.reg.Overrides()
+	if list == nil {
+		list = []quota.Override{}
+	}
+	writeJSON(w, http.StatusOK, OverrideList{Overrides: list})
+}
+
 func (d *Daemon) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
 	if err := d.reg.DeleteOverride(r.Context(), who(r), r.PathValue("id")); err != nil {
 		d.fail(w, r, registryProblem(err, ""))

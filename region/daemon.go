@@ -492,6 +492,7 @@ func (d *Daemon) routeTable() []Route {
 		{"GET", "/v1/policies", true, d.handleListPolicies},
 		{"GET", "/v1/policies/{id}/versions", true, d.handleVersions},
 		{"POST", "/v1/policies/{id}/rollback", true, d.handleRollback},
+		{"GET", "/v1/overrides", true, d.handleListOverrides},
 		{"POST", "/v1/overrides", true, d.handlePutOverride},
 		{"DELETE", "/v1/overrides/{id}", true, d.handleDeleteOverride},
 		{"PUT", "/v1/keys/{api_key}", true, d.handlePutKey},
