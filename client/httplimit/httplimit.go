@@ -112,11 +112,32 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		next.ServeHTTP(w, r)
 		return
 	}
-	p := d.Problem
-	if p == nil {
-		p = &client.Problem{Title: http.StatusText(d.Status), Status: d.Status}
+	p := client.Problem{Title: http.StatusText(d.Status), Status: d.Status}
+	if d.Problem != nil {
+		p = *d.Problem
+		p.ViolatedPolicies = public(d, p.ViolatedPolicies)
 	}
-	writeProblem(w, r, p)
+	writeProblem(w, r, &p)
+}
+
+// public leaves out of violated the class security policies, which a
+// client is never told of (they bound guessing, and naming them helps the
+// guesser).
+func public(d *client.Decision, violated []string) []string {
+	var out []string
+	for _, id := range violated {
+		secret := true // unknown to the decision: not named either
+		for _, pr := range d.Policies {
+			if pr.ID == id {
+				secret = pr.Class == quota.ClassSecurity
+				break
+			}
+		}
+		if !secret {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // writeProblem answers p as application/problem+json, its instance the

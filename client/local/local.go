@@ -100,7 +100,7 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 
 	decider := -1
 	var items []region.RateLimitItem
-	var violated []string
+	var violated, public []string // every rejecting enforced policy; those not class security
 	var retryAfter time.Duration
 	if len(enforced) > 0 {
 		out, err := l.lim.Check(ctx, engine.Request{Subject: who.Subject, Checks: enforced})
@@ -108,13 +108,16 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 			return nil, fmt.Errorf("check %s: %w", who.Subject, err)
 		}
 		d.Source, d.Degraded, d.Allowed = out.Source.String(), out.Degraded, out.Allowed
-		for j, r := range out.Results {
+		for j, r := range out.Results[:len(enforced)] {
 			pr := &d.Policies[enfIdx[j]]
 			fill(pr, r)
 			pr.Degraded = out.Degraded
 			a := applied[enfIdx[j]]
-			if !r.Allowed && !out.Allowed && a.Policy.Class != quota.ClassSecurity {
+			if !r.Allowed && !out.Allowed {
 				violated = append(violated, a.Policy.ID)
+				if a.Policy.Class != quota.ClassSecurity {
+					public = append(public, a.Policy.ID)
+				}
 			}
 			if a.Policy.Class == quota.ClassSecurity {
 				continue
@@ -140,7 +143,7 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 	}
 	if len(shadow) > 0 && d.Allowed {
 		if out, err := l.lim.Check(ctx, engine.Request{Subject: who.Subject, Checks: shadow}); err == nil {
-			for j, r := range out.Results {
+			for j, r := range out.Results[:len(shadow)] {
 				pr := &d.Policies[shIdx[j]]
 				fill(pr, r)
 				pr.Degraded, pr.Allowed = out.Degraded, true
@@ -164,13 +167,16 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 	region.SetRateLimitFields(d.Header, items)
 	if d.Status != http.StatusOK {
 		d.Header["Retry-After"] = []string{strconv.FormatInt(max(ceilSeconds(retryAfter), 1), 10)}
-		d.Problem = rejection(d.Status, retryAfter, violated, items)
+		d.Problem = rejection(d.Status, retryAfter, public, items)
+		// As in a daemon's answer to POST /v1/check, which goes to the
+		// gateway, not to the client: every violated policy is named.
+		d.Problem.ViolatedPolicies = violated
 	}
 	return d, nil
 }
 
 // rejection is the problem of a 429 or 503 decision, worded as the
-// daemon's.
+// daemon's; violated leaves out class security policies.
 func rejection(status int, retryAfter time.Duration, violated []string, items []region.RateLimitItem) *client.Problem {
 	retry := max(ceilSeconds(retryAfter), 1)
 	ms := ceilMS(retryAfter)
