@@ -1,5 +1,7 @@
 // Command sluice is the Sluice rate limiter: the per-region daemon
-// (`sluice serve`) and the multi-region simulator (`sluice simulate`).
+// (`sluice serve`), the multi-region simulator (`sluice simulate`), and the
+// admin CLI that talks to a daemon (`sluice check`, `policies`,
+// `overrides`, `keys`, `regions`, `usage`; see docs/cli.md).
 //
 // Every flag can also be set from the environment as SLUICE_<FLAG>, with
 // dashes as underscores (--admin-token-file is SLUICE_ADMIN_TOKEN_FILE).
@@ -9,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -19,7 +22,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := newRootCmd().ExecuteContext(ctx)
 	stop()
-	if err != nil {
+	var ec interface{ ExitCode() int }
+	switch {
+	case errors.As(err, &ec):
+		os.Exit(ec.ExitCode()) // the command has printed its answer
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "sluice: "+oneLine(err.Error()))
 		os.Exit(1)
 	}

@@ -27,6 +27,8 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(newVersionCmd(), newSimulateCmd())
 	root.AddCommand(newServeCmd())
+	root.AddCommand(newCheckCmd())
+	root.AddCommand(newAdminCmds()...)
 	return root
 }
 
