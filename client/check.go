@@ -130,11 +130,13 @@ func (c *Client) Check(ctx context.Context, req CheckRequest) (*Decision, error)
 	switch r.status {
 	case http.StatusOK, http.StatusTooManyRequests, http.StatusServiceUnavailable:
 	default:
-		perr := c.problemOf("POST", "/v1/check", r)
-		if r.status < 500 {
-			return nil, perr
+		if r.status >= 400 && r.status < 500 {
+			return nil, c.problemOf("POST", "/v1/check", r) // bad input
 		}
-		return c.fallback(perr)
+		if r.status >= 500 {
+			return c.fallback(c.problemOf("POST", "/v1/check", r))
+		}
+		return c.fallback(&unavailableError{c.base.Host, fmt.Errorf("POST /v1/check: unexpected %d answer", r.status)})
 	}
 	d := &Decision{Status: r.status, Header: http.Header{}}
 	if err := json.Unmarshal(r.body, d); err != nil || d.Source == "" {
