@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -340,11 +338,5 @@ func TestRegionsCLI(t *testing.T) {
 // closedPort is the URL of a loopback port nothing listens on.
 func closedPort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return fmt.Sprintf("http://%s", addr)
+	return "http://" + freeLoopbackAddr(t)
 }
