@@ -10,7 +10,8 @@
 //
 // The wire types mirror those of the daemon (package region) field for
 // field, so that a service can import this package without the daemon's
-// dependencies; the policy, override and subject types are package quota's.
+// metrics and gossip dependencies; the policy, override and subject types
+// are package quota's (which brings package engine).
 package client
 
 import (

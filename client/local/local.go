@@ -6,7 +6,9 @@
 // share them with).
 //
 // A *Limiter has the method set of *client.Client's Check, so that the
-// middleware of package httplimit takes either.
+// middleware of package httplimit takes either. It writes the header fields
+// with package region's own functions, and so imports the daemon's
+// dependencies (Prometheus, memberlist); httplimit and client do not.
 package local
 
 import (
