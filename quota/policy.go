@@ -92,14 +92,28 @@ type Policy struct {
 	Scope string `json:"scope,omitempty"`
 	// Description is free text for operators (UTF-8, at most 1024 bytes).
 	Description string `json:"description,omitempty"`
+	// Unlimited, only on a descriptor policy, makes the descriptors it
+	// matches not limited at all; it then has no algorithm.
+	Unlimited bool `json:"unlimited,omitempty"`
+	// Replaces, only on a descriptor policy, names the policies that do
+	// not apply to a request when this one applies to any of its
+	// descriptors (envoyproxy/ratelimit's replaces).
+	Replaces []string `json:"replaces,omitempty"`
 }
 
 // Match selects requests. An empty field matches everything: no Tier means
 // every tier, no Routes every route, no Methods every method.
+//
+// With a Domain, the policy limits rate limit descriptors (Envoy's rate
+// limit service) instead of HTTP requests: it applies to a descriptor of
+// that domain whose entries Descriptors matches (Registry.
+// AppendMatchDescriptor), and never to an HTTP check.
 type Match struct {
-	Tier    string   `json:"tier,omitempty"`
-	Routes  []string `json:"routes,omitempty"`
-	Methods []string `json:"methods,omitempty"`
+	Tier        string            `json:"tier,omitempty"`
+	Routes      []string          `json:"routes,omitempty"`
+	Methods     []string          `json:"methods,omitempty"`
+	Domain      string            `json:"domain,omitempty"`
+	Descriptors []DescriptorEntry `json:"descriptors,omitempty"`
 }
 
 // ErrInvalidPolicy is wrapped by every *ValidationError, for errors.Is.
@@ -255,6 +269,12 @@ func (p Policy) Normalize() Policy {
 	if len(p.Cost) == 0 {
 		p.Cost = nil
 	}
+	if len(p.Match.Descriptors) == 0 {
+		p.Match.Descriptors = nil
+	}
+	if len(p.Replaces) == 0 {
+		p.Replaces = nil
+	}
 	return p
 }
 
@@ -339,11 +359,14 @@ func (p Policy) Validate() error {
 		}
 	}
 
+	skipLimit, denyAll := p.validateDescriptors(ve)
 	algo, err := engine.ParseAlgorithm(p.Algorithm)
 	limitOK := false
-	if err != nil {
+	switch {
+	case skipLimit: // an unlimited policy has no limit to check
+	case err != nil:
 		ve.add("algorithm", "%v", err)
-	} else {
+	default:
 		// Parameters that the algorithm does not use are mistakes: the
 		// operator meant something the policy would not do.
 		if algo.Windowed() {
@@ -361,7 +384,11 @@ func (p Policy) Validate() error {
 				ve.add("window", "not used by %s (it uses rate_per_sec and burst)", algo)
 			}
 		}
-		limitOK = validateLimit(ve, "", p.Limit(), p.Burst, p.Count)
+		l := p.Limit()
+		if denyAll {
+			l.Count = 1 // limit 0 denies all; the window must still be valid
+		}
+		limitOK = validateLimit(ve, "", l, p.Burst, p.Count)
 	}
 
 	costs := make([]string, 0, len(p.Cost))

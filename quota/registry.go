@@ -209,6 +209,9 @@ type view struct {
 	byTier    map[string][]*compiled // tier -> its policies and the every-tier ones, by id
 	anyTier   []*compiled            // every-tier policies only, by id
 	overrides map[ovKey]activeOverride
+	// domains holds the descriptor policies (match.domain), which are in
+	// neither byTier nor anyTier: they never apply to an HTTP check.
+	domains map[string]*descNode
 }
 
 // buildView compiles s. Overrides that do not fit their policy in force are
@@ -216,18 +219,24 @@ type view struct {
 func buildView(s *state) (*view, []string) {
 	v := &view{st: s, byTier: map[string][]*compiled{}, overrides: map[ovKey]activeOverride{}}
 	ids := slices.Sorted(maps.Keys(s.policies))
+	var described []*compiled
 	for _, id := range ids {
 		c := s.policies[id].current
 		if c == nil {
+			continue
+		}
+		if c.p.IsDescriptorPolicy() {
+			described = append(described, c)
 			continue
 		}
 		if c.p.Match.Tier == "" {
 			v.anyTier = append(v.anyTier, c)
 		}
 	}
+	v.domains = buildDomains(described)
 	for _, id := range ids {
 		c := s.policies[id].current
-		if c == nil || c.p.Match.Tier == "" {
+		if c == nil || c.p.Match.Tier == "" || c.p.IsDescriptorPolicy() {
 			continue
 		}
 		t := c.p.Match.Tier
@@ -837,16 +846,20 @@ func validKeyID(id string) bool {
 // policies that apply to one request must all meet each other, so the
 // check looks for MaxPoliciesPerRequest others that all meet id and each
 // other.
+//
+// Descriptor policies never meet HTTP ones and are left out: each
+// descriptor of a request matches the policies of one tree node, and the
+// rate limit service bounds a request's descriptors instead.
 func checkFanout(s *state, id string) error {
 	target := s.policies[id].current
-	if target == nil {
+	if target == nil || target.p.IsDescriptorPolicy() {
 		return nil
 	}
 	var all []*compiled
 	tiers := map[string]bool{"": true}
 	methods := map[string]bool{"": true}
 	for _, h := range s.policies {
-		if h.current == nil {
+		if h.current == nil || h.current.p.IsDescriptorPolicy() {
 			continue
 		}
 		all = append(all, h.current)
