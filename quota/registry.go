@@ -303,6 +303,18 @@ type Applied struct {
 	Limit engine.Limit
 	// Override is the id of the override applied, or "".
 	Override string
+	// State names the engine state the policy counts in for the
+	// subject; empty means the policy id. A descriptor policy counts each
+	// descriptor's values apart under one subject.
+	State string
+}
+
+// StateName is the engine state name of a: State, or the policy id.
+func (a *Applied) StateName() string {
+	if a.State != "" {
+		return a.State
+	}
+	return a.Policy.ID
 }
 
 // Exemption is a policy that matched a request but that an unlimited

@@ -277,7 +277,13 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	var buf [2 * engine.MaxChecks]quota.Applied
 	var exBuf [engine.MaxChecks]quota.Exemption
 	applied, exempt := d.reg.AppendMatchExempt(buf[:0], exBuf[:0], quota.Query{Tier: who.Tier, Subject: who.Subject, Method: t.method, Route: t.route})
+	return d.decideApplied(ctx, who, applied, exempt, t.cost, t.field)
+}
 
+// decideApplied decides the policies matched for who (see decide); cost,
+// when not nil, replaces every policy's cost, and field prefixes the
+// fields named in problems.
+func (d *Daemon) decideApplied(ctx context.Context, who quota.Principal, applied []quota.Applied, exempt []quota.Exemption, costOverride *int64, field string) (verdict, *Problem) {
 	v := verdict{status: http.StatusOK}
 	v.Allowed = true
 	v.Subject, v.Tier = who.Subject, who.Tier
@@ -305,8 +311,8 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	for i, a := range applied {
 		p := a.Policy
 		cost := a.Cost
-		if t.cost != nil {
-			cost = *t.cost
+		if costOverride != nil {
+			cost = *costOverride
 			if err := a.Limit.ValidateCost(cost); err != nil {
 				reason := err.Error()
 				var le *engine.LimitError
@@ -314,8 +320,8 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 					reason = le.Reason
 				}
 				f := "cost"
-				if t.field != "" {
-					f = t.field + ".cost"
+				if field != "" {
+					f = field + ".cost"
 				}
 				return verdict{}, invalid(f, "policy %s cannot admit it: %s", p.ID, reason)
 			}
@@ -334,7 +340,7 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			}
 			track = d.cl != nil // only a coordinator drains usage
 		}
-		c := engine.Check{Policy: p.ID, Limit: a.Limit, Cost: cost, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure)}
+		c := engine.Check{Policy: a.StateName(), Limit: a.Limit, Cost: cost, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure)}
 		v.Policies[i] = PolicyResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Cost: cost, Override: a.Override, Allowed: true}
 		if p.Scope == quota.ScopeGlobal {
 			v.Policies[i].Scale = scale
@@ -363,7 +369,7 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 			if ctx.Err() != nil {
 				return verdict{}, newProblem(http.StatusServiceUnavailable, ProblemUnavailable, "the request was cancelled before it was decided")
 			}
-			return verdict{}, invalid(t.field, "%v", err)
+			return verdict{}, invalid(field, "%v", err)
 		}
 		for j := 0; j < ne; j++ {
 			// A global quota never needs more than its window's end: the
