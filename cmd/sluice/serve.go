@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -16,10 +19,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
+	"github.com/sluice-rl/sluice/rls"
 )
 
 // buildInfo is sluice_build_info{version,goversion}, always 1: which build
@@ -44,6 +49,8 @@ func newServeCmd() *cobra.Command {
 		configFile   string
 		logLevel     string
 		mr           multiRegionFlags
+		rlsListen    string
+		envoyConfigs []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -94,6 +101,16 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				}
 				cfg.Policies = ps
 			}
+			if len(envoyConfigs) > 0 {
+				ps, err := rls.LoadEnvoyConfigs(envoyConfigs)
+				if err != nil {
+					return fmt.Errorf("--envoy-config: %w", err)
+				}
+				if cfg.Policies == nil {
+					cfg.Policies = quota.DefaultPolicies()
+				}
+				cfg.Policies = append(slices.Clip(cfg.Policies), ps...)
+			}
 			cfg.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
 			if tokenFile != "" {
 				b, err := os.ReadFile(tokenFile)
@@ -114,7 +131,10 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if err != nil {
 				return err
 			}
-			return d.Run(cmd.Context())
+			if rlsListen == "" {
+				return d.Run(cmd.Context())
+			}
+			return serveWithRLS(cmd.Context(), d, cfg, rlsListen, log, reg)
 		},
 	}
 	f := cmd.Flags()
@@ -136,8 +156,28 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.DurationVar(&cfg.PolicyRefresh, "policy-refresh", def.PolicyRefresh, "full refresh interval of policies shared through Redis (changes arrive at once by pub/sub)")
 	f.StringVar(&configFile, "config", "", "JSON file of flag values, e.g. {\"listen\": \":8080\", \"trusted-proxies\": [\"10.0.0.0/8\"]}")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&rlsListen, "rls-listen", "", "serve Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) on this address; empty: off")
+	f.StringArrayVar(&envoyConfigs, "envoy-config", nil, "envoyproxy/ratelimit YAML file, or directory of *.yaml files, to load as descriptor policies (repeatable)")
 	mr.register(f)
 	return cmd
+}
+
+// serveWithRLS runs the daemon and the rate limit service together: one
+// stops the other, and both finish their in-flight calls on shutdown.
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, log *slog.Logger, reg prometheus.Registerer) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--rls-listen: %w", err)
+	}
+	s, err := rls.New(rls.Config{Decider: d, Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.Run(gctx) })
+	g.Go(func() error { return s.Serve(gctx, ln) })
+	return g.Wait()
 }
 
 // identityFlags parses --trusted-proxies into cfg and checks the identity

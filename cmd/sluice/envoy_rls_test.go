@@ -1,0 +1,118 @@
+package main
+
+import (
+	"maps"
+	"os"
+	"slices"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/rls"
+)
+
+// TestEnvoyRateLimitConfigStructure checks deploy/envoy/envoy-ratelimit.yaml
+// without an Envoy binary: the ratelimit filter before the router asks the
+// gRPC cluster at the prescribed --rls-listen address over HTTP/2, fails
+// open, names the domain of deploy/envoy/ratelimit.yaml, and every
+// descriptor the route's actions build is limited by that file as Sluice
+// loads it. Envoy's own schema (protobuf) is not checked.
+func TestEnvoyRateLimitConfigStructure(t *testing.T) {
+	const name = "../../deploy/envoy/envoy-ratelimit.yaml"
+	raw, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root map[string]any
+	if err := yaml.Unmarshal(raw, &root); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	hcm := yamlAt(t, root, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	if got := yamlAt(t, hcm, "use_remote_address"); got != true {
+		t.Errorf("use_remote_address = %v, want true (remote_address is then the socket peer)", got)
+	}
+	filters, _ := yamlAt(t, hcm, "http_filters").([]any)
+	rl, router := -1, -1
+	for i, f := range filters {
+		switch yamlAt(t, f, "name") {
+		case "envoy.filters.http.ratelimit":
+			rl = i
+		case "envoy.filters.http.router":
+			router = i
+		}
+	}
+	if rl < 0 || router < 0 || rl > router {
+		t.Fatalf("http_filters: ratelimit at %d, router at %d; want ratelimit before router", rl, router)
+	}
+	tc := yamlAt(t, filters[rl], "typed_config")
+	if got := yamlAt(t, tc, "@type"); got != "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit" {
+		t.Errorf("ratelimit @type = %v", got)
+	}
+	if got := yamlAt(t, tc, "failure_mode_deny"); got != false {
+		t.Errorf("failure_mode_deny = %v, want false (Sluice down must not take the API down)", got)
+	}
+	if got := yamlAt(t, tc, "rate_limit_service", "transport_api_version"); got != "V3" {
+		t.Errorf("transport_api_version = %v, want V3", got)
+	}
+	cluster := yamlAt(t, tc, "rate_limit_service", "grpc_service", "envoy_grpc", "cluster_name")
+	found := false
+	for _, c := range yamlAt(t, root, "static_resources", "clusters").([]any) {
+		if yamlAt(t, c, "name") != cluster {
+			continue
+		}
+		found = true
+		sa := yamlAt(t, c, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
+		if yamlAt(t, sa, "address") != "127.0.0.1" || yamlAt(t, sa, "port_value") != 8081 {
+			t.Errorf("cluster %v is at %v, want 127.0.0.1:8081", cluster, sa)
+		}
+		opts := yamlAt(t, c, "typed_extension_protocol_options", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "explicit_http_config")
+		if _, ok := yamlAt(t, opts, "http2_protocol_options").(map[string]any); !ok {
+			t.Errorf("cluster %v does not speak HTTP/2 (gRPC needs it)", cluster)
+		}
+	}
+	if !found {
+		t.Errorf("envoy_grpc.cluster_name %v is not among the clusters", cluster)
+	}
+	flags := prescribedFlags(t, name, string(raw), "127.0.0.1:8080")
+	if got := flagValue(flags, "--rls-listen"); got != "127.0.0.1:8081" {
+		t.Errorf("prescribed --rls-listen = %q, want the cluster's 127.0.0.1:8081", got)
+	}
+	if got := flagValue(flags, "--envoy-config"); got != "deploy/envoy/ratelimit.yaml" {
+		t.Errorf("prescribed --envoy-config = %q, want deploy/envoy/ratelimit.yaml", got)
+	}
+
+	policies, err := rls.LoadEnvoyConfigs([]string{"../../deploy/envoy/ratelimit.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	domain := yamlAt(t, tc, "domain")
+	reg := quota.NewRegistry(quota.RegistryConfig{})
+	if err := reg.Seed(t.Context(), "test", policies); err != nil {
+		t.Fatal(err)
+	}
+	if !reg.HasDomain(domain.(string)) {
+		t.Fatalf("filter domain %v is not the domain of ratelimit.yaml", domain)
+	}
+	// The descriptors the route's actions build, with example values.
+	route := yamlAt(t, hcm, "route_config", "virtual_hosts", 0, "routes", 0, "route")
+	for i, rlim := range yamlAt(t, route, "rate_limits").([]any) {
+		var entries []quota.DescriptorEntry
+		for _, a := range yamlAt(t, rlim, "actions").([]any) {
+			m := a.(map[string]any)
+			switch {
+			case m["remote_address"] != nil:
+				entries = append(entries, quota.DescriptorEntry{Key: "remote_address", Value: "192.0.2.7"})
+			case m["generic_key"] != nil:
+				entries = append(entries, quota.DescriptorEntry{Key: "generic_key", Value: yamlAt(t, m, "generic_key", "descriptor_value").(string)})
+			case m["request_headers"] != nil:
+				entries = append(entries, quota.DescriptorEntry{Key: yamlAt(t, m, "request_headers", "descriptor_key").(string), Value: "/v1/orders"})
+			default:
+				t.Fatalf("rate_limits[%d]: action %v not understood by this test", i, slices.Collect(maps.Keys(m)))
+			}
+		}
+		if got := reg.AppendMatchDescriptor(nil, domain.(string), entries); len(got) == 0 {
+			t.Errorf("rate_limits[%d] builds %v, which no policy of ratelimit.yaml limits", i, entries)
+		}
+	}
+}
