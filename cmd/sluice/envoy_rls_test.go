@@ -1,12 +1,24 @@
 package main
 
 import (
+	"encoding/json"
 	"maps"
+	"net"
 	"os"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/rls"
@@ -114,5 +126,63 @@ func TestEnvoyRateLimitConfigStructure(t *testing.T) {
 		if got := reg.AppendMatchDescriptor(nil, domain.(string), entries); len(got) == 0 {
 			t.Errorf("rate_limits[%d] builds %v, which no policy of ratelimit.yaml limits", i, entries)
 		}
+	}
+}
+
+// TestServeRLS runs the binary with --rls-listen and the shipped
+// envoyproxy/ratelimit file, asks it over gRPC, and stops it with SIGTERM.
+func TestServeRLS(t *testing.T) {
+	bin := buildSluice(t)
+	d := startDaemon(t, bin, "--rls-listen", "127.0.0.1:0", "--envoy-config", "../../deploy/envoy/ratelimit.yaml")
+	var addr string
+	waitFor(t, "the rate limit service's address in the log", 10*time.Second, func() bool {
+		for _, line := range strings.Split(d.log(), "\n") {
+			var m struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "rate limit service listening" {
+				addr = m.Addr
+				return true
+			}
+		}
+		return false
+	})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := t.Context()
+	if h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v, want SERVING", h, err)
+	}
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	ip := []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.7"}}}}
+	r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := r.Statuses[0].CurrentLimit; r.OverallCode != rlsv3.RateLimitResponse_OK || l.GetRequestsPerUnit() != 600 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+		t.Errorf("one hit = %v %v, want OK under 600/MINUTE", r.OverallCode, l)
+	}
+	r, err = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ip, HitsAddend: 601})
+	if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("601 hits = %v, %v, want OVER_LIMIT", r, err)
+	}
+	if _, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("no descriptors = %v, want INVALID_ARGUMENT", err)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("sluice did not exit after SIGTERM")
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("rate limit service still accepting after exit")
 	}
 }

@@ -162,8 +162,10 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	return cmd
 }
 
-// serveWithRLS runs the daemon and the rate limit service together: one
-// stops the other, and both finish their in-flight calls on shutdown.
+// serveWithRLS runs the daemon and the rate limit service together: either
+// failing stops the other. On shutdown the rate limit service finishes its
+// in-flight calls first, then the daemon, which closes the store those
+// calls use.
 func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, log *slog.Logger, reg prometheus.Registerer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -175,8 +177,13 @@ func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return d.Run(gctx) })
-	g.Go(func() error { return s.Serve(gctx, ln) })
+	dctx, stopDaemon := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDaemon()
+	g.Go(func() error { return d.Run(dctx) })
+	g.Go(func() error {
+		defer stopDaemon()
+		return s.Serve(gctx, ln)
+	})
 	return g.Wait()
 }
 
