@@ -449,6 +449,9 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		out.Exempt = exemptResults(exempt)
 	} else {
 		for _, p := range d.reg.List(tier) {
+			if p.IsDescriptorPolicy() {
+				continue // counted per descriptor, not per subject
+			}
 			add(&p, p.Limit(), "")
 		}
 	}
