@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -202,41 +203,42 @@ func validate(req *rlsv3.RateLimitRequest) ([]descriptor, error) {
 	hits := max(int64(req.GetHitsAddend()), 1)
 	out := make([]descriptor, len(ds))
 	for i, d := range ds {
-		f := fmt.Sprintf("descriptors[%d]", i)
+		// Field names are built only for an error: this runs on every call.
+		f := func(rest string) string { return "descriptors[" + strconv.Itoa(i) + "]" + rest }
 		if d == nil {
-			return nil, invalidArg(f, "must not be null")
+			return nil, invalidArg(f(""), "must not be null")
 		}
 		es := d.GetEntries()
 		switch {
 		case len(es) == 0:
-			return nil, invalidArg(f+".entries", "at least one entry is required")
+			return nil, invalidArg(f(".entries"), "at least one entry is required")
 		case len(es) > quota.MaxDescriptorEntries:
-			return nil, invalidArg(f+".entries", "at most %d entries, got %d", quota.MaxDescriptorEntries, len(es))
+			return nil, invalidArg(f(".entries"), "at most %d entries, got %d", quota.MaxDescriptorEntries, len(es))
 		}
 		if d.GetLimit() != nil {
-			return nil, invalidArg(f+".limit", "a limit override in the request is not supported: the limit comes from the policies")
+			return nil, invalidArg(f(".limit"), "a limit override in the request is not supported: the limit comes from the policies")
 		}
 		if d.GetIsNegativeHits() {
-			return nil, invalidArg(f+".is_negative_hits", "returning hits is not supported")
+			return nil, invalidArg(f(".is_negative_hits"), "returning hits is not supported")
 		}
 		out[i].hits = hits
 		if h := d.GetHitsAddend(); h != nil {
 			if h.GetValue() > MaxHitsAddend {
-				return nil, invalidArg(f+".hits_addend", "at most %d, got %d", MaxHitsAddend, h.GetValue())
+				return nil, invalidArg(f(".hits_addend"), "at most %d, got %d", MaxHitsAddend, h.GetValue())
 			}
 			out[i].hits = int64(h.GetValue())
 		}
 		out[i].entries = make([]quota.DescriptorEntry, len(es))
 		for j, e := range es {
-			ef := fmt.Sprintf("%s.entries[%d]", f, j)
+			ef := func(rest string) string { return f(".entries[" + strconv.Itoa(j) + "]" + rest) }
 			if e.GetKey() == "" {
-				return nil, invalidArg(ef+".key", "required")
+				return nil, invalidArg(ef(".key"), "required")
 			}
 			if err := quota.ValidDescriptorText(e.GetKey(), quota.MaxDescriptorKeyBytes); err != nil {
-				return nil, invalidArg(ef+".key", "%v", err)
+				return nil, invalidArg(ef(".key"), "%v", err)
 			}
 			if err := quota.ValidDescriptorText(e.GetValue(), quota.MaxDescriptorValueBytes); err != nil {
-				return nil, invalidArg(ef+".value", "%v", err)
+				return nil, invalidArg(ef(".value"), "%v", err)
 			}
 			out[i].entries[j] = quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()}
 		}
