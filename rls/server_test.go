@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 )
@@ -28,9 +29,17 @@ import (
 // the service. Both stop when the test ends.
 func startRLS(t *testing.T, policies []quota.Policy) *grpc.ClientConn {
 	t.Helper()
+	return startRLSOn(t, "memory", policies)
+}
+
+// startRLSOn is startRLS on the given decision store.
+func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.ClientConn {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := region.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
+	cfg.Store = store
+	cfg.StoreTimeout = time.Second
 	cfg.Policies = policies
 	d, err := region.New(ctx, cfg, nil, nil, nil)
 	if err != nil {
@@ -318,6 +327,30 @@ func TestDescriptorsAllOrNothingAndHeaders(t *testing.T) {
 	// Another user has a bucket of its own.
 	if r := ask(t, c, call{domain: "api", ds: []*rlv3.RateLimitDescriptor{desc("user", "bob")}}); r.Statuses[0].LimitRemaining != 4 {
 		t.Errorf("bob remaining = %d, want 4", r.Statuses[0].LimitRemaining)
+	}
+}
+
+// On the Redis store every descriptor state of a domain is one hash tag,
+// so one script decides a request; the same descriptor sent twice in one
+// request spends twice.
+func TestDescriptorsOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := rlsv3.NewRateLimitServiceClient(startRLSOn(t, "redis://"+srv.Addr(), []quota.Policy{
+		{ID: "per-user", Mode: quota.ModeEnforce, Algorithm: "token_bucket", RatePerSec: 0.001, Burst: 5, Match: quota.Match{Domain: "api", Descriptors: []quota.DescriptorEntry{{Key: "user"}}}},
+		{ID: "per-route", Mode: quota.ModeEnforce, Algorithm: "token_bucket", RatePerSec: 0.001, Burst: 3, Match: quota.Match{Domain: "api", Descriptors: []quota.DescriptorEntry{{Key: "route"}}}},
+	}))
+	twice := []*rlv3.RateLimitDescriptor{desc("user", "ann"), desc("user", "ann"), desc("route", "/x")}
+	r := ask(t, c, call{domain: "api", ds: twice})
+	if codesOf(r) != "OK OK OK OK" || r.Statuses[0].LimitRemaining != 3 || r.Statuses[1].LimitRemaining != 3 || r.Statuses[2].LimitRemaining != 2 {
+		t.Fatalf("ann twice and a route = %s %v, want OK with 3, 3 and 2 left", codesOf(r), r.Statuses)
+	}
+	r = ask(t, c, call{domain: "api", ds: twice, hits: 2})
+	if codesOf(r) != "OVER_LIMIT OVER_LIMIT OVER_LIMIT OK" {
+		t.Fatalf("2 hits each = %s, want OVER_LIMIT by ann's 4 of 3", codesOf(r))
+	}
+	r = ask(t, c, call{domain: "api", ds: []*rlv3.RateLimitDescriptor{desc("route", "/x")}, hits: 2})
+	if codesOf(r) != "OK OK" || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("the route after the rejection = %s remaining %d, want OK with 0 left (2 were still there)", codesOf(r), r.Statuses[0].LimitRemaining)
 	}
 }
 
