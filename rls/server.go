@@ -274,6 +274,16 @@ type use struct {
 	applied int // index into the engine checks; -1 when none
 }
 
+// matched is what a request's descriptors matched: the policies each one
+// uses, the engine checks of all of them, which descriptors are
+// unlimited, and whether a policy of limit 0 denies the request.
+type matched struct {
+	uses      []use
+	applied   []quota.Applied
+	unlimited []bool
+	denied    bool
+}
+
 func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	ds, err := validate(req)
 	if err != nil {
@@ -287,9 +297,37 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	if !s.cfg.Matcher.HasDomain(domain) {
 		return resp, nil // an unknown domain limits nothing
 	}
+	m, err := s.match(domain, ds)
+	if err != nil {
+		return nil, err
+	}
+	v := region.StatesVerdict{Allowed: true}
+	if len(m.applied) > 0 {
+		if v, err = s.cfg.Decider.DecideStates(ctx, subjectOf(domain), m.applied); err != nil {
+			if ctx.Err() != nil {
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			return nil, invalidArg("descriptors", "%v", err)
+		}
+	}
+	allowed := v.Allowed && !m.denied
+	now := s.now()
+	for i := range ds {
+		answer(resp.Statuses[i], i, ds[i], m, v, allowed, now)
+	}
+	if !allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	resp.ResponseHeadersToAdd = headers(v, allowed, m.uses, now)
+	return resp, nil
+}
 
-	// Match: each descriptor apart, then leave out the policies that a
-	// policy applying to any descriptor replaces.
+// match finds each descriptor's policies, leaves out those that a policy
+// applying to any descriptor replaces, and gathers the engine checks: one
+// per policy and distinct entries (a descriptor sent twice spends twice
+// in one state). When a policy of limit 0 denies the request, the checks
+// spend nothing: the engine only reads the other states, for their figures.
+func (s *Server) match(domain string, ds []descriptor) (matched, error) {
 	var ms []quota.DescriptorMatch
 	var uses []use
 	var replaced []string
@@ -300,10 +338,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			uses = append(uses, use{desc: i, policy: m.Policy, limit: m.Limit, applied: -1})
 		}
 	}
-	unlimited := make([]bool, len(ds))
-	denied := false
-	var applied []quota.Applied
-	kept := uses[:0]
+	m := matched{unlimited: make([]bool, len(ds))}
 	for _, u := range uses {
 		if contains(replaced, u.policy.ID) {
 			continue
@@ -311,98 +346,74 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		d := ds[u.desc]
 		switch {
 		case u.policy.Unlimited:
-			unlimited[u.desc] = true
+			m.unlimited[u.desc] = true
 			continue
 		case u.policy.DeniesAll():
 			if d.hits > 0 && u.policy.Mode == quota.ModeEnforce {
-				denied = true
+				m.denied = true
 			}
 		default:
 			name := stateName(u.policy.ID, d.entries)
-			for j := range applied {
-				if applied[j].State == name { // the same descriptor twice
-					applied[j].Cost += d.hits
+			for j := range m.applied {
+				if m.applied[j].State == name {
+					m.applied[j].Cost += d.hits
 					u.applied = j
 				}
 			}
 			if u.applied < 0 {
-				if len(applied) == quota.MaxPoliciesPerRequest {
-					return nil, invalidArg("descriptors", "the descriptors match more than %d limits; send fewer descriptors", quota.MaxPoliciesPerRequest)
+				if len(m.applied) == quota.MaxPoliciesPerRequest {
+					return matched{}, invalidArg("descriptors", "the descriptors match more than %d limits; send fewer descriptors", quota.MaxPoliciesPerRequest)
 				}
-				u.applied = len(applied)
-				applied = append(applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
+				u.applied = len(m.applied)
+				m.applied = append(m.applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
 			}
 		}
-		kept = append(kept, u)
+		m.uses = append(m.uses, u)
 	}
-	uses = kept
-	if denied {
-		// Nothing is spent: the engine only reads the other states,
-		// for their figures.
-		for j := range applied {
-			applied[j].Cost = 0
+	if m.denied {
+		for j := range m.applied {
+			m.applied[j].Cost = 0
 		}
 	}
+	return m, nil
+}
 
-	var v region.StatesVerdict
-	if len(applied) > 0 {
-		if v, err = s.cfg.Decider.DecideStates(ctx, subjectOf(domain), applied); err != nil {
-			if ctx.Err() != nil {
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-			return nil, invalidArg("descriptors", "%v", err)
-		}
-	} else {
-		v.Allowed = true
-	}
-	allowed := v.Allowed && !denied
-
-	// Answer: each descriptor by its most constraining policy.
-	now := s.now()
-	for i := range ds {
-		st := resp.Statuses[i]
-		best := -1 // index into uses
-		var bestRes region.PolicyResult
-		for k, u := range uses {
-			if u.desc != i {
-				continue
-			}
-			var r region.PolicyResult
-			if u.applied >= 0 {
-				r = v.Results[u.applied]
-			} else { // denies all
-				w := windowOf(u.policy)
-				reset := w - time.Duration(now.UnixNano())%w
-				r = region.PolicyResult{Mode: u.policy.Mode, Evaluated: true, Allowed: ds[i].hits == 0, ResetMS: reset.Milliseconds(), RetryAfterMS: reset.Milliseconds()}
-				r.WouldReject = !r.Allowed && u.policy.Mode != quota.ModeEnforce
-			}
-			if best < 0 || worse(r, bestRes) {
-				best, bestRes = k, r
-			}
-		}
-		if best < 0 {
-			if unlimited[i] {
-				st.LimitRemaining = math.MaxUint32
-			}
+// answer fills descriptor i's status from its most constraining policy.
+func answer(st *rlsv3.RateLimitResponse_DescriptorStatus, i int, d descriptor, m matched, v region.StatesVerdict, allowed bool, now time.Time) {
+	best := -1 // index into m.uses
+	var bestRes region.PolicyResult
+	for k, u := range m.uses {
+		if u.desc != i {
 			continue
 		}
-		u := uses[best]
-		st.CurrentLimit = currentLimit(u.policy, u.limit)
-		st.LimitRemaining = uint32(min(max(bestRes.Remaining, 0), math.MaxUint32))
-		reset := bestRes.ResetMS
-		over := bestRes.Evaluated && !bestRes.Allowed && u.policy.Mode == quota.ModeEnforce && !allowed
-		if over {
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			st.LimitRemaining = 0
-			reset = max(reset, bestRes.RetryAfterMS)
+		var r region.PolicyResult
+		if u.applied >= 0 {
+			r = v.Results[u.applied]
+		} else { // denies all
+			w := windowOf(u.policy)
+			reset := w - time.Duration(now.UnixNano())%w
+			r = region.PolicyResult{Mode: u.policy.Mode, Evaluated: true, Allowed: d.hits == 0, ResetMS: reset.Milliseconds(), RetryAfterMS: reset.Milliseconds()}
 		}
-		st.DurationUntilReset = durationpb.New(time.Duration(reset) * time.Millisecond)
+		if best < 0 || worse(r, bestRes) {
+			best, bestRes = k, r
+		}
 	}
-	if !allowed {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	if best < 0 {
+		if m.unlimited[i] {
+			st.LimitRemaining = math.MaxUint32
+		}
+		return
 	}
-	resp.ResponseHeadersToAdd = headers(v, allowed, uses, now)
-	return resp, nil
+	u := m.uses[best]
+	st.CurrentLimit = currentLimit(u.policy, u.limit)
+	st.LimitRemaining = uint32(min(max(bestRes.Remaining, 0), math.MaxUint32))
+	reset := bestRes.ResetMS
+	if bestRes.Evaluated && !bestRes.Allowed && u.policy.Mode == quota.ModeEnforce && !allowed {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		st.LimitRemaining = 0
+		reset = max(reset, bestRes.RetryAfterMS)
+	}
+	st.DurationUntilReset = durationpb.New(time.Duration(reset) * time.Millisecond)
 }
 
 // worse reports whether a constrains a descriptor more than b: an
