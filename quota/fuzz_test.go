@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,6 +18,8 @@ func FuzzParsePolicy(f *testing.F) {
 	f.Add([]byte(`{"id":"w","algorithm":"fixed_window","limit":3,"window":0.5,"scope":"global"}`))
 	f.Add([]byte(`{"id":"x","algorithm":"token_bucket","rate_per_sec":1e400}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"id":"per-ip","match":{"domain":"edge","descriptors":[{"key":"remote_address"},{"key":"path","value":"/api/*/x"}]},"algorithm":"fixed_window","limit":0,"window":1,"replaces":["other"]}`))
+	f.Add([]byte(`{"id":"free","unlimited":true,"match":{"domain":"internal","descriptors":[{"key":"ldap"}]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := ParsePolicy(data)
 		if err != nil {
@@ -38,6 +41,26 @@ func FuzzParsePolicy(f *testing.F) {
 		}
 		_ = p.CostFor("POST", "/v1/exports")
 		_ = p.Limit()
+		// A valid descriptor policy can be matched against its own
+		// entries: it is in force in a registry and the tree leads to it.
+		if p.IsDescriptorPolicy() {
+			r := NewRegistry(RegistryConfig{})
+			if err := r.Seed(t.Context(), "fuzz", []Policy{p}); err != nil {
+				t.Fatalf("Seed(%+v) = %v", p, err)
+			}
+			var entries []DescriptorEntry
+			for _, e := range p.Match.Descriptors {
+				if strings.Contains(e.Value, "*") {
+					e.Value = strings.ReplaceAll(e.Value, "*", "")
+				} else if e.Value == "" {
+					e.Value = "any"
+				}
+				entries = append(entries, e)
+			}
+			if got := r.AppendMatchDescriptor(nil, p.Match.Domain, entries); len(got) != 1 || got[0].Policy.ID != p.ID {
+				t.Fatalf("AppendMatchDescriptor(%v) = %d policies, want %s", entries, len(got), p.ID)
+			}
+		}
 	})
 }
 
