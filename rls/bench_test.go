@@ -9,7 +9,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluice-rl/sluice/quota"
-	"github.com/sluice-rl/sluice/region"
 )
 
 // BenchmarkShouldRateLimit is one call in process (no gRPC transport) on
@@ -22,16 +21,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		{ID: "route", Mode: quota.ModeEnforce, Algorithm: "token_bucket", RatePerSec: 1e9, Burst: 1e9, Match: quota.Match{Domain: "edge", Descriptors: entry("path")}},
 		{ID: "user", Mode: quota.ModeEnforce, Algorithm: "sliding_window_counter", Count: 1e9, Window: 60, Match: quota.Match{Domain: "edge", Descriptors: entry("user")}},
 	}
-	cfg := region.DefaultConfig()
-	cfg.Policies = ps
-	d, err := region.New(context.Background(), cfg, nil, nil, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	s, err := New(Config{Decider: d, Matcher: d.Registry()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	s := inProcess(b, ps)
 	const n = 10000
 	reqs := func(three bool) []*rlsv3.RateLimitRequest {
 		out := make([]*rlsv3.RateLimitRequest, n)

@@ -10,8 +10,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/sluice-rl/sluice/region"
 )
 
 // FuzzShouldRateLimit decodes a request as gRPC would and answers it on
@@ -22,16 +20,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	cfg := region.DefaultConfig()
-	cfg.Policies = ps
-	d, err := region.New(context.Background(), cfg, nil, nil, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	s, err := New(Config{Decider: d, Matcher: d.Registry()})
-	if err != nil {
-		f.Fatal(err)
-	}
+	s := inProcess(f, ps)
 	for _, r := range []*rlsv3.RateLimitRequest{
 		{Domain: "messaging", Descriptors: []*rlv3.RateLimitDescriptor{desc("message_type", "marketing", "to_number", "1"), desc("to_number", "1")}},
 		{Domain: "example7", HitsAddend: 3, Descriptors: []*rlv3.RateLimitDescriptor{desc("key_1", "value_1", "user", "bkthomps"), desc("key_2", "value_2", "user", "bkthomps")}},

@@ -76,6 +76,23 @@ func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.Clien
 	return conn
 }
 
+// inProcess is a Server on a daemon on the memory store with policies,
+// neither listening: for calls in process.
+func inProcess(tb testing.TB, policies []quota.Policy) *Server {
+	tb.Helper()
+	cfg := region.DefaultConfig()
+	cfg.Policies = policies
+	d, err := region.New(context.Background(), cfg, nil, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s, err := New(Config{Decider: d, Matcher: d.Registry()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
 func desc(kv ...string) *rlv3.RateLimitDescriptor {
 	d := &rlv3.RateLimitDescriptor{}
 	for i := 0; i+1 < len(kv); i += 2 {
