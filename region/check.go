@@ -421,9 +421,11 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 		}
 	}
 
+	shadowSource := "none"
 	if ns > 0 && v.Allowed {
 		out, err := d.lim.Check(ctx, engine.Request{Subject: who.Subject, Checks: shadow[:ns]})
 		if err == nil {
+			shadowSource = out.Source.String()
 			for j := 0; j < ns; j++ {
 				r := out.Results[j]
 				pr := &v.Policies[shIdx[j]]
@@ -457,7 +459,7 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	case http.StatusServiceUnavailable:
 		decision = 2
 	}
-	d.m.checkSeries.counter(d.m.checks, decision, v.Source).Inc()
+	d.observe(&v, &t, decision, shadowSource)
 	return v, nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
@@ -93,6 +94,9 @@ type Config struct {
 	// Gossip the count is the live daemons of this region in the membership
 	// instead, and LocalDaemons must be 0; 0 without Gossip means 1.
 	LocalDaemons int
+	// DecisionLog configures the sampled decision stream and the top lists
+	// of GET /v1/decisions/top.
+	DecisionLog decisionlog.Config
 }
 
 // DefaultConfig returns the documented defaults: listen on 127.0.0.1:8080,
@@ -107,6 +111,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes:    1 << 20,
 		ShutdownTimeout: 30 * time.Second,
 		PolicyRefresh:   10 * time.Second,
+		DecisionLog:     decisionlog.DefaultConfig(),
 	}
 }
 
@@ -134,6 +139,9 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 || c.PolicyRefresh <= 0 {
 		errs = append(errs, errors.New("shutdown timeout and policy refresh must be positive"))
 	}
+	if err := c.DecisionLog.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.validateEdge(); err != nil {
 		errs = append(errs, err)
 	}
@@ -157,6 +165,7 @@ type Daemon struct {
 	cl      *cluster    // nil when single-region
 	redis   redisKV     // nil on the memory store
 	m       *metrics
+	events  *decisionlog.Log
 	gather  prometheus.Gatherer
 	token   [32]byte // SHA-256 of the admin token
 	hasTok  bool
@@ -241,13 +250,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
-	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons})
+	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons, OnStoreCall: d.observeStoreCall})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
 	d.pstore = pstore
 	if d.watcher != nil {
 		d.watcher.SetTarget(d.reg)
 	}
-	d.m = newMetrics(reg, d.lim)
+	d.m = newMetrics(reg, d.lim, d.mem, storeKind(cfg.Store))
+	if d.events, err = decisionlog.New(cfg.DecisionLog, log, reg); err != nil {
+		return nil, err
+	}
 	if d.watcher != nil {
 		d.watcher.OnResult(func(result string, err error) {
 			d.m.policyReload.WithLabelValues(result).Inc()
@@ -500,6 +512,7 @@ func (d *Daemon) routeTable() []Route {
 		{"GET", "/v1/keys/{subject}/usage", true, d.handleUsage},
 		{"DELETE", "/v1/keys/{subject}/state", true, d.handleResetState},
 		{"GET", "/v1/regions", true, d.handleRegions},
+		{"GET", "/v1/decisions/top", true, d.handleTopLimited},
 	}
 }
 
@@ -708,6 +721,7 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 			return nil
 		})
 	}
+	g.Go(func() error { return d.events.Run(gctx) })
 	if d.mem != nil {
 		g.Go(func() error { return d.mem.Run(gctx, time.Minute) })
 	}
