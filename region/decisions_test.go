@@ -205,3 +205,28 @@ func counterOf(t *testing.T, vec *prometheus.CounterVec, labels ...string) float
 	}
 	return m.GetCounter().GetValue()
 }
+
+// Each check of an enforced global policy observes the fraction of the
+// limit it left, so that an alert can see a global limit nearly spent.
+func TestGlobalRemainingRatio(t *testing.T) {
+	h := newHarness(t, nil)
+	h.putPolicy("daily", `{"algorithm":"fixed_window","limit":10,"window":86400,"scope":"global","mode":"enforce","match":{"routes":["/q"]}}`)
+	for range 10 {
+		h.do("POST", "/v1/check", `{"user":"u","route":"/q"}`)
+	}
+	var m dto.Metric
+	if err := h.d.m.globalLeft.WithLabelValues("daily").(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	hist := m.GetHistogram()
+	if hist.GetSampleCount() != 10 {
+		t.Fatalf("%d observations, want 10", hist.GetSampleCount())
+	}
+	// Remaining 9, 8, ..., 0 of 10: 0.0 once, at most 0.1 twice.
+	for _, b := range hist.GetBucket() {
+		want := map[float64]uint64{0: 1, 0.05: 1, 0.1: 2, 0.25: 3, 0.5: 6, 0.75: 8, 1: 10}[b.GetUpperBound()]
+		if b.GetCumulativeCount() != want {
+			t.Errorf("bucket le=%v = %d, want %d", b.GetUpperBound(), b.GetCumulativeCount(), want)
+		}
+	}
+}

@@ -30,6 +30,9 @@ type metrics struct {
 	storeCalls   *prometheus.HistogramVec
 	storeKind    string
 	storeSeries  sync.Map // shard -> prometheus.Observer
+	globalLeft   *prometheus.HistogramVec
+	globalSeries sync.Map // policy id -> prometheus.Observer
+	globalN      atomic.Int64
 }
 
 // Label bounds of sluice_policy_checks_total. Policy ids come from the
@@ -84,6 +87,11 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.Memo
 			Buckets: []float64{100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 100e-3},
 		}, []string{"store", "shard"}),
 		storeKind: storeKind,
+		globalLeft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_global_remaining_ratio",
+			Help:    "For each check of an enforced global-scope policy (a global limit or quota), the fraction of the subject's limit left after it (remaining / limit), by policy: near zero for many checks means the limit is nearly spent.",
+			Buckets: []float64{0, 0.05, 0.1, 0.25, 0.5, 0.75, 1},
+		}, []string{"policy"}),
 	}
 	if mem != nil {
 		reg.MustRegister(
@@ -98,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.Memo
 	stat := func(name, help string, f func(engine.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(lim.Stats())) })
 	}
-	reg.MustRegister(m.checks, m.duration, m.wouldReject, m.badRequests, m.panics, m.policyReload, m.policySync, m.policyChecks, m.storeCalls,
+	reg.MustRegister(m.checks, m.duration, m.wouldReject, m.badRequests, m.panics, m.policyReload, m.policySync, m.policyChecks, m.storeCalls, m.globalLeft,
 		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s engine.Stats) uint64 { return s.StoreCalls }),
 		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s engine.Stats) uint64 { return s.StoreErrors }),
 		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s engine.Stats) uint64 { return s.DenyCacheHits }),
@@ -152,6 +160,22 @@ func (d *Daemon) observeStoreCall(shard string, took time.Duration, _ error) {
 	o := m.storeCalls.WithLabelValues(m.storeKind, shard)
 	m.storeSeries.Store(shard, o)
 	o.Observe(took.Seconds())
+}
+
+// globalRemaining is the series of sluice_global_remaining_ratio for
+// policy, resolved once per policy id, at most maxPolicyLabels of them.
+func (m *metrics) globalRemaining(policy string) prometheus.Observer {
+	if o, ok := m.globalSeries.Load(policy); ok {
+		return o.(prometheus.Observer)
+	}
+	if m.globalN.Load() >= maxPolicyLabels {
+		return m.globalLeft.WithLabelValues(otherLabel)
+	}
+	o := m.globalLeft.WithLabelValues(policy)
+	if _, loaded := m.globalSeries.LoadOrStore(policy, o); !loaded {
+		m.globalN.Add(1)
+	}
+	return o
 }
 
 // Per-policy decisions in sluice_policy_checks_total.
@@ -251,6 +275,9 @@ func (d *Daemon) observe(v *verdict, t *target, decision int, shadowSource strin
 			k.decision, k.source = polAllowed, shSrc
 		}
 		d.m.policyCache.counter(d.m.policyChecks, k).Inc()
+		if pr.Scope == quota.ScopeGlobal && pr.Mode == quota.ModeEnforce && pr.Evaluated && pr.Limit > 0 {
+			d.m.globalRemaining(pr.ID).Observe(float64(pr.Remaining) / float64(pr.Limit))
+		}
 	}
 	ev := d.events
 	if ev == nil {
