@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -519,16 +520,25 @@ func (d *Daemon) routeTable() []Route {
 // Handler serves the public routes and, unless AdminListen is set, the
 // admin routes.
 func (d *Daemon) Handler() http.Handler {
-	return d.mux(func(r Route) bool { return !r.Admin || d.cfg.AdminListen == "" })
+	return d.mux(func(r Route) bool { return !r.Admin || d.cfg.AdminListen == "" }, false)
 }
 
-// AdminHandler serves the admin routes alone.
+// AdminHandler serves the admin routes alone, and the Go profiler under
+// /debug/pprof/ behind the admin token: the profiler is served on the
+// admin listener only, never where the gateways call.
 func (d *Daemon) AdminHandler() http.Handler {
-	return d.mux(func(r Route) bool { return r.Admin })
+	return d.mux(func(r Route) bool { return r.Admin }, true)
 }
 
-func (d *Daemon) mux(include func(Route) bool) http.Handler {
+func (d *Daemon) mux(include func(Route) bool, profiler bool) http.Handler {
 	mux := http.NewServeMux()
+	if profiler {
+		mux.HandleFunc("GET /debug/pprof/", d.requireAdmin(pprof.Index))
+		mux.HandleFunc("GET /debug/pprof/cmdline", d.requireAdmin(pprof.Cmdline))
+		mux.HandleFunc("GET /debug/pprof/profile", d.requireAdmin(pprof.Profile))
+		mux.HandleFunc("GET /debug/pprof/symbol", d.requireAdmin(pprof.Symbol))
+		mux.HandleFunc("GET /debug/pprof/trace", d.requireAdmin(pprof.Trace))
+	}
 	for _, rt := range d.routes {
 		if !include(rt) {
 			continue
