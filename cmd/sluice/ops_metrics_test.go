@@ -15,17 +15,6 @@ import (
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
-// exportedOnlyWithClusterCollector are metrics the alert rules and the
-// dashboard query that the gossip layer's cluster collector exports (the
-// age of each region's last report, the policy-set skew) and that main
-// exports (build info). They are checked like the others when present; when
-// a build does not export them yet, the test logs them instead of failing.
-var exportedOnlyWithClusterCollector = map[string]bool{
-	"sluice_gossip_report_age_seconds": true,
-	"sluice_policy_set_skewed_regions": true,
-	"sluice_build_info":                true,
-}
-
 // opsMetricNames are the sluice_* series the alert rules and the Grafana
 // dashboard query.
 func opsMetricNames(t *testing.T) map[string][]string {
@@ -94,15 +83,14 @@ func TestOpsMetricsExported(t *testing.T) {
 	if len(names) < 20 {
 		t.Fatalf("%d metric names in the rules and dashboard, want 20 or more", len(names))
 	}
-	var have map[string]bool
 	missing := func() []string {
-		have = exported(eu)
+		have := exported(eu)
 		for n := range exported(us) {
 			have[n] = true
 		}
 		var out []string
 		for n := range names {
-			if !have[n] && !exportedOnlyWithClusterCollector[n] {
+			if !have[n] {
 				out = append(out, n)
 			}
 		}
@@ -118,10 +106,5 @@ func TestOpsMetricsExported(t *testing.T) {
 			return
 		}
 		<-time.After(200 * time.Millisecond)
-	}
-	for n := range exportedOnlyWithClusterCollector {
-		if _, used := names[n]; used && !have[n] {
-			t.Logf("%s (queried by %s) is not exported by this build", n, strings.Join(names[n], ", "))
-		}
 	}
 }
