@@ -144,6 +144,8 @@ type Log struct {
 	rejectThr uint64 // sample when rand < thr; math.MaxUint64 means always
 	allowThr  uint64
 	out       io.WriteCloser // nil without a stream
+	closeOnce sync.Once
+	closeErr  error
 	q         chan Event
 
 	mu   sync.Mutex
@@ -348,6 +350,16 @@ func (l *Log) Top(now time.Time, policy string, n int) []PolicyTop {
 // Window is the top lists' window.
 func (l *Log) Window() time.Duration { return l.cfg.TopWindow }
 
+// Close closes the stream's file; Run closes it when it returns. Events
+// written after Close are dropped. It is safe to call more than once.
+func (l *Log) Close() error {
+	if l.out == nil {
+		return nil
+	}
+	l.closeOnce.Do(func() { l.closeErr = l.out.Close() })
+	return l.closeErr
+}
+
 // Run writes queued events as JSON lines until ctx ends, then writes what
 // is queued and closes the file. Without a stream it returns at once. A
 // failed write is logged (at most once a minute) and its events counted as
@@ -356,7 +368,7 @@ func (l *Log) Run(ctx context.Context) error {
 	if l.q == nil {
 		return nil
 	}
-	defer l.out.Close()
+	defer l.Close()
 	bw := bufio.NewWriterSize(l.out, 64<<10)
 	enc := json.NewEncoder(bw)
 	pending := 0

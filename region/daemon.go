@@ -261,6 +261,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 	if d.events, err = decisionlog.New(cfg.DecisionLog, log, reg); err != nil {
 		return nil, err
 	}
+	d.closers = append(d.closers, d.events.Close)
 	if d.watcher != nil {
 		d.watcher.OnResult(func(result string, err error) {
 			d.m.policyReload.WithLabelValues(result).Inc()
