@@ -6,6 +6,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -377,6 +380,8 @@ func TestStaticBinaryAndDockerfile(t *testing.T) {
 		t.Errorf("binary needs shared libraries %v", libs)
 	}
 
+	t.Run("runs alone as 65532", func(t *testing.T) { runInEmptyRoot(t, bin) })
+
 	df, err := os.ReadFile("../Dockerfile")
 	if err != nil {
 		t.Fatal(err)
@@ -398,5 +403,67 @@ func TestStaticBinaryAndDockerfile(t *testing.T) {
 	}
 	if !strings.Contains(string(mk), "CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH_IMAGE)") || !strings.Contains(string(mk), "-o bin/linux-$(GOARCH_IMAGE)/sluice") {
 		t.Errorf("make static no longer builds bin/linux-$(GOARCH_IMAGE)/sluice without cgo, where the Dockerfile copies it from")
+	}
+}
+
+// runInEmptyRoot does what the image does without a container runtime:
+// the binary alone in an otherwise empty root directory, run as UID and
+// GID 65532 (chroot --userspec, as root), must serve /healthz.
+func runInEmptyRoot(t *testing.T, bin string) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
+	}
+	chroot, err := exec.LookPath("chroot")
+	if err != nil {
+		t.Skip("no chroot here")
+	}
+	root := t.TempDir()
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "sluice"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(chroot, "--userspec=65532:65532", root, "/sluice", "serve", "--listen", addr)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-done
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				t.Fatalf("/healthz = %d", res.StatusCode)
+			}
+			return
+		}
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("sluice in an empty root exited: %v\n%s", err, logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sluice in an empty root did not serve /healthz: %v\n%s", err, logs.String())
+		}
 	}
 }
