@@ -1,6 +1,7 @@
 package region
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -301,7 +302,7 @@ func (d *Daemon) observe(v *verdict, t *target, decision int, shadowSource strin
 		return
 	}
 	e := decisionlog.Event{Time: time.Now().UTC(), Subject: v.Subject, Tier: v.Tier, Method: t.method, Route: t.route,
-		Decision: checkDecisions[decision], Source: v.Source, Policy: v.Policy, Violated: v.violated, Degraded: v.Degraded}
+		Decision: checkDecisions[decision], Source: v.Source, Policy: v.Policy, Violated: slices.Clone(v.violated), Degraded: v.Degraded}
 	if v.WouldReject {
 		for i := range v.Policies {
 			if pr := &v.Policies[i]; pr.WouldReject {
@@ -309,5 +310,7 @@ func (d *Daemon) observe(v *verdict, t *target, decision int, shadowSource strin
 			}
 		}
 	}
+	// The event outlives the request: it holds copies, never the
+	// verdict's own slices.
 	ev.Write(e, limited)
 }
