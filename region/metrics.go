@@ -197,7 +197,6 @@ type policySeries struct {
 	mu       sync.Mutex
 	policies map[string]bool
 	tiers    map[string]bool
-	n        atomic.Int64 // label sets remembered, for tests
 }
 
 type policySeriesKey struct {
@@ -222,7 +221,6 @@ func (ps *policySeries) counter(vec *prometheus.CounterVec, k policySeriesKey) p
 		// Only label sets within the bounds are remembered, so the cache
 		// is as bounded as the series; the rest take this slow path.
 		ps.series.Store(raw, c)
-		ps.n.Add(1)
 	}
 	return c
 }
