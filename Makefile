@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-deps test-short race bench bench-peers lint fuzz sim-report clean
+.PHONY: all build test test-deps test-short race bench bench-peers lint fuzz sim-report clean static image helm ops-test demo demo-test
 
 all: build
 
@@ -57,6 +57,38 @@ fuzz:
 # docs/simulation-results.md from every built-in scenario (seed 1).
 sim-report:
 	$(GO) run ./simulator/cmd/simreport
+
+# The static linux binary the image holds (no cgo, no libc).
+GOARCH_IMAGE ?= amd64
+static:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH_IMAGE) $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/linux-$(GOARCH_IMAGE)/sluice ./cmd/sluice
+
+# The container image (Dockerfile): FROM scratch, the static binary, UID 65532.
+IMAGE ?= sluice:$(VERSION)
+image: static
+	docker build --build-arg TARGETARCH=$(GOARCH_IMAGE) -t $(IMAGE) .
+
+# helm lint and helm template on deploy/helm/sluice, and the checks of the
+# rendered objects; helm is built with go install into SLUICE_TOOLS.
+helm:
+	$(GO) test -count=1 -run 'Helm' ./deploy/
+
+# The deployment checks: helm, promtool check/test rules, the dashboard
+# and alert rules against a running daemon's /metrics, the static binary.
+ops-test:
+	$(GO) test -count=1 ./deploy/
+	$(GO) test -count=1 -run 'TestOpsMetricsExported' ./cmd/sluice/
+
+# Three regions on this machine: redis-server, two daemons and nginx per
+# region, and Prometheus (deploy/demo/README.md). Ctrl-C stops it all.
+demo: build
+	bash deploy/demo/demo.sh
+
+# The demo started, driven through one region's nginx, seen in Prometheus,
+# and stopped, in about ten seconds (go test ./deploy runs the same, so make
+# test does too).
+demo-test: build
+	DEMO_SMOKE=1 bash deploy/demo/demo.sh
 
 clean:
 	rm -rf bin out

@@ -141,6 +141,12 @@ type LimiterConfig struct {
 	// Logger receives degraded-mode warnings, at most one per second per
 	// reason. Nil discards them.
 	Logger *slog.Logger
+	// OnStoreCall, if set, is told of every call that reached a store
+	// that is not in process (not those an open breaker refused): the
+	// shard it went to (the breaker's name), how long it took in real
+	// time, and its error. It runs on the check path and must
+	// return at once, without I/O (observe a histogram, bump a counter).
+	OnStoreCall func(shard string, took time.Duration, err error)
 }
 
 // Limiter is what a daemon asks: it adds to a Store the things that keep a
@@ -267,7 +273,14 @@ func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) 
 	if rs, ok := l.store.(roundTripStore); ok {
 		call = func() (Decision, error) { return rs.CheckWithin(ctx, req, l.cfg.Timeout) }
 	}
+	var start time.Time
+	if l.cfg.OnStoreCall != nil {
+		start = time.Now()
+	}
 	d, err := cb.Execute(call)
+	if l.cfg.OnStoreCall != nil && !errors.Is(err, gobreaker.ErrOpenState) && !errors.Is(err, gobreaker.ErrTooManyRequests) {
+		l.cfg.OnStoreCall(cb.Name(), time.Since(start), err)
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrStoreBusy):

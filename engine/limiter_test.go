@@ -221,3 +221,44 @@ func TestLimiterResetClearsDenyCache(t *testing.T) {
 		t.Fatalf("after reset: %+v %v, want allowed by the store with 2 remaining", o, err)
 	}
 }
+
+// OnStoreCall hears of every call that reached the store, good or failed,
+// with its shard, and of none that the open breaker refused.
+func TestOnStoreCallSeesEveryStoreCall(t *testing.T) {
+	clock := newManualClock()
+	st := newFaulty(clock)
+	type call struct {
+		shard string
+		err   bool
+	}
+	var calls []call
+	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock, DenyCacheSize: -1, Breaker: BreakerConfig{MinCalls: 4},
+		OnStoreCall: func(shard string, took time.Duration, err error) {
+			if took < 0 {
+				t.Errorf("took = %v, want >= 0", took)
+			}
+			calls = append(calls, call{shard, err != nil})
+		}})
+	req := Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}}}}
+	ctx := context.Background()
+	lim.Check(ctx, req)
+	st.fail.Store(true)
+	for range 10 {
+		lim.Check(ctx, req) // the breaker opens after 4 calls with half failed
+	}
+	if len(calls) == 0 || calls[0] != (call{"store", false}) {
+		t.Fatalf("first call = %v, want a good call to shard store", calls)
+	}
+	failed := 0
+	for _, c := range calls[1:] {
+		if c.err {
+			failed++
+		}
+	}
+	if got, want := int64(len(calls)), st.calls.Load(); got != want || got >= 11 {
+		t.Errorf("OnStoreCall called %d times, want the store's %d calls, fewer than 11 checks (the breaker refused some)", got, want)
+	}
+	if failed != len(calls)-1 {
+		t.Errorf("%d failed calls reported of %d, want every call after the first", failed, len(calls))
+	}
+}

@@ -277,13 +277,14 @@ func (d *Daemon) decide(ctx context.Context, t target) (verdict, *Problem) {
 	var buf [2 * engine.MaxChecks]quota.Applied
 	var exBuf [engine.MaxChecks]quota.Exemption
 	applied, exempt := d.reg.AppendMatchExempt(buf[:0], exBuf[:0], quota.Query{Tier: who.Tier, Subject: who.Subject, Method: t.method, Route: t.route})
-	return d.decideApplied(ctx, who, applied, exempt, t.cost, t.field)
+	return d.decideApplied(ctx, who, applied, exempt, t.cost, t.field, t.method, t.route)
 }
 
 // decideApplied decides the policies matched for who (see decide); cost,
 // when not nil, replaces every policy's cost, and field prefixes the
-// fields named in problems.
-func (d *Daemon) decideApplied(ctx context.Context, who quota.Principal, applied []quota.Applied, exempt []quota.Exemption, costOverride *int64, field string) (verdict, *Problem) {
+// fields named in problems. method and route only describe the request
+// in decision events.
+func (d *Daemon) decideApplied(ctx context.Context, who quota.Principal, applied []quota.Applied, exempt []quota.Exemption, costOverride *int64, field, method, route string) (verdict, *Problem) {
 	v := verdict{status: http.StatusOK}
 	v.Allowed = true
 	v.Subject, v.Tier = who.Subject, who.Tier
@@ -427,9 +428,11 @@ func (d *Daemon) decideApplied(ctx context.Context, who quota.Principal, applied
 		}
 	}
 
+	shadowSource := "none"
 	if ns > 0 && v.Allowed {
 		out, err := d.lim.Check(ctx, engine.Request{Subject: who.Subject, Checks: shadow[:ns]})
 		if err == nil {
+			shadowSource = out.Source.String()
 			for j := 0; j < ns; j++ {
 				r := out.Results[j]
 				pr := &v.Policies[shIdx[j]]
@@ -463,7 +466,7 @@ func (d *Daemon) decideApplied(ctx context.Context, who quota.Principal, applied
 	case http.StatusServiceUnavailable:
 		decision = 2
 	}
-	d.m.checkSeries.counter(d.m.checks, decision, v.Source).Inc()
+	d.observe(&v, method, route, decision, shadowSource)
 	return v, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
@@ -93,6 +95,9 @@ type Config struct {
 	// Gossip the count is the live daemons of this region in the membership
 	// instead, and LocalDaemons must be 0; 0 without Gossip means 1.
 	LocalDaemons int
+	// DecisionLog configures the sampled decision stream and the top lists
+	// of GET /v1/decisions/top.
+	DecisionLog decisionlog.Config
 }
 
 // DefaultConfig returns the documented defaults: listen on 127.0.0.1:8080,
@@ -107,6 +112,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes:    1 << 20,
 		ShutdownTimeout: 30 * time.Second,
 		PolicyRefresh:   10 * time.Second,
+		DecisionLog:     decisionlog.DefaultConfig(),
 	}
 }
 
@@ -134,6 +140,9 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 || c.PolicyRefresh <= 0 {
 		errs = append(errs, errors.New("shutdown timeout and policy refresh must be positive"))
 	}
+	if err := c.DecisionLog.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.validateEdge(); err != nil {
 		errs = append(errs, err)
 	}
@@ -157,6 +166,7 @@ type Daemon struct {
 	cl      *cluster    // nil when single-region
 	redis   redisKV     // nil on the memory store
 	m       *metrics
+	events  *decisionlog.Log
 	gather  prometheus.Gatherer
 	token   [32]byte // SHA-256 of the admin token
 	hasTok  bool
@@ -241,13 +251,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
-	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons})
+	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons, OnStoreCall: d.observeStoreCall})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
 	d.pstore = pstore
 	if d.watcher != nil {
 		d.watcher.SetTarget(d.reg)
 	}
-	d.m = newMetrics(reg, d.lim)
+	d.m = newMetrics(reg, d.lim, d.mem, storeKind(cfg.Store))
+	if d.events, err = decisionlog.New(cfg.DecisionLog, log, reg); err != nil {
+		return nil, err
+	}
+	d.closers = append(d.closers, d.events.Close)
 	if d.watcher != nil {
 		d.watcher.OnResult(func(result string, err error) {
 			d.m.policyReload.WithLabelValues(result).Inc()
@@ -500,22 +514,32 @@ func (d *Daemon) routeTable() []Route {
 		{"GET", "/v1/keys/{subject}/usage", true, d.handleUsage},
 		{"DELETE", "/v1/keys/{subject}/state", true, d.handleResetState},
 		{"GET", "/v1/regions", true, d.handleRegions},
+		{"GET", "/v1/decisions/top", true, d.handleTopLimited},
 	}
 }
 
 // Handler serves the public routes and, unless AdminListen is set, the
 // admin routes.
 func (d *Daemon) Handler() http.Handler {
-	return d.mux(func(r Route) bool { return !r.Admin || d.cfg.AdminListen == "" })
+	return d.mux(func(r Route) bool { return !r.Admin || d.cfg.AdminListen == "" }, false)
 }
 
-// AdminHandler serves the admin routes alone.
+// AdminHandler serves the admin routes alone, and the Go profiler under
+// /debug/pprof/ behind the admin token: the profiler is served on the
+// admin listener only, never where the gateways call.
 func (d *Daemon) AdminHandler() http.Handler {
-	return d.mux(func(r Route) bool { return r.Admin })
+	return d.mux(func(r Route) bool { return r.Admin }, true)
 }
 
-func (d *Daemon) mux(include func(Route) bool) http.Handler {
+func (d *Daemon) mux(include func(Route) bool, profiler bool) http.Handler {
 	mux := http.NewServeMux()
+	if profiler {
+		mux.HandleFunc("GET /debug/pprof/", d.requireAdmin(pprof.Index))
+		mux.HandleFunc("GET /debug/pprof/cmdline", d.requireAdmin(pprof.Cmdline))
+		mux.HandleFunc("GET /debug/pprof/profile", d.requireAdmin(pprof.Profile))
+		mux.HandleFunc("GET /debug/pprof/symbol", d.requireAdmin(pprof.Symbol))
+		mux.HandleFunc("GET /debug/pprof/trace", d.requireAdmin(pprof.Trace))
+	}
 	for _, rt := range d.routes {
 		if !include(rt) {
 			continue
@@ -708,6 +732,7 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 			return nil
 		})
 	}
+	g.Go(func() error { return d.events.Run(gctx) })
 	if d.mem != nil {
 		g.Go(func() error { return d.mem.Run(gctx, time.Minute) })
 	}

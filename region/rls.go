@@ -49,7 +49,7 @@ func (d *Daemon) DecideStates(ctx context.Context, subject string, applied []quo
 		return StatesVerdict{}, errors.New("too many policies for one decision")
 	}
 	who := quota.Principal{Subject: subject}
-	v, p := d.decideApplied(ctx, who, applied, nil, nil, "")
+	v, p := d.decideApplied(ctx, who, applied, nil, nil, "", "", "")
 	if p != nil {
 		return StatesVerdict{}, errors.New(p.Detail)
 	}

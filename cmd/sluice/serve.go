@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
@@ -51,6 +52,7 @@ func newServeCmd() *cobra.Command {
 		mr           multiRegionFlags
 		rlsListen    string
 		envoyConfigs []string
+		hashKeyFile  string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -122,6 +124,9 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 					return fmt.Errorf("--admin-token-file %s is empty", tokenFile)
 				}
 			}
+			if err := decisionLogFlags(&cfg.DecisionLog, hashKeyFile); err != nil {
+				return err
+			}
 			if cfg.AdminToken == "" {
 				log.Warn("no admin token: the admin API is disabled (set --admin-token-file or SLUICE_ADMIN_TOKEN)")
 			}
@@ -158,6 +163,12 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&rlsListen, "rls-listen", "", "serve Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) on this address; empty: off")
 	f.StringArrayVar(&envoyConfigs, "envoy-config", nil, "envoyproxy/ratelimit YAML file, or directory of *.yaml files, to load as descriptor policies (repeatable)")
+	f.StringVar(&cfg.DecisionLog.Path, "decision-log", "", "write sampled decision events as JSON lines to this file (appended), or - for standard output; empty: off")
+	f.Float64Var(&cfg.DecisionLog.RejectRate, "decision-log-reject-rate", def.DecisionLog.RejectRate, "fraction in [0, 1] of rejections and shadow would-rejects written to --decision-log")
+	f.Float64Var(&cfg.DecisionLog.AllowRate, "decision-log-allow-rate", def.DecisionLog.AllowRate, "fraction in [0, 1] of other admissions written to --decision-log")
+	f.BoolVar(&cfg.DecisionLog.RawSubjects, "decision-log-raw-subjects", false, "write subjects as they are in --decision-log instead of their keyed hash")
+	f.StringVar(&hashKeyFile, "decision-log-hash-key-file", "", "file holding the key of the subject hash in --decision-log (the same on every daemon makes hashes comparable); default: a random key per process")
+	f.DurationVar(&cfg.DecisionLog.TopWindow, "top-window", def.DecisionLog.TopWindow, "window of GET /v1/decisions/top, the most limited subjects per policy")
 	mr.register(f)
 	return cmd
 }
@@ -185,6 +196,32 @@ func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr
 		return s.Serve(gctx, ln)
 	})
 	return g.Wait()
+}
+
+// decisionLogFlags checks the decision-log flags into one-line errors
+// that name the flag, and reads the hash key file.
+func decisionLogFlags(c *decisionlog.Config, hashKeyFile string) error {
+	for _, r := range []struct {
+		flag string
+		v    float64
+	}{{"--decision-log-reject-rate", c.RejectRate}, {"--decision-log-allow-rate", c.AllowRate}} {
+		if !(r.v >= 0 && r.v <= 1) {
+			return fmt.Errorf("%s: must be in [0, 1], got %v", r.flag, r.v)
+		}
+	}
+	if c.TopWindow <= 0 {
+		return fmt.Errorf("--top-window: must be positive, got %v", c.TopWindow)
+	}
+	if hashKeyFile != "" {
+		b, err := os.ReadFile(hashKeyFile)
+		if err != nil {
+			return fmt.Errorf("--decision-log-hash-key-file: %w", err)
+		}
+		if c.HashKey = []byte(strings.TrimSpace(string(b))); len(c.HashKey) == 0 {
+			return fmt.Errorf("--decision-log-hash-key-file %s is empty", hashKeyFile)
+		}
+	}
+	return nil
 }
 
 // identityFlags parses --trusted-proxies into cfg and checks the identity
