@@ -12,6 +12,9 @@
 -- checks that they agree.
 --
 -- KEYS[i]   state of policy i; all keys share the subject's hash tag.
+--           Numbers in ARGV are read with `+ 0`: Lua 5.1's tonumber parses
+--           its string twice, and parsing is a good part of the script's
+--           cost.
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 --           Only tests set it.
 -- ARGV[2]   extra milliseconds added to every TTL (0 in production; tests
@@ -45,12 +48,11 @@ local US = 1000000
 
 local now
 if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
+  now = ARGV[1] + 0
 else
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * US + tonumber(t[2])
+  now = t[1] * US + t[2]
 end
-local pad = tonumber(ARGV[2])
 
 local P21, P32 = 2097152, 4294967296
 
@@ -66,6 +68,104 @@ local function q29(x, round)
   local _, e = math.frexp(x)
   if e < -1021 then e = -1021 end
   return math.ldexp(round(math.ldexp(x, 29 - e)), e - 29)
+end
+
+local function ceil_us(v)
+  if not (v > 0) then return 0 end
+  if v > 1e15 then return 1e15 end
+  return math.ceil(v)
+end
+
+local function floor_units(v)
+  if not (v > 0) then return 0 end
+  return math.floor(v)
+end
+
+-- Each algorithm takes the stored state (a, b, t; t = 0 for none) and
+-- returns the verdict (allowed 0/1, limit, remaining, reset-after µs,
+-- retry-after µs) and the state after the check, as algorithm.go's decide
+-- updates its counters: three numbers, not a table, so a check allocates
+-- nothing it does not store.
+local function token_bucket(a, t, rate, burst, cost)
+  local tokens = burst
+  if t ~= 0 then
+    tokens = a
+    if now > t then
+      tokens = tokens + ((now - t) * rate) / US
+      t = now
+    end
+    if tokens > burst then tokens = burst end
+  else
+    t = now
+  end
+  local ok, retry = 0, 0
+  if cost <= tokens then
+    ok = 1
+    tokens = tokens - cost
+  else
+    retry = ceil_us((cost - tokens) * US / rate)
+    for _ = 1, 3 do
+      if not (tokens + (retry * rate) / US < cost) then break end
+      retry = retry + 1
+    end
+  end
+  return ok, floor_units(burst), floor_units(tokens),
+    ceil_us((burst - tokens) * US / rate), retry, q29(tokens, math.floor), 0, t
+end
+
+-- q29unpack reads the 5-byte number at position pos of s.
+local function q29unpack(s, pos)
+  return (struct.unpack('<d', '\0\0\0' .. string.sub(s, pos, pos + 4)))
+end
+
+-- q29pack writes x, which q29 has rounded, in 5 bytes.
+local function q29pack(x)
+  return string.sub(struct.pack('<d', x), 4)
+end
+
+local function header(alg, t)
+  return struct.pack('<I4I3', math.fmod(t, P32), math.floor(t / P32) + alg * P21)
+end
+
+-- bucket_state reads a bucket's stored string s (or false, for none) as
+-- a, t; a string of another length or algorithm reads as none (t = 0).
+local function bucket_state(s, alg)
+  if s and #s == 12 then
+    local lo, hi = struct.unpack('<I4I3', s)
+    if math.floor(hi / P21) == alg then
+      return q29unpack(s, 8), math.fmod(hi, P21) * P32 + lo
+    end
+  end
+  return 0, 0
+end
+
+local function bucket_value(alg, a, t)
+  return header(alg, t) .. q29pack(a)
+end
+
+-- bucket_ttl is a token bucket's TTL: see ttl below.
+local function bucket_ttl(a, rate, burst, f)
+  return ceil_us((burst / f - a) * US / (rate / f)) + US
+end
+
+-- full_bucket is keepRejected for a rejected token bucket: store it when
+-- it is full at its burst at a time later than its stored state's (old_t).
+local function full_bucket(old_t, a, t, burst)
+  return t ~= old_t and a == q29(burst, math.floor)
+end
+
+-- A single token bucket, the common case, is decided here, before the
+-- functions that only other algorithms and several policies need are
+-- created: each local function is a new closure on every call.
+if #KEYS == 1 and ARGV[3] == '1' then
+  local rate, burst, cost = ARGV[4] + 0, ARGV[5] + 0, ARGV[7] + 0
+  local a, t = bucket_state(redis.call('GET', KEYS[1]), 1)
+  local ok, limit, remaining, reset, retry, na, _, nt = token_bucket(a, t, rate, burst, cost)
+  if (ok == 1 and cost > 0) or (ok == 0 and full_bucket(t, na, nt, burst)) then
+    local us = bucket_ttl(na, rate, burst, ARGV[8] + 0)
+    redis.call('SET', KEYS[1], bucket_value(1, na, nt), 'PX', math.ceil(us / 1000) + ARGV[2])
+  end
+  return {ok, limit, remaining, reset, retry}
 end
 
 -- q29_up_to mirrors quantUpTo: x rounded up, unless that passes most
@@ -92,51 +192,17 @@ local function stored_count(x)
   return math.ceil(x)
 end
 
-local function ceil_us(v)
-  if not (v > 0) then return 0 end
-  if v > 1e15 then return 1e15 end
-  return math.ceil(v)
-end
-
-local function floor_units(v)
-  if not (v > 0) then return 0 end
-  return math.floor(v)
-end
-
-local function token_bucket(st, rate, burst, cost)
-  local tokens, t = burst, now
-  if st and st[2] ~= 0 then
-    tokens, t = st[1], st[2]
-    if now > t then
-      tokens = tokens + ((now - t) * rate) / US
-      t = now
-    end
-    if tokens > burst then tokens = burst end
-  end
-  local ok, retry = 0, 0
-  if cost <= tokens then
-    ok = 1
-    tokens = tokens - cost
-  else
-    retry = ceil_us((cost - tokens) * US / rate)
-    for _ = 1, 3 do
-      if not (tokens + (retry * rate) / US < cost) then break end
-      retry = retry + 1
-    end
-  end
-  return ok, floor_units(burst), floor_units(tokens),
-    ceil_us((burst - tokens) * US / rate), retry, {q29(tokens, math.floor), t}
-end
-
-local function leaky_bucket(st, rate, burst, cost)
-  local level, t = 0, now
-  if st and st[2] ~= 0 then
-    level, t = st[1], st[2]
+local function leaky_bucket(a, t, rate, burst, cost)
+  local level = 0
+  if t ~= 0 then
+    level = a
     if now > t then
       local l = level - ((now - t) * rate) / US
       if l > 0 then level = l else level = 0 end
       t = now
     end
+  else
+    t = now
   end
   local ok, retry = 0, 0
   if level + cost <= burst then
@@ -150,13 +216,11 @@ local function leaky_bucket(st, rate, burst, cost)
     end
   end
   return ok, floor_units(burst), floor_units(burst - level),
-    ceil_us(level * US / rate), retry, {q29_up_to(level, burst), t}
+    ceil_us(level * US / rate), retry, q29_up_to(level, burst), 0, t
 end
 
-local function fixed_window(st, count, w, cost)
+local function fixed_window(n, t, count, w, cost)
   local start = now - math.fmod(now, w)
-  local n, t = 0, 0
-  if st then n, t = st[1], st[2] end
   if t == 0 or start > t then n, t = 0, start end
   local fin = t + w
   local ok, retry = 0, 0
@@ -168,7 +232,7 @@ local function fixed_window(st, count, w, cost)
   else
     retry = fin - now + w
   end
-  return ok, floor_units(count), floor_units(count - n), fin - now, retry, {stored_count(n), t}
+  return ok, floor_units(count), floor_units(count - n), fin - now, retry, stored_count(n), 0, t
 end
 
 local function estimate(cur, prev, w, e)
@@ -195,10 +259,8 @@ local function sliding_retry(cur, prev, w, e, limit, cost)
   return w - e + target
 end
 
-local function sliding_counter(st, count, w, cost)
+local function sliding_counter(cur, prev, t, count, w, cost)
   local start = now - math.fmod(now, w)
-  local cur, prev, t = 0, 0, 0
-  if st then cur, prev, t = st[1], st[2], st[3] end
   if t == 0 then
     cur, prev, t = 0, 0, start
   elseif start == t + w then
@@ -223,11 +285,11 @@ local function sliding_counter(st, count, w, cost)
     reset = t + w - now
   end
   return ok, floor_units(count), floor_units(count - est), reset, retry,
-    {stored_count(cur), stored_count(prev), t}
+    stored_count(cur), stored_count(prev), t
 end
 
 -- The log's state is its timestamps in order; the returned state is the
--- log as a commit would leave it.
+-- log as a commit would leave it, in place of a.
 local function sliding_log(log, count, w, cost)
   local drop = 0
   while drop < #log and log[drop + 1] <= now - w do drop = drop + 1 end
@@ -254,25 +316,30 @@ local function sliding_log(log, count, w, cost)
     for i = drop + 1, #log do next[#next + 1] = log[i] end
     for _ = 1, cost do next[#next + 1] = now end
   end
-  return ok, capacity, floor_units(capacity - n), reset, retry, next
+  return ok, capacity, floor_units(capacity - n), reset, retry, next, 0, 0
 end
 
--- q29unpack reads the 5-byte number at position pos of s.
-local function q29unpack(s, pos)
-  return (struct.unpack('<d', '\0\0\0' .. string.sub(s, pos, pos + 4)))
+-- decide applies policy alg (1 to 5, as in ARGV) to the state a, b, t.
+local function decide(alg, a, b, t, p1, p2, w, cost)
+  if alg == 1 then return token_bucket(a, t, p1, p2, cost) end
+  if alg == 2 then return leaky_bucket(a, t, p1, p2, cost) end
+  if alg == 3 then return fixed_window(a, t, p1, w, cost) end
+  if alg == 4 then return sliding_log(a, p1, w, cost) end
+  return sliding_counter(a, b, t, p1, w, cost)
 end
 
--- q29pack writes x, which q29 has rounded, in 5 bytes.
-local function q29pack(x)
-  return string.sub(struct.pack('<d', x), 4)
-end
-
+-- load reads the state of key for alg: a, b, t, with t = 0 for none; the
+-- log's is its timestamps, in a.
 local function load(key, alg)
   local s = redis.call('GET', key)
   if s then
     local n = #s
     if (alg == 4 and n >= 7 and (n - 7) % 8 == 0) or (alg == 5 and n == 17) or
       (alg ~= 4 and alg ~= 5 and n == 12) then
+      if alg == 1 or alg == 2 then
+        local a, t = bucket_state(s, alg)
+        return a, 0, t
+      end
       local lo, hi = struct.unpack('<I4I3', s)
       if math.floor(hi / P21) == alg then
         local t = math.fmod(hi, P21) * P32 + lo
@@ -281,96 +348,71 @@ local function load(key, alg)
           for i = 1, (n - 7) / 8 do
             log[i] = struct.unpack('<d', s, 8 * i)
           end
-          return log
+          return log, 0, 0
         end
         if alg == 5 then
           local cur, prev = struct.unpack('<I5I5', s, 8)
-          return {cur, prev, t}
+          return cur, prev, t
         end
-        if alg == 3 then return {(struct.unpack('<I5', s, 8)), t} end
-        return {q29unpack(s, 8), t}
+        return (struct.unpack('<I5', s, 8)), 0, t
       end
     end
   end
-  if alg == 4 then return {} end
-  return nil
+  if alg == 4 then return {}, 0, 0 end
+  return 0, 0, 0
 end
 
-local function header(alg, t)
-  return struct.pack('<I4I3', math.fmod(t, P32), math.floor(t / P32) + alg * P21)
-end
-
-local function encode(alg, st)
+local function encode(alg, a, b, t)
   if alg == 4 then
     local parts = {header(4, 0)}
-    for i = 1, #st do parts[i + 1] = struct.pack('<d', st[i]) end
+    for i = 1, #a do parts[i + 1] = struct.pack('<d', a[i]) end
     return table.concat(parts)
   end
-  if alg == 5 then return header(5, st[3]) .. struct.pack('<I5I5', st[1], st[2]) end
-  if alg == 3 then return header(3, st[2]) .. struct.pack('<I5', st[1]) end
-  return header(alg, st[2]) .. q29pack(st[1])
+  if alg == 5 then return header(5, t) .. struct.pack('<I5I5', a, b) end
+  if alg == 3 then return header(3, t) .. struct.pack('<I5', a) end
+  return bucket_value(alg, a, t)
 end
 
 -- ttl mirrors ttl() in algorithm.go: how long the new state matters.
 -- A token bucket's TTL uses the unscaled limit (p / f): whatever share
 -- the region gets later, the bucket is full by then, so dropping it
 -- changes no decision.
-local function ttl(alg, st, p1, p2, w, f)
-  if alg == 1 then return ceil_us((p2 / f - st[1]) * US / (p1 / f)) + US end
-  if alg == 2 then return ceil_us(st[1] * US / p1) + US end
-  if alg == 3 then return st[2] + w - now + US end
-  if alg == 5 then return st[3] + 2 * w - now + US end
-  if #st > 0 then return st[#st] + w - now + US end
+local function ttl(alg, a, t, p1, p2, w, f)
+  if alg == 1 then return bucket_ttl(a, p1, p2, f) end
+  if alg == 2 then return ceil_us(a * US / p1) + US end
+  if alg == 3 then return t + w - now + US end
+  if alg == 5 then return t + 2 * w - now + US end
+  if #a > 0 then return a[#a] + w - now + US end
   return US
 end
 
-local out, states, algs, costs, keep = {}, {}, {}, {}, {}
+-- store writes policy i's new state a, b, t with its TTL.
+local function store(i, alg, a, b, t, p1, p2, w)
+  local us = ttl(alg, a, t, p1, p2, w, ARGV[8 + 6 * (i - 1)] + 0)
+  redis.call('SET', KEYS[i], encode(alg, a, b, t), 'PX', math.ceil(us / 1000) + ARGV[2])
+end
+
+local out, algs, p1s, p2s, ws, costs, as, bs, ts, keep = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 local all = true
 for i = 1, #KEYS do
   local j = 3 + 6 * (i - 1)
-  local alg = tonumber(ARGV[j])
-  local p1, p2 = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
-  local w, cost = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
-  local st = load(KEYS[i], alg)
-  local ok, limit, remaining, reset, retry, next
-  if alg == 1 then
-    ok, limit, remaining, reset, retry, next = token_bucket(st, p1, p2, cost)
-  elseif alg == 2 then
-    ok, limit, remaining, reset, retry, next = leaky_bucket(st, p1, p2, cost)
-  elseif alg == 3 then
-    ok, limit, remaining, reset, retry, next = fixed_window(st, p1, w, cost)
-  elseif alg == 4 then
-    ok, limit, remaining, reset, retry, next = sliding_log(st, p1, w, cost)
-  else
-    ok, limit, remaining, reset, retry, next = sliding_counter(st, p1, w, cost)
-  end
+  local alg = ARGV[j] + 0
+  local p1, p2 = ARGV[j + 1] + 0, ARGV[j + 2] + 0
+  local w, cost = ARGV[j + 3] + 0, ARGV[j + 4] + 0
+  local a, b, t = load(KEYS[i], alg)
+  local ok, limit, remaining, reset, retry, na, nb, nt = decide(alg, a, b, t, p1, p2, w, cost)
   if ok == 0 then
     all = false
-    -- keepRejected: a token bucket full at its burst, newer than stored.
-    local old_t = 0
-    if st then old_t = st[2] end
-    keep[i] = alg == 1 and next[2] ~= old_t and next[1] == q29(p2, math.floor)
+    keep[i] = alg == 1 and full_bucket(t, na, nt, p2)
   end
-  states[i], algs[i], costs[i] = next, alg, cost
+  algs[i], p1s[i], p2s[i], ws[i], costs[i], as[i], bs[i], ts[i] = alg, p1, p2, w, cost, na, nb, nt
   local k = 5 * (i - 1)
   out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = ok, limit, remaining, reset, retry
 end
 
-if all then
-  for i = 1, #KEYS do
-    if costs[i] > 0 then
-      local j = 3 + 6 * (i - 1)
-      local us = ttl(algs[i], states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 5]))
-      redis.call('SET', KEYS[i], encode(algs[i], states[i]), 'PX', math.ceil(us / 1000) + pad)
-    end
-  end
-else
-  for i = 1, #KEYS do
-    if keep[i] then
-      local j = 3 + 6 * (i - 1)
-      local us = ttl(1, states[i], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), 0, tonumber(ARGV[j + 5]))
-      redis.call('SET', KEYS[i], encode(1, states[i]), 'PX', math.ceil(us / 1000) + pad)
-    end
+for i = 1, #KEYS do
+  if (all and costs[i] > 0) or (not all and keep[i]) then
+    store(i, algs[i], as[i], bs[i], ts[i], p1s[i], p2s[i], ws[i])
   end
 end
 return out
