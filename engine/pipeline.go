@@ -41,11 +41,14 @@ const (
 	checkDone
 )
 
-// queuedCheck is one check in a lane: its script arguments, its deadline and
+// queuedCheck is one check in a lane: its script call, its deadline and
 // the channel its caller waits on.
 type queuedCheck struct {
-	keys      []string
-	args      []any
+	// cmd is the whole command, EVALSHA sha numkeys keys... args...,
+	// handed to go-redis as it is; for a single policy it lives in
+	// cmdBuf, allocated with the check.
+	cmd       []any
+	cmdBuf    [12]any
 	roundTrip time.Duration
 	queuedAt  time.Time
 	deadline  time.Time // set when sent
@@ -53,13 +56,14 @@ type queuedCheck struct {
 	done      chan answer // buffered: finish never blocks
 }
 
+// answer is the script's reply, five integers per policy, or an error.
 type answer struct {
-	v   []int64
+	v   []any
 	err error
 }
 
 // finish answers the check unless it was answered or abandoned already.
-func (p *queuedCheck) finish(v []int64, err error) {
+func (p *queuedCheck) finish(v []any, err error) {
 	for {
 		st := p.state.Load()
 		if st == checkDone {
@@ -114,13 +118,12 @@ func (s *RedisStore) lane(ctx context.Context, subject string) *lane {
 	return ln.(*lane)
 }
 
-// roundTrip queues one script call and waits for its answer: the reply,
+// roundTrip queues one script call, p, and waits for its answer: the reply,
 // errDeadline if Redis did not answer within roundTrip of the call being
 // sent, ErrStoreBusy if it was never sent within the queue's bound, or the
 // context's error if the caller left first. A caller that leaves before
 // its call is sent spends nothing; one that leaves after may have spent.
-func (s *RedisStore) roundTrip(ctx context.Context, subject string, keys []string, args []any, roundTrip time.Duration) ([]int64, error) {
-	p := &queuedCheck{keys: keys, args: args, roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
+func (s *RedisStore) roundTrip(ctx context.Context, subject string, p *queuedCheck) ([]any, error) {
 	ln := s.lane(ctx, subject)
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
@@ -246,7 +249,9 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	for i, p := range batch {
-		cmds[i] = pipe.EvalSha(ctx, s.sha, p.keys, p.args...)
+		// Do takes the command as built (newQueuedCheck); EvalSha would
+		// copy it into a new slice.
+		cmds[i] = pipe.Do(ctx, p.cmd...)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var again redis.Pipeliner
@@ -255,7 +260,8 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 			if again == nil {
 				again = s.c.Pipeline()
 			}
-			cmds[i] = again.Eval(ctx, redisScript, batch[i].keys, batch[i].args...)
+			eval := append([]any{"eval", redisScript}, batch[i].cmd[2:]...)
+			cmds[i] = again.Do(ctx, eval...)
 		}
 	}
 	if again != nil {
@@ -263,7 +269,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 	}
 	reload := false
 	for i, c := range cmds {
-		v, err := c.Int64Slice()
+		v, err := c.Slice()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			reload = true
 			var reply redis.Error

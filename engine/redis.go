@@ -222,48 +222,73 @@ func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip tim
 		d.finish(req.Checks)
 		return d, nil
 	}
-	tag := s.prefix + "{" + redisSubject(req.Subject) + "}:"
-	keys := make([]string, d.N)
-	args := make([]any, 2, 2+6*d.N)
-	args[0], args[1] = "", "0"
-	if s.clock != nil {
-		args[0] = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
-		args[1] = strconv.FormatInt(s.ttlPad, 10)
-	}
-	for i := range req.Checks {
-		c := &req.Checks[i]
-		l := c.effective()
-		keys[i] = tag + c.Policy
-		p1, p2 := l.Rate, l.Burst
-		if l.Algorithm.Windowed() {
-			p1, p2 = l.Count, 0
-		}
-		// go-redis writes numbers itself, into its buffer: a float as
-		// its shortest exact decimal, which tonumber reads back bit for
-		// bit. That spares a string per argument.
-		args = append(args, int(l.Algorithm), p1, p2, windowUs(&l), c.Cost, c.scale())
-	}
-
 	if roundTrip <= 0 {
 		roundTrip = s.timeout
 	}
-	v, err := s.roundTrip(ctx, req.Subject, keys, args, roundTrip)
+	p := s.newQueuedCheck(req, roundTrip)
+	v, err := s.roundTrip(ctx, req.Subject, p)
 	if err != nil {
 		return Decision{Decider: -1}, checkErr(req.Subject, err)
 	}
 	if len(v) != 5*d.N {
 		return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %d values, want %d", len(v), 5*d.N))
 	}
+	for i := range v {
+		if _, ok := v[i].(int64); !ok {
+			return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %T, want integers", v[i]))
+		}
+	}
 	for i := range d.N {
 		r := &d.Results[i]
-		r.Allowed = v[5*i] == 1
-		r.Limit = v[5*i+1]
-		r.Remaining = v[5*i+2]
-		r.ResetAfter = usToDuration(v[5*i+3])
-		r.RetryAfter = usToDuration(v[5*i+4])
+		r.Allowed = v[5*i].(int64) == 1
+		r.Limit = v[5*i+1].(int64)
+		r.Remaining = v[5*i+2].(int64)
+		r.ResetAfter = usToDuration(v[5*i+3].(int64))
+		r.RetryAfter = usToDuration(v[5*i+4].(int64))
 	}
 	d.finish(req.Checks)
 	return d, nil
+}
+
+// newQueuedCheck builds req's script call: EVALSHA with its keys and
+// arguments, as redis.lua's header lays them out, in one allocation with
+// the queue entry for a single policy.
+func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queuedCheck {
+	n := len(req.Checks)
+	p := &queuedCheck{roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
+	if size := 3 + n + 2 + 6*n; size <= len(p.cmdBuf) {
+		p.cmd = p.cmdBuf[:0]
+	} else {
+		p.cmd = make([]any, 0, size)
+	}
+	p.cmd = append(p.cmd, "evalsha", s.sha, strconv.Itoa(n)) // a string: go-redis reads it back to route on a cluster
+	subject := redisSubject(req.Subject)
+	if n == 1 {
+		p.cmd = append(p.cmd, s.prefix+"{"+subject+"}:"+req.Checks[0].Policy)
+	} else {
+		tag := s.prefix + "{" + subject + "}:"
+		for i := range req.Checks {
+			p.cmd = append(p.cmd, tag+req.Checks[i].Policy)
+		}
+	}
+	if s.clock != nil {
+		p.cmd = append(p.cmd, strconv.FormatInt(s.clock.Now().UnixMicro(), 10), strconv.FormatInt(s.ttlPad, 10))
+	} else {
+		p.cmd = append(p.cmd, "", "0")
+	}
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		l := c.effective()
+		p1, p2 := l.Rate, l.Burst
+		if l.Algorithm.Windowed() {
+			p1, p2 = l.Count, 0
+		}
+		// go-redis writes numbers itself, into its buffer: a float as
+		// its shortest exact decimal, which the script reads back bit for
+		// bit. That spares a string per argument.
+		p.cmd = append(p.cmd, int(l.Algorithm), p1, p2, windowUs(&l), c.Cost, c.scale())
+	}
+	return p
 }
 
 // stateReloader is the part of *redis.ClusterClient that refreshes its
