@@ -37,11 +37,19 @@
 # Sluice on Redis counts only what Redis decided: /metrics is read before
 # and after the saturation phase, and its throughput is multiplied by the
 # share of checks whose source was the store; breaker opens are reported.
+# During the fixed-rate phase each system's CPU time (user and system, from
+# /proc) is read before and after every round: CPU microseconds per request
+# for the daemon and, for the systems on Redis, for redis-server. Unlike
+# throughput, this cost hardly moves when other work shares the machine,
+# and it is what the saturation figures divide: the ratios of total CPU
+# per request are printed beside those of throughput.
 #
 # Last, region/bench_test.go measures the allocations per request of
 # POST /v1/check and GET /v1/authz through the handler, without the network.
 #
 # Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
+# SATURATION (1; 0 skips the saturation phase, and then RATE must be set:
+# a light run for the CPU costs alone),
 # CONNS (50), WRK_THREADS (2), USERS (10000), RATE (auto), RATE_FRACTION
 # (0.7), HTTP_BENCH_N (50000 iterations of each Go benchmark), SYSTEMS (all, in
 # the order above), SLUICE_REDIS_FLAGS (more flags for sluice serve on Redis,
@@ -58,6 +66,7 @@ WRK_THREADS=${WRK_THREADS:-2}
 USERS=${USERS:-10000}
 RATE=${RATE:-auto}
 RATE_FRACTION=${RATE_FRACTION:-0.7}
+SATURATION=${SATURATION:-1}
 SYSTEMS=${SYSTEMS:-"sluice_memory sluice_redis gubernator envoy_ratelimit trivial"}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
@@ -70,6 +79,8 @@ RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
 
 log() { echo "peers: $*" >&2; }
 die() { echo "peers: $*" >&2; exit 1; }
+
+[ "$SATURATION" = 1 ] || [ "$RATE" != auto ] || die "SATURATION=0 needs a RATE"
 
 for tool in go wrk redis-server redis-cli curl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
@@ -219,9 +230,11 @@ redis_checks() { metric 'sluice_checks_total{'; }
 redis_store_checks() { metric 'sluice_checks_total{decision="allowed",source="store"}'; }
 redis_breaker_opens() { metric 'sluice_breaker_opens_total'; }
 
-declare -A sat lat50 lat99
+declare -A sat lat50 lat99 cpu rcpu
 before_all=$(redis_checks); before_store=$(redis_store_checks); before_opens=$(redis_breaker_opens)
-for r in $(seq 1 "$ROUNDS"); do
+sat_rounds=$ROUNDS
+[ "$SATURATION" = 1 ] || sat_rounds=0
+for r in $(seq 1 "$sat_rounds"); do
   for s in $SYSTEMS; do
     out=$(wrk -t "$WRK_THREADS" -c "$CONNS" -d "${ROUND_SECS}s" -s bench/rotate.lua "${url[$s]}" -- POST "$USERS" "${body[$s]}" 2>&1) ||
       { echo "$out" >&2; die "wrk against $s failed"; }
@@ -237,11 +250,13 @@ after_all=$(redis_checks); after_store=$(redis_store_checks); after_opens=$(redi
 
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A satm
-for s in $SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
+if [ "$SATURATION" = 1 ]; then
+  for s in $SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
+fi
 
 store_share=1
 opens=0
-if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
+if [ "$SATURATION" = 1 ] && [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
   checks=$((after_all - before_all)); store=$((after_store - before_store)); opens=$((after_opens - before_opens))
   [ "$checks" -gt 0 ] || die "sluice_redis counted no checks in /metrics"
   store_share=$(awk -v a="$store" -v b="$checks" 'BEGIN { printf "%.6f", a / b }')
@@ -260,10 +275,17 @@ if [ "$RATE" = auto ]; then
   RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
 fi
 log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
+# cputicks PID: the process's user + system CPU time so far, in clock ticks.
+cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+ticks=$(getconf CLK_TCK)
+declare -A on_redis=([sluice_redis]=1 [envoy_ratelimit]=1)
 for r in $(seq 1 "$ROUNDS"); do
   for s in $SYSTEMS; do
+    spid=$(eval echo "\$pid_$s")
+    c0=$(cputicks "$spid"); r0=$(cputicks "$pid_redis")
     out=$("$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
       -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
+    c1=$(cputicks "$spid"); r1=$(cputicks "$pid_redis")
     res=$(echo "$out" | grep '^RESULT')
     field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
     # A non-2xx answer means the system did other work than the rest: stop.
@@ -275,6 +297,13 @@ for r in $(seq 1 "$ROUNDS"); do
       log "warning: $s achieved $(field achieved)/s of $RATE/s offered: its latency figures measure a backlog"
     lat50[$s]="${lat50[$s]:-} $(field p50_us)"
     lat99[$s]="${lat99[$s]:-} $(field p99_us)"
+    # The warm-up second is loaded too: count its requests (RATE of them).
+    n=$(awk -v q="$(field requests)" -v r="$RATE" 'BEGIN { print q + r }')
+    cpu[$s]="${cpu[$s]:-} $(awk -v d=$((c1 - c0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
+    if [ -n "${on_redis[$s]:-}" ]; then
+      rcpu[$s]="${rcpu[$s]:-} $(awk -v d=$((r1 - r0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
+    fi
+    log "fixed rate round $r $s: CPU per request ${cpu[$s]##* } us (redis-server ${rcpu[$s]:+${rcpu[$s]##* } us}${rcpu[$s]:-none})"
     log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
   done
 done
@@ -297,14 +326,21 @@ echo "$gobench" | grep '^Benchmark' >&2
 
 # ---- report ---------------------------------------------------------------
 
-echo "---- peers: saturation (median of $ROUNDS x ${ROUND_SECS}s, wrk -c $CONNS) and p50/p99 at $RATE/s (loadgen, open loop) ----"
+echo "---- peers: saturation (median of $sat_rounds x ${ROUND_SECS}s, wrk -c $CONNS) and p50/p99 and CPU per request at $RATE/s (loadgen, open loop) ----"
+declare -A cpum
 for s in $SYSTEMS; do
-  printf 'BENCH peers_%s_rps %s req/s\n' "$s" "${satm[$s]}"
+  # CPU per request: the daemon's, plus redis-server's for those on Redis.
+  d=$(echo "${cpu[$s]}" | median); rd=0
+  [ -z "${rcpu[$s]:-}" ] || rd=$(echo "${rcpu[$s]}" | median)
+  cpum[$s]=$(awk -v a="$d" -v b="$rd" 'BEGIN { printf "%.2f", a + b }')
+  printf 'BENCH peers_%s_cpu_us_per_request %s us\n' "$s" "$d"
+  [ -z "${rcpu[$s]:-}" ] || printf 'BENCH peers_%s_redis_cpu_us_per_request %s us\n' "$s" "$rd"
+  [ "$SATURATION" != 1 ] || printf 'BENCH peers_%s_rps %s req/s\n' "$s" "${satm[$s]}"
   printf 'BENCH peers_%s_p50_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat50[$s]}" | median)"
   printf 'BENCH peers_%s_p99_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat99[$s]}" | median)"
 done
 printf 'BENCH peers_fixed_rate %s req/s\n' "$RATE"
-if [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
+if [ "$SATURATION" = 1 ] && [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
   printf 'BENCH peers_sluice_redis_all_sources_rps %s req/s\n' "${satm[sluice_redis_total]}"
   printf 'BENCH peers_sluice_redis_store_share %s %%\n' "$(awk -v s="$store_share" 'BEGIN { printf "%.3f", s * 100 }')"
   printf 'BENCH peers_sluice_redis_breaker_opens %s count\n' "$opens"
@@ -318,6 +354,15 @@ ratio() { # ratio NAME A B
   [ -n "${satm[$2]:-}" ] && [ -n "${satm[$3]:-}" ] || return 0
   awk -v n="$1" -v a="${satm[$2]}" -v b="${satm[$3]}" 'BEGIN { if (b > 0) printf "BENCH %s %.3f ratio\n", n, a / b }'
 }
+# cost_ratio NAME A B: B's total CPU per request over A's (how many times
+# less CPU A spends on a request), the cost behind the throughput ratios.
+cost_ratio() {
+  [ -n "${cpum[$2]:-}" ] && [ -n "${cpum[$3]:-}" ] || return 0
+  awk -v n="$1" -v a="${cpum[$2]}" -v b="${cpum[$3]}" 'BEGIN { if (a > 0) printf "BENCH %s %.3f ratio\n", n, b / a }'
+}
+cost_ratio peers_cpu_envoy_ratelimit_over_sluice_redis sluice_redis envoy_ratelimit
+cost_ratio peers_cpu_gubernator_over_sluice_memory sluice_memory gubernator
+cost_ratio peers_cpu_trivial_over_sluice_memory sluice_memory trivial
 ratio peers_sluice_redis_over_envoy_ratelimit sluice_redis envoy_ratelimit
 ratio peers_sluice_memory_over_gubernator sluice_memory gubernator
 ratio peers_sluice_memory_over_trivial sluice_memory trivial
