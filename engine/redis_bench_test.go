@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -56,7 +58,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 		b.SetParallelism((redisBenchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 		var next, failed atomic.Int64
 		b.ReportAllocs()
-		cpu0 := processCPU(b)
+		cpu0, rcpu0 := processCPU(b), redisCPU(b, c)
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			i := int(next.Add(7919)) // each caller walks the subjects from its own place
@@ -70,6 +72,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 		})
 		b.StopTimer()
 		b.ReportMetric(float64(processCPU(b)-cpu0)/float64(b.N), "cpu-ns/check")
+		b.ReportMetric(float64(redisCPU(b, c)-rcpu0)/float64(b.N), "redis-cpu-ns/check")
 		b.ReportMetric(float64(int64(b.N)-failed.Load())/b.Elapsed().Seconds(), "checks/s")
 		b.ReportMetric(float64(failed.Load()), "errors")
 	})
@@ -111,6 +114,27 @@ func processCPU(b *testing.B) int64 {
 		b.Fatal(err)
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// redisCPU is the CPU time redis-server has used, user and system, in
+// nanoseconds (INFO cpu, in microseconds).
+func redisCPU(b *testing.B, c redis.UniversalClient) int64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu: %s: %v", line, err)
+			}
+			total += f
+		}
+	}
+	return int64(total * 1e9)
 }
 
 // redisBenchmarkRPS reads the requests per second from redis-benchmark's
