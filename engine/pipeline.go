@@ -46,9 +46,14 @@ const (
 type queuedCheck struct {
 	// cmd is the whole command, EVALSHA sha numkeys keys... args...,
 	// handed to go-redis as it is; for a single policy it lives in
-	// cmdBuf, allocated with the check.
-	cmd       []any
-	cmdBuf    [12]any
+	// cmdBuf and points at one, allocated with the check.
+	cmd    []any
+	cmdBuf [12]any
+	one    struct {
+		key               string
+		alg, window, cost int64
+		p1, p2, scale     float64
+	}
 	roundTrip time.Duration
 	queuedAt  time.Time
 	deadline  time.Time // set when sent

@@ -255,44 +255,58 @@ func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip tim
 }
 
 // newQueuedCheck builds req's script call: EVALSHA with its keys and
-// arguments, as redis.lua's header lays them out, in one allocation with
-// the queue entry for a single policy.
+// arguments, as redis.lua's header lays them out. For a single policy, the
+// common case, the command and the values it names live in the queue
+// entry, one allocation: the values go in as pointers into it, which an
+// interface holds without boxing them apart (go-redis writes a pointer's
+// value as it writes the value).
 func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queuedCheck {
 	n := len(req.Checks)
 	p := &queuedCheck{roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
-	if size := 3 + n + 2 + 6*n; size <= len(p.cmdBuf) {
-		p.cmd = p.cmdBuf[:0]
-	} else {
-		p.cmd = make([]any, 0, size)
-	}
-	p.cmd = append(p.cmd, "evalsha", s.sha, strconv.Itoa(n)) // a string: go-redis reads it back to route on a cluster
 	subject := redisSubject(req.Subject)
-	if n == 1 {
-		p.cmd = append(p.cmd, s.prefix+"{"+subject+"}:"+req.Checks[0].Policy)
-	} else {
-		tag := s.prefix + "{" + subject + "}:"
-		for i := range req.Checks {
-			p.cmd = append(p.cmd, tag+req.Checks[i].Policy)
-		}
-	}
+	now, pad := any(""), any("0")
 	if s.clock != nil {
-		p.cmd = append(p.cmd, strconv.FormatInt(s.clock.Now().UnixMicro(), 10), strconv.FormatInt(s.ttlPad, 10))
-	} else {
-		p.cmd = append(p.cmd, "", "0")
+		now, pad = strconv.FormatInt(s.clock.Now().UnixMicro(), 10), strconv.FormatInt(s.ttlPad, 10)
 	}
+	// numkeys is a string, which go-redis reads back as it is to route
+	// the command on a cluster.
+	if n == 1 {
+		c := &req.Checks[0]
+		l := c.effective()
+		a := &p.one
+		a.key = s.prefix + "{" + subject + "}:" + c.Policy
+		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), windowUs(&l), c.Cost, c.scale()
+		a.p1, a.p2 = scriptLimit(&l)
+		p.cmd = append(p.cmdBuf[:0], "evalsha", s.sha, "1", &a.key, now, pad,
+			&a.alg, &a.p1, &a.p2, &a.window, &a.cost, &a.scale)
+		return p
+	}
+	p.cmd = make([]any, 0, 3+n+2+6*n)
+	p.cmd = append(p.cmd, "evalsha", s.sha, strconv.Itoa(n))
+	tag := s.prefix + "{" + subject + "}:"
+	for i := range req.Checks {
+		p.cmd = append(p.cmd, tag+req.Checks[i].Policy)
+	}
+	p.cmd = append(p.cmd, now, pad)
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		l := c.effective()
-		p1, p2 := l.Rate, l.Burst
-		if l.Algorithm.Windowed() {
-			p1, p2 = l.Count, 0
-		}
+		p1, p2 := scriptLimit(&l)
 		// go-redis writes numbers itself, into its buffer: a float as
 		// its shortest exact decimal, which the script reads back bit for
 		// bit. That spares a string per argument.
 		p.cmd = append(p.cmd, int(l.Algorithm), p1, p2, windowUs(&l), c.Cost, c.scale())
 	}
 	return p
+}
+
+// scriptLimit is the rate and burst of a bucket, or the count and 0 of a
+// window, as the script takes them.
+func scriptLimit(l *Limit) (p1, p2 float64) {
+	if l.Algorithm.Windowed() {
+		return l.Count, 0
+	}
+	return l.Rate, l.Burst
 }
 
 // stateReloader is the part of *redis.ClusterClient that refreshes its
