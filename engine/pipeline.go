@@ -63,12 +63,12 @@ type queuedCheck struct {
 
 // answer is the script's reply, five integers per policy, or an error.
 type answer struct {
-	v   []any
+	v   []int64
 	err error
 }
 
 // finish answers the check unless it was answered or abandoned already.
-func (p *queuedCheck) finish(v []any, err error) {
+func (p *queuedCheck) finish(v []int64, err error) {
 	for {
 		st := p.state.Load()
 		if st == checkDone {
@@ -128,7 +128,7 @@ func (s *RedisStore) lane(ctx context.Context, subject string) *lane {
 // sent, ErrStoreBusy if it was never sent within the queue's bound, or the
 // context's error if the caller left first. A caller that leaves before
 // its call is sent spends nothing; one that leaves after may have spent.
-func (s *RedisStore) roundTrip(ctx context.Context, subject string, p *queuedCheck) ([]any, error) {
+func (s *RedisStore) roundTrip(ctx context.Context, subject string, p *queuedCheck) ([]int64, error) {
 	ln := s.lane(ctx, subject)
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
@@ -252,11 +252,13 @@ func (s *RedisStore) send(ln *lane, batch []*queuedCheck) bool {
 // reply or error.
 func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 	pipe := s.c.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
+	cmds := make([]*redis.IntSliceCmd, len(batch))
 	for i, p := range batch {
-		// Do takes the command as built (newQueuedCheck); EvalSha would
-		// copy it into a new slice.
-		cmds[i] = pipe.Do(ctx, p.cmd...)
+		// The command goes as built (newQueuedCheck), where EvalSha would
+		// copy it into a new slice; and an IntSliceCmd reads the reply's
+		// integers straight into a []int64, where a Cmd would box each.
+		cmds[i] = redis.NewIntSliceCmd(ctx, p.cmd...)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var again redis.Pipeliner
@@ -266,7 +268,8 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 				again = s.c.Pipeline()
 			}
 			eval := append([]any{"eval", redisScript}, batch[i].cmd[2:]...)
-			cmds[i] = again.Do(ctx, eval...)
+			cmds[i] = redis.NewIntSliceCmd(ctx, eval...)
+			_ = again.Process(ctx, cmds[i])
 		}
 	}
 	if again != nil {
@@ -274,7 +277,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 	}
 	reload := false
 	for i, c := range cmds {
-		v, err := c.Slice()
+		v, err := c.Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			reload = true
 			var reply redis.Error

@@ -237,18 +237,13 @@ func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip tim
 	if len(v) != 5*d.N {
 		return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %d values, want %d", len(v), 5*d.N))
 	}
-	for i := range v {
-		if _, ok := v[i].(int64); !ok {
-			return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %T, want integers", v[i]))
-		}
-	}
 	for i := range d.N {
 		r := &d.Results[i]
-		r.Allowed = v[5*i].(int64) == 1
-		r.Limit = v[5*i+1].(int64)
-		r.Remaining = v[5*i+2].(int64)
-		r.ResetAfter = usToDuration(v[5*i+3].(int64))
-		r.RetryAfter = usToDuration(v[5*i+4].(int64))
+		r.Allowed = v[5*i] == 1
+		r.Limit = v[5*i+1]
+		r.Remaining = v[5*i+2]
+		r.ResetAfter = usToDuration(v[5*i+3])
+		r.RetryAfter = usToDuration(v[5*i+4])
 	}
 	d.finish(req.Checks)
 	return d, nil
