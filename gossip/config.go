@@ -83,6 +83,9 @@ type Config struct {
 	// Now is the clock received messages are judged by; nil is time.Now.
 	// Tests that drive the allocation on a virtual clock pass theirs.
 	Now func() time.Time
+	// Faults, if set, sends everything through a network with injected
+	// faults (FaultNet): the live simulator and tests only.
+	Faults *FaultNet
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered

@@ -125,6 +125,11 @@ func New(cfg Config) (*Node, error) {
 	mc.Delegate = (*delegate)(n)
 	mc.Events = (*events)(n)
 	mc.LogOutput = &logWriter{log: cfg.Logger, m: n.metrics}
+	if cfg.Faults != nil {
+		if err := cfg.Faults.attach(mc, cfg.Region); err != nil {
+			return nil, err
+		}
+	}
 	n.bq = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: n.numLive}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
