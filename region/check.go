@@ -334,7 +334,7 @@ func (d *Daemon) decideApplied(ctx context.Context, who quota.Principal, applied
 			if d.quotas != nil && a.Limit.Algorithm == engine.FixedWindow {
 				// A global quota: the G-counter rule, not a share.
 				isQuota = true
-				others := d.quotas.QuotaOthers(p.ID, who.Subject, share.WindowIndex(time.Now(), a.Limit.Window))
+				others := d.quotas.QuotaOthers(p.ID, who.Subject, share.WindowIndex(d.now(), a.Limit.Window))
 				scale = share.QuotaScale(a.Limit.Count, others)
 			} else {
 				scale = share.Scale(d.shares.Share(p.ID, who.Subject))

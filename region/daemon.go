@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
+	"github.com/sluice-rl/sluice/region/globalshare"
 )
 
 // Config configures a Daemon. DefaultConfig returns the defaults that
@@ -98,6 +99,10 @@ type Config struct {
 	// DecisionLog configures the sampled decision stream and the top lists
 	// of GET /v1/decisions/top.
 	DecisionLog decisionlog.Config
+	// Clock, if set, is the daemon's time source for its decisions, its
+	// coordinator and its gossip (the live simulator offsets it to play
+	// clock skew); nil means real time.
+	Clock globalshare.Clock
 }
 
 // DefaultConfig returns the documented defaults: listen on 127.0.0.1:8080,
@@ -234,7 +239,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 	var store engine.Store
 	var pstore quota.Store
 	if cfg.Store == "memory" {
-		d.mem = engine.NewMemoryStore(engine.MemoryConfig{})
+		d.mem = engine.NewMemoryStore(engine.MemoryConfig{Clock: cfg.Clock})
 		store = d.mem
 		if cfg.DataDir != "" {
 			pstore = quota.NewFileStore(filepath.Join(cfg.DataDir, "policies.json"))
@@ -251,7 +256,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
-	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons, OnStoreCall: d.observeStoreCall})
+	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons, OnStoreCall: d.observeStoreCall, Clock: cfg.Clock})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
 	d.pstore = pstore
 	if d.watcher != nil {
@@ -286,6 +291,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 	d.routes = d.routeTable()
 	ok = true
 	return d, nil
+}
+
+// now is the time on the daemon's clock (Config.Clock).
+func (d *Daemon) now() time.Time {
+	if d.cfg.Clock != nil {
+		return d.cfg.Clock.Now()
+	}
+	return time.Now()
 }
 
 // loadPolicies restores the saved state, then seeds: cfg.Policies when

@@ -52,6 +52,9 @@ type GossipConfig struct {
 	Preset string
 	// Share, if its Interval is set, replaces ShareConfig(Interval).
 	Share share.Config
+	// Faults, if set, sends the gossip through a network with injected
+	// faults (the live simulator).
+	Faults *gossip.FaultNet
 }
 
 // ShareConfig returns share.DefaultConfig with its timings scaled to
@@ -76,7 +79,7 @@ func (g *GossipConfig) gossipConfig(log *slog.Logger, reg prometheus.Registerer)
 		return gossip.Config{}, err
 	}
 	gc := gossip.Config{Node: g.Node, Region: g.Region, BindAddr: host, BindPort: port, Join: g.Join,
-		Interval: g.Interval, SecretKey: g.SecretKey, Dev: g.Dev, Preset: g.Preset, Logger: log, Registerer: reg}
+		Interval: g.Interval, SecretKey: g.SecretKey, Dev: g.Dev, Preset: g.Preset, Faults: g.Faults, Logger: log, Registerer: reg}
 	if g.Advertise != "" {
 		if gc.AdvertiseAddr, gc.AdvertisePort, err = splitHostPort(g.Advertise, "gossip advertise"); err != nil {
 			return gossip.Config{}, err
@@ -132,6 +135,7 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 	// windows by their policy's window.
 	cfg.Interval = sc.Interval
 	cfg.QuotaWindow = d.globalQuota
+	cfg.Now = d.now
 	g, err := gossip.New(cfg)
 	if err != nil {
 		return err
@@ -140,7 +144,7 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 		d.log.Warn("gossip in development mode: unencrypted and unauthenticated, bound to loopback only", "listen", g.Addr())
 	}
 	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
-		Limit: d.globalLimit, Quota: d.globalQuota, NodeLocalStore: d.mem != nil, Logger: d.log.With("component", "globalshare"), Registerer: reg}
+		Limit: d.globalLimit, Quota: d.globalQuota, NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
 	if d.redis != nil {
 		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
 	}
