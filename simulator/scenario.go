@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/sluice-rl/sluice/share"
 )
 
 // Duration is a time.Duration written in JSON as a Go duration string
@@ -227,7 +229,7 @@ func (s Scenario) Validate() error {
 	case s.Zipf != 0 && s.Zipf <= 1:
 		return fmt.Errorf("scenario %s: zipf exponent must be > 1", s.Name)
 	case s.Gossip.Loss < 0 || s.Gossip.Loss > 1:
-		return fmt.Errorf("scenario %s: loss must be in [0, 1]", s.Name)
+		return fmt.Errorf("scenario %s: gossip.loss must be in [0, 1]", s.Name)
 	case s.Limit.Algorithm != "" && s.Limit.Algorithm != "token_bucket":
 		return fmt.Errorf("scenario %s: only token_bucket limits are simulated, got %q", s.Name, s.Limit.Algorithm)
 	}
@@ -236,17 +238,8 @@ func (s Scenario) Validate() error {
 			return fmt.Errorf("scenario %s: a split has %d entries for %d regions", s.Name, len(sp), s.Regions)
 		}
 	}
-	for _, p := range s.Gossip.Partitions {
-		for _, r := range p.Regions {
-			if r < 0 || r >= s.Regions {
-				return fmt.Errorf("scenario %s: partition names region %d", s.Name, r)
-			}
-		}
-	}
-	for _, c := range s.Gossip.Crashes {
-		if c.Region < 0 || c.Region >= s.Regions {
-			return fmt.Errorf("scenario %s: crash names region %d", s.Name, c.Region)
-		}
+	if err := s.validateFaults(); err != nil {
+		return err
 	}
 	if s.Quota != nil && (s.Quota.Limit == 0 || s.Quota.Window.D() <= 0) {
 		return fmt.Errorf("scenario %s: quota needs a limit and a window", s.Name)
@@ -258,6 +251,64 @@ func (s Scenario) Validate() error {
 	}
 	return nil
 }
+
+// validateFaults reports the first gossip fault that cannot run, naming
+// its field: a negative delay, a partition or crash naming a region that
+// does not exist, times out of order.
+func (s Scenario) validateFaults() error {
+	g := s.Gossip
+	switch {
+	case g.Delay < 0:
+		return fmt.Errorf("scenario %s: gossip.delay must not be negative", s.Name)
+	case g.Jitter < 0:
+		return fmt.Errorf("scenario %s: gossip.jitter must not be negative", s.Name)
+	case g.Skew < 0:
+		return fmt.Errorf("scenario %s: gossip.skew must not be negative", s.Name)
+	case g.Detect < 0:
+		return fmt.Errorf("scenario %s: gossip.detect must not be negative", s.Name)
+	}
+	region := func(field string, r int) error {
+		if r < 0 || r >= s.Regions {
+			return fmt.Errorf("scenario %s: %s: region %d does not exist (regions are 0..%d)", s.Name, field, r, s.Regions-1)
+		}
+		return nil
+	}
+	for i, p := range g.Partitions {
+		f := fmt.Sprintf("gossip.partitions[%d]", i)
+		if len(p.Regions) == 0 {
+			return fmt.Errorf("scenario %s: %s.regions must name at least one region", s.Name, f)
+		}
+		for j, r := range p.Regions {
+			if err := region(fmt.Sprintf("%s.regions[%d]", f, j), r); err != nil {
+				return err
+			}
+		}
+		if p.Start < 0 || p.End <= p.Start {
+			return fmt.Errorf("scenario %s: %s: end (%v) must come after start (%v) ≥ 0", s.Name, f, p.End.D(), p.Start.D())
+		}
+	}
+	for i, c := range g.Crashes {
+		f := fmt.Sprintf("gossip.crashes[%d]", i)
+		if err := region(f+".region", c.Region); err != nil {
+			return err
+		}
+		if c.At < 0 {
+			return fmt.Errorf("scenario %s: %s.at must not be negative", s.Name, f)
+		}
+		if c.Restart != 0 && c.Restart <= c.At {
+			return fmt.Errorf("scenario %s: %s.restart (%v) must come after at (%v)", s.Name, f, c.Restart.D(), c.At.D())
+		}
+	}
+	return nil
+}
+
+// WithDefaults returns s with every default the simulator fills in (see
+// the fields' documentation).
+func (s Scenario) WithDefaults() Scenario { return s.withDefaults() }
+
+// ShareConfig is the allocation config the simulator runs s with, its
+// defaults filled in.
+func (s Scenario) ShareConfig() share.Config { return s.withDefaults().shareConfig() }
 
 func splits(s Scenario) [][]float64 {
 	var out [][]float64
