@@ -21,6 +21,7 @@ func newSimulateCmd() *cobra.Command {
 		asJSON, list    bool
 		live            bool
 		liveStore       string
+		liveInterval    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -36,12 +37,6 @@ func newSimulateCmd() *cobra.Command {
 				}
 				return nil
 			}
-			if live {
-				if file != "" || name == "" {
-					return fmt.Errorf("--live runs a built-in scenario: give --scenario NAME")
-				}
-				return runLive(cmd, name, seed, asJSON, liveStore, out)
-			}
 			var sc simulator.Scenario
 			switch {
 			case file != "":
@@ -56,6 +51,9 @@ func newSimulateCmd() *cobra.Command {
 				}
 			default:
 				return fmt.Errorf("give --scenario NAME, --file FILE or --list")
+			}
+			if live {
+				return runLive(cmd, sc, liveOptions{seed: seed, store: liveStore, interval: liveInterval}, asJSON, out)
 			}
 			opt := simulator.Options{Seed: seed}
 			if bar := newProgressBar(cmd.ErrOrStderr()); bar != nil {
@@ -84,8 +82,9 @@ func newSimulateCmd() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	f.StringVar(&out, "out", "", "directory to write the JSON result, SVG charts and a self-contained report.html into")
 	f.BoolVar(&list, "list", false, "list built-in scenarios, one a line, name first")
-	f.BoolVar(&live, "live", false, "run the scenario against real daemons on loopback (real memberlist and HTTP checks, interval compressed to 1 s)")
+	f.BoolVar(&live, "live", false, "run the scenario against real daemons on loopback (real memberlist and HTTP checks, faults injected, time compressed; see --live-interval)")
 	f.StringVar(&liveStore, "live-store", "memory", "with --live: memory, or redis (starts one redis-server per region)")
+	f.DurationVar(&liveInterval, "live-interval", time.Second, "with --live: the live report interval the scenario's maps onto; every scenario time is compressed by the same factor")
 	return cmd
 }
 

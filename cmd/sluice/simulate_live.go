@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,26 +13,31 @@ import (
 	"github.com/sluice-rl/sluice/simulator/live"
 )
 
-// runLive is `sluice simulate --live`: the built-in scenario name played
-// against real daemons on loopback (simulator/live), printed like a
-// virtual-time run. store is "memory" or "redis" (--live-store: one
-// redis-server per region). out, when set, is the directory for the same
-// JSON, charts and report.html a virtual-time run writes.
-func runLive(cmd *cobra.Command, name string, seed uint64, jsonOut bool, store, out string) error {
-	sc, ok := simulator.Builtin(name)
-	if !ok {
-		return fmt.Errorf("unknown scenario %q (see sluice simulate --list)", name)
-	}
-	switch store {
+// liveOptions are the --live flags.
+type liveOptions struct {
+	seed     uint64
+	store    string        // --live-store: memory or redis
+	interval time.Duration // --live-interval
+}
+
+// runLive is `sluice simulate --live`: sc played against real daemons on
+// loopback (simulator/live), faults included, printed like a virtual-time
+// run. out, when set, is the directory for the same JSON, charts and
+// report.html a virtual-time run writes.
+func runLive(cmd *cobra.Command, sc simulator.Scenario, o liveOptions, jsonOut bool, out string) error {
+	switch o.store {
 	case "", "memory", "redis":
 	default:
-		return fmt.Errorf("--live-store %q: want memory or redis", store)
+		return fmt.Errorf("--live-store %q: want memory or redis", o.store)
+	}
+	if o.interval < 100*time.Millisecond {
+		return fmt.Errorf("--live-interval %v: want at least 100ms", o.interval)
 	}
 	if err := live.Validate(sc); err != nil {
 		return err
 	}
-	opt := live.Options{Seed: seed, Store: store,
-		Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	opt := live.Options{Seed: o.seed, Store: o.store, Interval: o.interval,
+		Logger: slog.New(runnerOnly{slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})})}
 	if bar := newProgressBar(cmd.ErrOrStderr()); bar != nil {
 		bar.start = time.Now().Add(-time.Second) // live runs are long: draw at once
 		opt.Progress = bar.update
@@ -50,3 +57,16 @@ func runLive(cmd *cobra.Command, name string, seed uint64, jsonOut bool, store, 
 	}
 	return simulator.WriteTable(cmd.OutOrStdout(), res)
 }
+
+// runnerOnly passes the live runner's own records ("live: ...") and drops
+// the daemons': a live run injects faults, and the daemons log them.
+type runnerOnly struct{ slog.Handler }
+
+func (h runnerOnly) Handle(ctx context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "live:") {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+func (h runnerOnly) WithAttrs(as []slog.Attr) slog.Handler { return runnerOnly{h.Handler.WithAttrs(as)} }
+func (h runnerOnly) WithGroup(g string) slog.Handler       { return runnerOnly{h.Handler.WithGroup(g)} }

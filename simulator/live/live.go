@@ -13,16 +13,27 @@
 // scenario time, so the two can be compared field by field. The oracle is
 // engine.Decide on the same arrivals at the full limit, as in the simulator.
 //
-// Supported: splits, steps, Poisson or even arrivals, bursts, diurnal
-// rotation, several keys (uniform or Zipf), crashes (the region's daemons are
-// stopped without a graceful leave), every share-enforced algorithm
-// (token_bucket, leaky_bucket, sliding_window_log within its maximum count,
-// sliding_window_counter; see liveLimit) and limit steps (PUT through one
-// daemon's admin API at the step's time; the other daemons enforce the new
-// limit once policy sync has carried it to them, a gossip delay later).
-// Not supported live: partitions, clock skew, injected delay and loss,
-// quotas, a global fixed_window (the daemons enforce it as a quota) and
-// crash restarts (Run says so).
+// Faults are played at the scenario's times: partitions, report loss and
+// delay through a gossip.FaultNet around every daemon's gossip transport
+// (memberlist's failure detector made as fast as the scenario's
+// gossip.detect, compressed like time), clock skew as an offset of each
+// region's daemon clocks (region.Config.Clock), crashes as daemons stopped
+// without a graceful leave and restarts as new daemons of the same names.
+// A global quota is a scope: global fixed_window policy of the quota's
+// count in live units and its window compressed like time; the daemons'
+// clocks are shifted so that the run starts on a quota window boundary, as
+// the simulator's does.
+//
+// Supported: every built-in scenario; splits, steps, Poisson or even
+// arrivals, bursts, diurnal rotation, several keys (uniform or Zipf),
+// every share-enforced algorithm (token_bucket, leaky_bucket,
+// sliding_window_log within its maximum count, sliding_window_counter; see
+// liveLimit), limit steps (PUT through one daemon's admin API at the step's
+// time; the other daemons enforce the new limit once policy sync has
+// carried it to them, a gossip delay later) and the faults above. Not
+// supported live: a global fixed_window limit without a quota (the daemons
+// enforce it as a quota) and gossip.no_membership (memberlist always
+// detects).
 package live
 
 import (
@@ -32,7 +43,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -49,8 +59,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
+	"github.com/sluice-rl/sluice/share"
 	"github.com/sluice-rl/sluice/simulator"
 )
 
@@ -113,30 +125,18 @@ func Validate(sc simulator.Scenario) error {
 		return err
 	}
 	var bad []string
-	if len(sc.Gossip.Partitions) > 0 {
-		bad = append(bad, "partitions")
-	}
-	if sc.Gossip.Skew > 0 || sc.Gossip.Loss > 0 {
-		bad = append(bad, "clock skew and loss")
-	}
-	if sc.Quota != nil {
-		bad = append(bad, "quotas")
+	if sc.Gossip.NoMembership {
+		bad = append(bad, "gossip.no_membership (memberlist always detects)")
 	}
 	if alg != "" {
 		a, err := engine.ParseAlgorithm(alg)
 		switch {
 		case err != nil:
 			return fmt.Errorf("scenario %s: %w", sc.Name, err)
-		case a == engine.FixedWindow:
+		case a == engine.FixedWindow && sc.Quota == nil:
 			// The daemons enforce a scope-global fixed_window as a global
-			// quota (G-counter), not by shares: that is a quota.
-			bad = append(bad, "algorithm fixed_window (a global fixed window is a quota to the daemons)")
-		}
-	}
-	for _, c := range sc.Gossip.Crashes {
-		if c.Restart > 0 {
-			bad = append(bad, "crash restarts")
-			break
+			// quota (G-counter), not by shares: give it as a quota.
+			bad = append(bad, "algorithm fixed_window (a global fixed window is a quota to the daemons: use quota)")
 		}
 	}
 	if len(bad) > 0 {
@@ -154,8 +154,19 @@ func Validate(sc simulator.Scenario) error {
 // (Limit.Burst/Limit.Rate scenario seconds, 1 s by default), compressed
 // like time and rounded to whole milliseconds, and admits L_live times the
 // window in it: the same rate, and the same largest burst, as the bucket.
-// Only the count follows a step; the window stays.
+// Only the count follows a step; the window stays. A quota is a fixed
+// window of the quota's window compressed like time, counting the quota's
+// units in live units (liveUnits).
 func liveLimit(sc simulator.Scenario, opt Options, f, factor float64) (engine.Limit, error) {
+	if q := sc.Quota; q != nil {
+		l := engine.Limit{Algorithm: engine.FixedWindow,
+			Count:  math.Max(1, math.Round(float64(q.Limit)*liveUnits(sc, opt, f)*factor)),
+			Window: max(time.Millisecond, time.Duration(math.Round(f*q.Window.D().Seconds()*1000))*time.Millisecond)}
+		if err := l.Validate(); err != nil {
+			return l, fmt.Errorf("scenario %s: live quota: %w", sc.Name, err)
+		}
+		return l, nil
+	}
 	alg := engine.TokenBucket
 	if sc.Limit.Algorithm != "" {
 		a, err := engine.ParseAlgorithm(sc.Limit.Algorithm)
@@ -177,6 +188,14 @@ func liveLimit(sc simulator.Scenario, opt Options, f, factor float64) (engine.Li
 		return l, fmt.Errorf("scenario %s: live limit at L = %g/s: %w", sc.Name, opt.Limit*factor, err)
 	}
 	return l, nil
+}
+
+// liveUnits is how many live arrivals stand for one scenario unit: the
+// scenario offers Traffic.Rate·Limit.Rate units per scenario second, the
+// live run Traffic.Rate·Options.Limit per live second, f of a scenario
+// second.
+func liveUnits(sc simulator.Scenario, opt Options, f float64) float64 {
+	return opt.Limit * f / sc.Limit.Rate
 }
 
 // perSec is L of l in units per second of its own time.
@@ -208,20 +227,284 @@ type node struct {
 	done   chan error
 }
 
+// cluster is the run's daemons, region by region, and the network between
+// them.
 type cluster struct {
-	nodes   [][]*node // by region
+	sc      simulator.Scenario
+	opt     Options
+	f       float64
+	key     []byte // gossip secret
+	token   string // the daemons' admin token
+	pol     quota.Policy
+	share   share.Config
+	net     *gossip.FaultNet
+	base    time.Duration  // shift of every daemon clock (quota alignment)
+	clocks  []shiftedClock // by region: base plus the region's skew
+	stores  []string       // by region: "memory" or the region's redis URL
 	stops   []func()
 	crashed []atomic.Bool
-	token   string // the daemons' admin token
+
+	mu    sync.Mutex
+	nodes [][]*node // by region, the running (or last) daemons
+	all   []*node   // every daemon ever started, for close
 }
 
-// Run plays sc against live daemons and returns its metrics.
+// shiftedClock is a daemon's clock: real time plus an offset (the run's
+// quota alignment plus the region's skew).
+type shiftedClock struct{ off time.Duration }
+
+func (c shiftedClock) Now() time.Time                         { return time.Now().Add(c.off) }
+func (c shiftedClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// liveShare is the simulator's share config for sc (sc.ShareConfig) with
+// every duration compressed by f: the same settle for the same delays,
+// the same raise delay for the same skew.
+func liveShare(sc simulator.Scenario, f float64) share.Config {
+	c := sc.ShareConfig()
+	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) * f) }
+	c.Interval = scale(c.Interval)
+	c.Recent = scale(c.Recent)
+	c.RaiseDelay = scale(c.RaiseDelay)
+	c.Settle = scale(c.Settle)
+	c.BorrowHorizon = scale(c.BorrowHorizon)
+	c.BorrowEvery = scale(c.BorrowEvery)
+	return c
+}
+
+// startupBudget is how long after start the run's first instant is
+// planned: the time the daemons have to form one cluster.
+const startupBudget = 3 * time.Second
+
+// start starts every region's daemons, joined into one cluster on a
+// FaultNet that plays sc's delay, jitter and loss, and returns with the
+// instant the run should start at (in real time) once every node sees every
+// other. Daemon clocks are shifted so that the run's start is, on them, a
+// boundary of every quota window (and of the report interval), as time 0 is
+// in the simulator; each region's clock is shifted further by its skew,
+// drawn uniformly in ±Skew (compressed like time).
+func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (*cluster, time.Time, error) {
+	cl := &cluster{sc: sc, opt: opt, f: f, nodes: make([][]*node, sc.Regions), crashed: make([]atomic.Bool, sc.Regions)}
+	cl.key = make([]byte, 32)
+	if _, err := rand.Read(cl.key); err != nil {
+		return cl, time.Time{}, err
+	}
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return cl, time.Time{}, err
+	}
+	cl.token = hex.EncodeToString(tok)
+	l, err := liveLimit(sc, opt, f, 1)
+	if err != nil {
+		return cl, time.Time{}, err
+	}
+	cl.pol = livePolicy(l)
+	cl.share = liveShare(sc, f)
+	if err := cl.share.Validate(); err != nil {
+		return cl, time.Time{}, fmt.Errorf("scenario %s: live share config: %w", sc.Name, err)
+	}
+	scale := func(d simulator.Duration) time.Duration { return time.Duration(float64(d) * f) }
+	cl.net = gossip.NewFaultNet(opt.Seed)
+	cl.net.Detect = scale(sc.Gossip.Detect)
+	cl.net.SetDelay(scale(sc.Gossip.Delay), scale(sc.Gossip.Jitter))
+	cl.net.SetLoss(sc.Gossip.Loss)
+
+	// The planned start, on an interval boundary of real time, and the
+	// shift that puts it on a quota window boundary of the daemons' time.
+	at := time.Now().Add(startupBudget).Truncate(opt.Interval).Add(opt.Interval)
+	var base time.Duration
+	if sc.Quota != nil {
+		w := l.Window
+		base = at.Truncate(w).Add(w).Sub(at)
+	}
+	cl.base = base
+	rng := mrand.New(mrand.NewPCG(opt.Seed, 0x5e3e))
+	for range sc.Regions {
+		off := base
+		if sc.Gossip.Skew > 0 {
+			off += time.Duration((rng.Float64()*2 - 1) * float64(scale(sc.Gossip.Skew)))
+		}
+		cl.clocks = append(cl.clocks, shiftedClock{off})
+	}
+
+	for r := range sc.Regions {
+		store := "memory"
+		if opt.Store == "redis" {
+			srv, err := startRedis(ctx)
+			if err != nil {
+				return cl, at, err
+			}
+			cl.stops = append(cl.stops, srv.stop)
+			store = "redis://" + srv.addr
+		} else if opt.Store != "memory" {
+			return cl, at, fmt.Errorf("live store %q: want memory or redis", opt.Store)
+		}
+		cl.stores = append(cl.stores, store)
+		if err := cl.spawn(ctx, r); err != nil {
+			return cl, at, err
+		}
+	}
+	if err := cl.formed(ctx, 30*time.Second); err != nil {
+		return cl, at, err
+	}
+	return cl, at, nil
+}
+
+// spawn starts region r's daemons, joining whichever daemons run.
+func (cl *cluster) spawn(ctx context.Context, r int) error {
+	var join []string
+	cl.mu.Lock()
+	for q, ns := range cl.nodes {
+		if q != r && !cl.crashed[q].Load() {
+			for _, n := range ns {
+				join = append(join, n.d.Gossip().Addr())
+			}
+		}
+	}
+	cl.mu.Unlock()
+	var ns []*node
+	for i := 0; i < cl.opt.NodesPerRegion; i++ {
+		cfg := region.DefaultConfig()
+		cfg.Listen = "127.0.0.1:0"
+		cfg.Store = cl.stores[r]
+		cfg.StoreTimeout = 200 * time.Millisecond
+		cfg.Policies = []quota.Policy{cl.pol}
+		cfg.AdminToken = cl.token // limit steps go through the admin API
+		cfg.ShutdownTimeout = 2 * time.Second
+		cfg.Clock = cl.clocks[r]
+		cfg.Gossip = &region.GossipConfig{Region: regionName(r), Node: fmt.Sprintf("%s-n%d", regionName(r), i),
+			Listen: "127.0.0.1:0", Interval: cl.opt.Interval, SecretKey: cl.key, Preset: "local", Share: cl.share,
+			Join: slices.Clone(join), Faults: cl.net}
+		reg := prometheus.NewRegistry()
+		d, err := region.New(ctx, cfg, cl.opt.Logger.With("node", cfg.Gossip.Node), reg, reg)
+		if err != nil {
+			return fmt.Errorf("daemon %s: %w", cfg.Gossip.Node, err)
+		}
+		join = append(join, d.Gossip().Addr())
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			d.Gossip().Shutdown()
+			return err
+		}
+		nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		n := &node{region: r, d: d, addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+		go func() { n.done <- d.Serve(nctx, ln, nil) }()
+		ns = append(ns, n)
+	}
+	cl.mu.Lock()
+	cl.nodes[r] = ns
+	cl.all = append(cl.all, ns...)
+	cl.mu.Unlock()
+	return nil
+}
+
+// formed waits until every running node sees every running node.
+func (cl *cluster) formed(ctx context.Context, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		want, ok := 0, true
+		cl.mu.Lock()
+		for r, ns := range cl.nodes {
+			if !cl.crashed[r].Load() {
+				want += len(ns)
+			}
+		}
+		for r, ns := range cl.nodes {
+			for _, n := range ns {
+				if !cl.crashed[r].Load() && n.d.Gossip().NumLive() != want {
+					ok = false
+				}
+			}
+		}
+		cl.mu.Unlock()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("live: the daemons did not form one cluster within %v", within)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond): // polling interval
+		}
+	}
+}
+
+// node returns the i-th daemon of region r (nil if it has none).
+func (cl *cluster) node(r, i int) *node {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if i >= len(cl.nodes[r]) {
+		return nil
+	}
+	return cl.nodes[r][i]
+}
+
+// crash stops region r's daemons abruptly: no graceful leave, as a crash.
+func (cl *cluster) crash(r int) {
+	if cl.crashed[r].Swap(true) {
+		return
+	}
+	cl.mu.Lock()
+	ns := cl.nodes[r]
+	cl.mu.Unlock()
+	for _, n := range ns {
+		n.d.Gossip().Shutdown()
+		n.cancel()
+	}
+}
+
+// restart starts region r's daemons again, empty (on the memory store) and
+// under the same node names, once the crashed ones have stopped; the
+// region takes traffic again once they serve.
+func (cl *cluster) restart(ctx context.Context, r int) error {
+	if !cl.crashed[r].Load() {
+		return nil
+	}
+	cl.mu.Lock()
+	old := cl.nodes[r]
+	cl.mu.Unlock()
+	for _, n := range old {
+		select {
+		case <-n.done:
+			n.done <- nil // for close
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if err := cl.spawn(ctx, r); err != nil {
+		return err
+	}
+	cl.crashed[r].Store(false)
+	return nil
+}
+
+// partition cuts the regions of every partition in force at scenario time
+// t from the rest (and heals every other cut).
+func (cl *cluster) partition(t time.Duration) {
+	all := make([]string, cl.sc.Regions)
+	for r := range all {
+		all[r] = regionName(r)
+	}
+	cl.net.Heal()
+	for _, p := range cl.sc.Gossip.Partitions {
+		if p.Start.D() <= t && t < p.End.D() {
+			side := make([]string, len(p.Regions))
+			for i, r := range p.Regions {
+				side[i] = regionName(r)
+			}
+			cl.net.Partition(side, all)
+		}
+	}
+}
+
+// Run plays sc against live daemons and returns its metrics. The result's
+// Description says how the run was scaled.
 func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Result, error) {
 	opt = opt.withDefaults()
 	if err := Validate(sc); err != nil {
 		return simulator.Result{}, err
 	}
-	sc = withDefaults(sc)
+	sc = sc.WithDefaults()
 	f := float64(opt.Interval) / float64(sc.Share.Interval.D()) // live seconds per scenario second
 	// Every limit the run will enforce must be valid (a sliding window
 	// log's count within its maximum) before any daemon starts.
@@ -231,129 +514,31 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 		}
 	}
 
-	cl, err := start(ctx, sc, opt, f)
+	cl, at, err := start(ctx, sc, opt, f)
 	defer cl.close()
 	if err != nil {
 		return simulator.Result{}, err
 	}
 	p := newPlayer(sc, opt, f, cl)
-	return p.play(ctx)
+	res, err := p.play(ctx, at)
+	res.Description = strings.TrimSpace(res.Description + " " + scaling(sc, opt, f, cl))
+	return res, err
 }
 
-// withDefaults fills what the simulator fills (simulator.Scenario's
-// documented defaults).
-func withDefaults(sc simulator.Scenario) simulator.Scenario {
-	if sc.Keys == 0 {
-		sc.Keys = 1
+// scaling says how a live run maps the scenario, for Result.Description.
+func scaling(sc simulator.Scenario, opt Options, f float64, cl *cluster) string {
+	l, _ := liveLimit(sc, opt, f, 1)
+	s := fmt.Sprintf("[live: %d daemon(s) per region on loopback, %s store, real memberlist and HTTP; time compressed %g×: "+
+		"report interval %v live for %v, %v of scenario time in %v; L = %g/s live, %g live arrivals per scenario unit",
+		opt.NodesPerRegion, opt.Store, 1/f, opt.Interval, sc.Share.Interval.D(), sc.Duration.D(),
+		time.Duration(float64(sc.Duration)*f).Round(time.Millisecond), opt.Limit, liveUnits(sc, opt, f))
+	if sc.Quota != nil {
+		s += fmt.Sprintf("; quota %g per %v live", l.Count, l.Window)
 	}
-	if sc.Limit.Burst == 0 {
-		sc.Limit.Burst = sc.Limit.Rate
-	}
-	if sc.Share.Interval == 0 {
-		sc.Share.Interval = simulator.Duration(10 * time.Second)
-	}
-	if sc.Warmup == 0 {
-		sc.Warmup = 2 * sc.Share.Interval
-	}
-	return sc
-}
-
-func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (*cluster, error) {
-	cl := &cluster{nodes: make([][]*node, sc.Regions), crashed: make([]atomic.Bool, sc.Regions)}
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
-		return cl, err
-	}
-	tok := make([]byte, 16)
-	if _, err := rand.Read(tok); err != nil {
-		return cl, err
-	}
-	cl.token = hex.EncodeToString(tok)
-	// The live policy: L_live, with the scenario's burst in its own
-	// seconds of L, compressed like time (liveLimit).
-	l, err := liveLimit(sc, opt, f, 1)
-	if err != nil {
-		return cl, err
-	}
-	pol := livePolicy(l)
-	sh := region.ShareConfig(opt.Interval)
-	if sc.Share.Pressure != 0 {
-		sh.Pressure = sc.Share.Pressure
-	}
-	if sc.Share.NoBorrow {
-		sh.BorrowEvery = 0
-	}
-	if sc.Share.LendFraction != 0 {
-		sh.LendFraction = sc.Share.LendFraction
-	}
-	var seed string
-	for r := 0; r < sc.Regions; r++ {
-		store := "memory"
-		if opt.Store == "redis" {
-			srv, err := startRedis(ctx)
-			if err != nil {
-				return cl, err
-			}
-			cl.stops = append(cl.stops, srv.stop)
-			store = "redis://" + srv.addr
-		} else if opt.Store != "memory" {
-			return cl, fmt.Errorf("live store %q: want memory or redis", opt.Store)
-		}
-		for i := 0; i < opt.NodesPerRegion; i++ {
-			cfg := region.DefaultConfig()
-			cfg.Listen = "127.0.0.1:0"
-			cfg.Store = store
-			cfg.StoreTimeout = 200 * time.Millisecond
-			cfg.Policies = []quota.Policy{pol}
-			cfg.AdminToken = cl.token // limit steps go through the admin API
-			cfg.ShutdownTimeout = 2 * time.Second
-			cfg.Gossip = &region.GossipConfig{Region: regionName(r), Node: fmt.Sprintf("%s-n%d", regionName(r), i),
-				Listen: "127.0.0.1:0", Interval: opt.Interval, SecretKey: key, Preset: "local", Share: sh}
-			if seed != "" {
-				cfg.Gossip.Join = []string{seed}
-			}
-			reg := prometheus.NewRegistry()
-			d, err := region.New(ctx, cfg, opt.Logger.With("node", cfg.Gossip.Node), reg, reg)
-			if err != nil {
-				return cl, fmt.Errorf("daemon %s: %w", cfg.Gossip.Node, err)
-			}
-			if seed == "" {
-				seed = d.Gossip().Addr()
-			}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return cl, err
-			}
-			nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-			n := &node{region: r, d: d, addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
-			go func() { n.done <- d.Serve(nctx, ln, nil) }()
-			cl.nodes[r] = append(cl.nodes[r], n)
-		}
-	}
-	// Wait until every node sees every other.
-	want := sc.Regions * opt.NodesPerRegion
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok := true
-		for _, ns := range cl.nodes {
-			for _, n := range ns {
-				if n.d.Gossip().NumLive() != want {
-					ok = false
-				}
-			}
-		}
-		if ok {
-			return cl, nil
-		}
-		if time.Now().After(deadline) {
-			return cl, errors.New("live: the daemons did not form one cluster within 30 s")
-		}
-		select {
-		case <-ctx.Done():
-			return cl, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	c := cl.net.Counts()
+	s += fmt.Sprintf("; faults: %d packets and %d streams cut, %d streams lost, %d delayed]",
+		c.CutPackets, c.CutStreams, c.LostStreams, c.DelayedStreams)
+	return s
 }
 
 // stepFactors are the factors of sc's limit steps in time order.
@@ -374,29 +559,17 @@ func sortedSteps(sc simulator.Scenario) []simulator.LimitStep {
 
 func regionName(i int) string { return fmt.Sprintf("r%d", i) }
 
-// crash stops region r's daemons abruptly: no graceful leave, as a crash.
-func (cl *cluster) crash(r int) {
-	if cl.crashed[r].Swap(true) {
-		return
-	}
-	for _, n := range cl.nodes[r] {
-		n.d.Gossip().Shutdown()
+func (cl *cluster) close() {
+	cl.mu.Lock()
+	all := cl.all
+	cl.mu.Unlock()
+	for _, n := range all {
 		n.cancel()
 	}
-}
-
-func (cl *cluster) close() {
-	for _, ns := range cl.nodes {
-		for _, n := range ns {
-			n.cancel()
-		}
-	}
-	for _, ns := range cl.nodes {
-		for _, n := range ns {
-			select {
-			case <-n.done:
-			case <-time.After(5 * time.Second):
-			}
+	for _, n := range all {
+		select {
+		case <-n.done:
+		case <-time.After(5 * time.Second):
 		}
 	}
 	for _, s := range cl.stops {
@@ -457,25 +630,70 @@ func newPlayer(sc simulator.Scenario, opt Options, f float64, cl *cluster) *play
 	ls := make([]limitRate, len(p.limits))
 	for i, x := range p.limits {
 		ls[i] = limitRate{at: x.at, lsec: perSec(x.limit) * f}
+		if sc.Quota != nil {
+			// L is the unit of Traffic.Rate, as in the simulator.
+			ls[i].lsec = opt.Limit * x.factor * f
+		}
 	}
-	p.m = newRecorder(sc, f, ls)
+	rsc := sc
+	if sc.Quota != nil {
+		// Errors are fractions of the quota, here in live units.
+		q := *sc.Quota
+		q.Limit = uint64(l.Count)
+		rsc.Quota = &q
+	}
+	p.m = newRecorder(rsc, f, ls)
 	return p
+}
+
+// event is a fault at a scenario time.
+type event struct {
+	at      time.Duration
+	region  int
+	crash   bool // else a restart when region ≥ 0, else a partition change
+	restart bool
+}
+
+// events are sc's crashes, restarts and partition starts and ends, in time
+// order.
+func events(sc simulator.Scenario) []event {
+	var ev []event
+	for _, c := range sc.Gossip.Crashes {
+		ev = append(ev, event{at: c.At.D(), region: c.Region, crash: true})
+		if c.Restart > c.At {
+			ev = append(ev, event{at: c.Restart.D(), region: c.Region, restart: true})
+		}
+	}
+	for _, pt := range sc.Gossip.Partitions {
+		ev = append(ev, event{at: pt.Start.D(), region: -1}, event{at: pt.End.D(), region: -1})
+	}
+	slices.SortStableFunc(ev, func(a, b event) int { return cmp.Compare(a.at, b.at) })
+	return ev
 }
 
 // play generates arrivals in scenario-time order on the live clock, decides
 // each at the oracle and sends it to a daemon of its region, until the
 // scenario's end; then it waits for the answers and computes the result.
-func (p *player) play(ctx context.Context) (simulator.Result, error) {
+func (p *player) play(ctx context.Context, at time.Time) (simulator.Result, error) {
 	sc := p.sc
 	total := sc.Duration.D()
-	// Start on an epoch boundary of the live interval, as the simulator's
-	// windows start on its epochs.
-	now := time.Now()
-	start := now.Truncate(p.opt.Interval).Add(p.opt.Interval)
-	if start.Sub(now) < p.opt.Interval/2 {
-		start = start.Add(p.opt.Interval)
+	// Start at the planned instant (start), or, if forming the cluster
+	// took too long, at a later one that is as aligned: an interval
+	// boundary, and a quota window boundary on the daemons' clocks.
+	step := p.opt.Interval
+	if sc.Quota != nil {
+		step = p.limits[0].limit.Window
+	}
+	start := at
+	for time.Until(start) < p.opt.Interval/2 {
+		start = start.Add(step)
+	}
+	if start.Sub(at) > p.opt.Interval {
+		p.opt.Logger.Warn("live: the cluster formed late; the run starts at the next aligned instant", "wait", time.Until(start).Round(time.Millisecond))
 	}
 	live := func(t time.Duration) time.Time { return start.Add(time.Duration(float64(t) * p.f)) }
+	// The oracle's clock is the daemons' without skew.
+	oracleAt := func(t time.Duration) time.Time { return live(t).Add(p.cl.base) }
 
 	type job struct {
 		a   arrival
@@ -485,7 +703,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 	work := make([][]chan job, sc.Regions)
 	var wg sync.WaitGroup
 	for r := range work {
-		for _, n := range p.cl.nodes[r] {
+		for i := range p.opt.NodesPerRegion {
 			ch := make(chan job, 1024)
 			work[r] = append(work[r], ch)
 			for range 8 {
@@ -493,7 +711,9 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 				go func() {
 					defer wg.Done()
 					for j := range ch {
-						allowed, err := p.check(ctx, n.addr, j.sub)
+						// The region's i-th daemon of the moment: a
+						// restart replaces it.
+						allowed, err := p.check(ctx, p.cl.node(r, i).addr, j.sub)
 						p.m.arrival(j.a, j.ok, allowed, err)
 					}
 				}()
@@ -523,7 +743,9 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 	for r := range next {
 		next[r] = gap(r, 0)
 	}
-	crashes := sc.Gossip.Crashes
+	evs, ei := events(sc), 0
+	var restarts sync.WaitGroup
+	var restartErr atomic.Pointer[error]
 	lastProgress := time.Now()
 	li := 0 // p.limits[li] is in force
 	for {
@@ -537,9 +759,20 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 		if t >= total {
 			break
 		}
-		for _, c := range crashes {
-			if t >= c.At.D() && c.Region < sc.Regions && !p.cl.crashed[c.Region].Load() {
-				p.cl.crash(c.Region)
+		for ; ei < len(evs) && evs[ei].at <= t; ei++ {
+			switch e := evs[ei]; {
+			case e.crash:
+				p.cl.crash(e.region)
+			case e.restart:
+				// Off the arrival loop: starting daemons takes a while,
+				// and the region takes traffic again once they serve.
+				restarts.Go(func() {
+					if err := p.cl.restart(ctx, e.region); err != nil {
+						restartErr.CompareAndSwap(nil, &err)
+					}
+				})
+			default:
+				p.cl.partition(e.at)
 			}
 		}
 		if d := time.Until(live(t)); d > 0 {
@@ -569,7 +802,7 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 				li++
 			}
 			var res engine.Result
-			p.oracle[k], res = engine.Decide(live(t), p.oracle[k], p.limits[li].limit, 1)
+			p.oracle[k], res = engine.Decide(oracleAt(t), p.oracle[k], p.limits[li].limit, 1)
 			ch := work[r][rr[r]%len(work[r])]
 			rr[r]++
 			select {
@@ -586,8 +819,12 @@ func (p *player) play(ctx context.Context) (simulator.Result, error) {
 		}
 	}
 	wg.Wait()
+	restarts.Wait()
 	stopShares()
 	stepErr := steps()
+	if e := restartErr.Load(); e != nil && stepErr == nil {
+		stepErr = fmt.Errorf("live: restart: %w", *e)
+	}
 	res := p.m.result()
 	p.m.mu.Lock()
 	errs, drops, offered := p.m.errs, p.m.drops, p.m.checks/2
@@ -641,9 +878,9 @@ func (p *player) stepLimits(ctx context.Context, live func(time.Duration) time.T
 // report interval) until every running daemon holds it.
 func (p *player) putLimit(ctx context.Context, x limitAt) error {
 	var via *node
-	for r, ns := range p.cl.nodes {
-		if !p.crashed(r) && len(ns) > 0 {
-			via = ns[0]
+	for r := range p.sc.Regions {
+		if n := p.cl.node(r, 0); !p.crashed(r) && n != nil {
+			via = n
 			break
 		}
 	}
@@ -676,8 +913,9 @@ func (p *player) putLimit(ctx context.Context, x limitAt) error {
 	defer tick.Stop()
 	for {
 		all := true
-		for r, ns := range p.cl.nodes {
-			for _, n := range ns {
+		for r := range p.sc.Regions {
+			for i := range p.opt.NodesPerRegion {
+				n := p.cl.node(r, i)
 				if got, ok := n.d.Registry().Get(policyID); !p.crashed(r) && (!ok || got.Limit() != want) {
 					all = false
 				}

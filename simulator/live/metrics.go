@@ -83,12 +83,13 @@ func (m *recorder) sampleShares(ctx context.Context, cl *cluster, start time.Tim
 			now := time.Now()
 			s := int(math.Floor(now.Sub(start).Seconds() / m.f))
 			if s >= 0 && s < m.nsecs {
-				row := make([]float64, len(cl.nodes))
-				for r, ns := range cl.nodes {
-					if cl.crashed[r].Load() || len(ns) == 0 {
+				row := make([]float64, m.sc.Regions)
+				for r := range row {
+					n := cl.node(r, 0)
+					if cl.crashed[r].Load() || n == nil {
 						continue
 					}
-					c := ns[0].d.Coordinator()
+					c := n.d.Coordinator()
 					row[r] = c.Share(policyID, subject)
 					for _, ri := range c.Status().Regions {
 						if ri.Region == regionName(r) && ri.LastReportBytes > 0 {
