@@ -22,6 +22,7 @@ func newSimulateCmd() *cobra.Command {
 		live            bool
 		liveStore       string
 		liveInterval    time.Duration
+		duration        time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -52,6 +53,12 @@ func newSimulateCmd() *cobra.Command {
 			default:
 				return fmt.Errorf("give --scenario NAME, --file FILE or --list")
 			}
+			if cmd.Flags().Changed("duration") {
+				if duration <= 0 {
+					return fmt.Errorf("--duration %v: want a positive duration", duration)
+				}
+				sc.Duration = simulator.Duration(min(duration, sc.Duration.D()))
+			}
 			if live {
 				return runLive(cmd, sc, liveOptions{seed: seed, store: liveStore, interval: liveInterval}, asJSON, out)
 			}
@@ -81,6 +88,7 @@ func newSimulateCmd() *cobra.Command {
 	f.Uint64Var(&seed, "seed", 1, "random seed; the same seed gives the same result")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of a table")
 	f.StringVar(&out, "out", "", "directory to write the JSON result, SVG charts and a self-contained report.html into")
+	f.DurationVar(&duration, "duration", 0, "play only the first part of the scenario, this long (scenario time); events after it do not happen")
 	f.BoolVar(&list, "list", false, "list built-in scenarios, one a line, name first")
 	f.BoolVar(&live, "live", false, "run the scenario against real daemons on loopback (real memberlist and HTTP checks, faults injected, time compressed; see --live-interval)")
 	f.StringVar(&liveStore, "live-store", "memory", "with --live: memory, or redis (starts one redis-server per region)")

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -91,16 +93,103 @@ func TestSimulateUnknownScenario(t *testing.T) {
 }
 
 func TestSimulateLiveNeedsScenario(t *testing.T) {
-	for _, args := range [][]string{{"--live"}, {"--live", "--file", "x.json"}} {
-		cmd := newSimulateCmd()
-		var out, errb bytes.Buffer
-		cmd.SetOut(&out)
-		cmd.SetErr(&errb)
-		cmd.SetArgs(args)
-		err := cmd.ExecuteContext(context.Background())
-		if want := "--live runs a built-in scenario: give --scenario NAME"; err == nil || err.Error() != want {
-			t.Errorf("simulate %v = %v, want %q", args, err, want)
+	cmd := newSimulateCmd()
+	cmd.SetOut(new(bytes.Buffer))
+	cmd.SetErr(new(bytes.Buffer))
+	cmd.SetArgs([]string{"--live"})
+	err := cmd.ExecuteContext(context.Background())
+	if want := "give --scenario NAME, --file FILE or --list"; err == nil || err.Error() != want {
+		t.Errorf("simulate --live = %v, want %q", err, want)
+	}
+}
+
+// TestSimulateEveryScenarioAndSeed runs every built-in scenario, shortened
+// to 60 s, at several seeds (7 and 13 among them, which once drove a share
+// past 1), twice each: each run must succeed and print JSON that parses
+// and names the scenario and seed, and the two runs of one seed must print
+// the same bytes.
+func TestSimulateEveryScenarioAndSeed(t *testing.T) {
+	for _, sc := range simulator.Builtins() {
+		for _, seed := range []string{"1", "7", "13"} {
+			t.Run(sc.Name+"/"+seed, func(t *testing.T) {
+				t.Parallel()
+				args := []string{"--scenario", sc.Name, "--seed", seed, "--duration", "60s", "--json"}
+				first := runSimulate(t, args...)
+				var res struct {
+					Scenario  string          `json:"scenario"`
+					Seed      json.Number     `json:"seed"`
+					DurationS float64         `json:"duration_s"`
+					Summary   json.RawMessage `json:"summary"`
+					Windows   []struct {
+						ErrorPct float64 `json:"error_pct"`
+					} `json:"windows_10s"`
+				}
+				if err := json.Unmarshal([]byte(first), &res); err != nil {
+					t.Fatalf("simulate %v printed JSON that does not parse: %v", args, err)
+				}
+				if res.Scenario != sc.Name || res.Seed.String() != seed || res.DurationS != 60 || len(res.Summary) == 0 || len(res.Windows) != 6 {
+					t.Errorf("simulate %v = scenario %q seed %s duration %g s, %d windows, summary %.40s; want %s, %s, 60 s, 6 windows and a summary",
+						args, res.Scenario, res.Seed, res.DurationS, len(res.Windows), res.Summary, sc.Name, seed)
+				}
+				if again := runSimulate(t, args...); again != first {
+					t.Errorf("simulate %v printed different bytes on a second run with the same seed", args)
+				}
+			})
 		}
+	}
+}
+
+// TestSimulateBadScenarioFile runs the real binary on scenario files that
+// cannot run: each must fail with exit status 1 and one line on stderr
+// naming what is wrong, and print nothing on stdout.
+func TestSimulateBadScenarioFile(t *testing.T) {
+	bin := buildSluice(t)
+	const ok = `"name": "bad", "regions": 3, "duration": "60s", "limit": {"rate": 1000}, "traffic": {"rate": 2}`
+	for _, c := range []struct {
+		name, file, want string
+	}{
+		{"malformed JSON", `{"name": "bad", "regions": 3,`, "scenario: unexpected EOF"},
+		{"wrong type", `{"name": "bad", "regions": "three"}`, "regions"},
+		{"unknown fault", `{` + ok + `, "gossip": {"drop": 0.2}}`, `unknown field "drop"`},
+		{"unknown fault kind", `{` + ok + `, "gossip": {"partitions": [{"start": "10s", "end": "20s", "regions": [1], "flap": true}]}}`, `unknown field "flap"`},
+		{"partition of a region that does not exist", `{` + ok + `, "gossip": {"partitions": [{"start": "10s", "end": "20s", "regions": [0, 7]}]}}`,
+			"gossip.partitions[0].regions[1]: region 7 does not exist (regions are 0..2)"},
+		{"crash of a region that does not exist", `{` + ok + `, "gossip": {"crashes": [{"region": 3, "at": "10s"}]}}`,
+			"gossip.crashes[0].region: region 3 does not exist"},
+		{"crash restart before the crash", `{` + ok + `, "gossip": {"crashes": [{"region": 1, "at": "30s", "restart": "20s"}]}}`,
+			"gossip.crashes[0].restart"},
+		{"partition ending before it starts", `{` + ok + `, "gossip": {"partitions": [{"start": "30s", "end": "20s", "regions": [1]}]}}`,
+			"gossip.partitions[0]: end"},
+		{"loss above 1", `{` + ok + `, "gossip": {"loss": 1.5}}`, "gossip.loss must be in [0, 1]"},
+		{"negative delay", `{` + ok + `, "gossip": {"delay": "-1s"}}`, "gossip.delay must not be negative"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "scenario.json")
+			if err := os.WriteFile(path, []byte(c.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, live := range []bool{false, true} {
+				args := []string{"simulate", "--file", path, "--json"}
+				if live {
+					args = append(args, "--live")
+				}
+				cmd := exec.Command(bin, args...)
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				err := cmd.Run()
+				var exit *exec.ExitError
+				if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+					t.Fatalf("sluice %v = %v, want exit status 1 (stderr %q)", args, err, stderr.String())
+				}
+				msg := stderr.String()
+				if strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "sluice: ") || !strings.Contains(msg, c.want) {
+					t.Errorf("sluice %v printed %q on stderr, want one line naming %q", args, msg, c.want)
+				}
+				if stdout.Len() != 0 {
+					t.Errorf("sluice %v printed %q on stdout, want nothing", args, stdout.String())
+				}
+			}
+		})
 	}
 }
 
