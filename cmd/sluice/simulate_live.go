@@ -68,5 +68,7 @@ func (h runnerOnly) Handle(ctx context.Context, r slog.Record) error {
 	}
 	return h.Handler.Handle(ctx, r)
 }
-func (h runnerOnly) WithAttrs(as []slog.Attr) slog.Handler { return runnerOnly{h.Handler.WithAttrs(as)} }
-func (h runnerOnly) WithGroup(g string) slog.Handler       { return runnerOnly{h.Handler.WithGroup(g)} }
+func (h runnerOnly) WithAttrs(as []slog.Attr) slog.Handler {
+	return runnerOnly{h.Handler.WithAttrs(as)}
+}
+func (h runnerOnly) WithGroup(g string) slog.Handler { return runnerOnly{h.Handler.WithGroup(g)} }
