@@ -85,7 +85,9 @@ type Options struct {
 	// and the Poisson noise, not the algorithm, dominates the error
 	// (steady-uneven, global_error_p99_pct: 0.07% virtual; live 3.0% at
 	// L = 200 and 0.3% at 1000). Offered load is Traffic.Rate·Limit checks
-	// per second.
+	// per second; a scenario whose peak Traffic.Rate would offer more than
+	// MaxLoad at 1000 gets a smaller default (zipf-keys, at 1000·L, runs at
+	// L = 4).
 	Limit float64
 	// Logger receives the daemons' logs (default: discarded).
 	Logger *slog.Logger
@@ -96,6 +98,25 @@ type Options struct {
 
 const policyID = "live-global"
 
+// MaxLoad is the most checks per second the default Options.Limit offers.
+const MaxLoad = 4000
+
+// peakRate is the largest Traffic.Rate of sc (in multiples of L), bursts
+// included.
+func peakRate(sc simulator.Scenario) float64 {
+	r := sc.Traffic.Rate
+	for _, st := range sc.Traffic.Steps {
+		r = max(r, st.Rate)
+	}
+	if b := sc.Traffic.Bursts; b != nil {
+		r += b.Rate
+	}
+	if d := sc.Traffic.Diurnal; d != nil {
+		r *= 1 + d.Depth
+	}
+	return r
+}
+
 func (o Options) withDefaults() Options {
 	if o.Store == "" {
 		o.Store = "memory"
@@ -105,9 +126,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Interval <= 0 {
 		o.Interval = time.Second
-	}
-	if o.Limit <= 0 {
-		o.Limit = 1000
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -505,6 +523,12 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 		return simulator.Result{}, err
 	}
 	sc = sc.WithDefaults()
+	if opt.Limit <= 0 {
+		opt.Limit = 1000
+		if p := peakRate(sc); p*opt.Limit > MaxLoad {
+			opt.Limit = math.Floor(MaxLoad / p)
+		}
+	}
 	f := float64(opt.Interval) / float64(sc.Share.Interval.D()) // live seconds per scenario second
 	// Every limit the run will enforce must be valid (a sliding window
 	// log's count within its maximum) before any daemon starts.
@@ -827,13 +851,13 @@ func (p *player) play(ctx context.Context, at time.Time) (simulator.Result, erro
 	}
 	res := p.m.result()
 	p.m.mu.Lock()
-	errs, drops, offered := p.m.errs, p.m.drops, p.m.checks/2
+	errs, drops, offered, firstErr := p.m.errs, p.m.drops, p.m.checks/2, p.m.firstErr
 	p.m.mu.Unlock()
 	if stepErr != nil {
 		return res, stepErr
 	}
 	if bad := errs + drops; bad > 0 {
-		p.opt.Logger.Warn("live: checks not answered", "errors", errs, "dropped", drops, "of", offered+drops)
+		p.opt.Logger.Warn("live: checks not answered", "errors", errs, "dropped", drops, "of", offered+drops, "first_error", firstErr)
 		if float64(bad) > 0.02*float64(offered+drops) && len(sc.Gossip.Crashes) == 0 {
 			return res, fmt.Errorf("live: %d of %d checks failed or were dropped: the machine cannot drive this load; lower Options.Limit", bad, offered+drops)
 		}

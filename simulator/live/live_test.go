@@ -214,17 +214,24 @@ func TestAlgorithmsMatchVirtual(t *testing.T) {
 }
 
 func TestValidateRejectsWhatLiveCannotRun(t *testing.T) {
-	sc, _ := simulator.Builtin("steady-uneven")
-	if err := Validate(sc); err != nil {
-		t.Errorf("Validate(steady-uneven) = %v, want nil", err)
+	for _, sc := range simulator.Builtins() {
+		if err := Validate(sc); err != nil {
+			t.Errorf("Validate(%s) = %v, want every built-in scenario to run live", sc.Name, err)
+		}
 	}
+	sec := func(s float64) simulator.Duration { return simulator.Duration(s * float64(time.Second)) }
 	runs := []func(*simulator.Scenario){
 		func(sc *simulator.Scenario) {
 			sc.LimitSteps = []simulator.LimitStep{{At: simulator.Duration(time.Minute), Factor: 0.5}}
 		},
 		func(sc *simulator.Scenario) {
-			sc.Gossip.Crashes = []simulator.Crash{{Region: 1, At: simulator.Duration(time.Minute)}}
+			sc.Gossip.Crashes = []simulator.Crash{{Region: 1, At: sec(60), Restart: sec(90)}}
 		},
+		func(sc *simulator.Scenario) {
+			sc.Gossip.Partitions = []simulator.Partition{{Start: sec(1), End: sec(2), Regions: []int{0}}}
+		},
+		func(sc *simulator.Scenario) { sc.Gossip.Skew, sc.Gossip.Loss = sec(0.5), 0.1 },
+		func(sc *simulator.Scenario) { sc.Quota = &simulator.QuotaSpec{Limit: 100, Window: sec(60)} },
 	}
 	for _, a := range []string{"token_bucket", "leaky_bucket", "sliding_window_log", "sliding_window_counter"} {
 		runs = append(runs, func(sc *simulator.Scenario) { sc.Limit.Algorithm = a })
@@ -236,21 +243,12 @@ func TestValidateRejectsWhatLiveCannotRun(t *testing.T) {
 			t.Errorf("case %d: Validate = %v, want nil", i, err)
 		}
 	}
-	sec := func(s float64) simulator.Duration { return simulator.Duration(s * float64(time.Second)) }
 	for _, c := range []struct {
 		want string
 		mod  func(*simulator.Scenario)
 	}{
-		{"partitions", func(sc *simulator.Scenario) {
-			sc.Gossip.Partitions = []simulator.Partition{{Start: sec(1), End: sec(2), Regions: []int{0}}}
-		}},
-		{"clock skew and loss", func(sc *simulator.Scenario) { sc.Gossip.Skew = sec(0.5) }},
-		{"clock skew and loss", func(sc *simulator.Scenario) { sc.Gossip.Loss = 0.1 }},
-		{"quotas", func(sc *simulator.Scenario) { sc.Quota = &simulator.QuotaSpec{Limit: 100, Window: sec(60)} }},
-		{"crash restarts", func(sc *simulator.Scenario) {
-			sc.Gossip.Crashes = []simulator.Crash{{Region: 1, At: sec(60), Restart: sec(90)}}
-		}},
 		{"fixed_window", func(sc *simulator.Scenario) { sc.Limit.Algorithm = "fixed_window" }},
+		{"no_membership", func(sc *simulator.Scenario) { sc.Gossip.NoMembership = true }},
 		{"unknown algorithm", func(sc *simulator.Scenario) { sc.Limit.Algorithm = "gcra" }},
 	} {
 		sc, _ := simulator.Builtin("steady-uneven")

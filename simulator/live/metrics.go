@@ -27,6 +27,7 @@ type recorder struct {
 	answers    []answer
 	shares     [][]float64 // [second][region]; nil: not sampled
 	errs       int64
+	firstErr   error
 	drops      int64
 	reportSize []float64 // per region, last report bytes seen
 	checks     int64
@@ -64,6 +65,9 @@ func (m *recorder) arrival(a arrival, oracle, admitted bool, err error) {
 	defer m.mu.Unlock()
 	m.checks += 2 // the daemon's and the oracle's
 	if err != nil {
+		if m.errs == 0 {
+			m.firstErr = err
+		}
 		m.errs++
 		admitted = false
 	}
