@@ -94,6 +94,23 @@ type Options struct {
 	// Progress, if set, is called about once per live second with the
 	// scenario time done and the total.
 	Progress func(done, total time.Duration)
+	// Stats, if set, receives what the run measured of itself.
+	Stats *Stats
+}
+
+// Stats describe how well the machine kept up with a live run.
+type Stats struct {
+	// LateP50 and LateP99 are how long after its scheduled instant a check
+	// was answered, live time: scheduling, HTTP and the decision. The
+	// oracle decides at the scheduled instant, so lateness beyond a small
+	// part of a bucket's burst (100 ms live for one second of L at the
+	// default compression) bunches arrivals at the daemons and costs
+	// admissions the oracle grants: a run with a LateP99 of hundreds of
+	// milliseconds measures the machine, not the limiter.
+	LateP50, LateP99 time.Duration
+	// Errors and Dropped count checks not answered and not sent (the
+	// daemon's queue was full).
+	Errors, Dropped int64
 }
 
 const policyID = "live-global"
@@ -545,12 +562,12 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 	}
 	p := newPlayer(sc, opt, f, cl)
 	res, err := p.play(ctx, at)
-	res.Description = strings.TrimSpace(res.Description + " " + scaling(sc, opt, f, cl))
+	res.Description = strings.TrimSpace(res.Description + " " + scaling(sc, opt, f, cl, p.stats))
 	return res, err
 }
 
 // scaling says how a live run maps the scenario, for Result.Description.
-func scaling(sc simulator.Scenario, opt Options, f float64, cl *cluster) string {
+func scaling(sc simulator.Scenario, opt Options, f float64, cl *cluster, st Stats) string {
 	l, _ := liveLimit(sc, opt, f, 1)
 	s := fmt.Sprintf("[live: %d daemon(s) per region on loopback, %s store, real memberlist and HTTP; time compressed %g×: "+
 		"report interval %v live for %v, %v of scenario time in %v; L = %g/s live, %g live arrivals per scenario unit",
@@ -560,8 +577,9 @@ func scaling(sc simulator.Scenario, opt Options, f float64, cl *cluster) string 
 		s += fmt.Sprintf("; quota %g per %v live", l.Count, l.Window)
 	}
 	c := cl.net.Counts()
-	s += fmt.Sprintf("; faults: %d packets and %d streams cut, %d streams lost, %d delayed]",
-		c.CutPackets, c.CutStreams, c.LostStreams, c.DelayedStreams)
+	s += fmt.Sprintf("; faults: %d packets and %d streams cut, %d streams lost, %d delayed", c.CutPackets, c.CutStreams, c.LostStreams, c.DelayedStreams)
+	s += fmt.Sprintf("; checks answered after their instant: p50 %v, p99 %v live; %d unanswered, %d not sent]",
+		st.LateP50.Round(100*time.Microsecond), st.LateP99.Round(100*time.Microsecond), st.Errors, st.Dropped)
 	return s
 }
 
@@ -620,6 +638,7 @@ type player struct {
 	oracle []engine.State
 	limits []limitAt // the live limit from each time on, first at 0
 	m      *recorder
+	stats  Stats
 }
 
 // limitAt is the live limit from scenario time at on.
@@ -738,7 +757,7 @@ func (p *player) play(ctx context.Context, at time.Time) (simulator.Result, erro
 						// The region's i-th daemon of the moment: a
 						// restart replaces it.
 						allowed, err := p.check(ctx, p.cl.node(r, i).addr, j.sub)
-						p.m.arrival(j.a, j.ok, allowed, err)
+						p.m.arrival(j.a, j.ok, allowed, err, time.Since(live(j.a.at)))
 					}
 				}()
 			}
@@ -852,7 +871,13 @@ func (p *player) play(ctx context.Context, at time.Time) (simulator.Result, erro
 	res := p.m.result()
 	p.m.mu.Lock()
 	errs, drops, offered, firstErr := p.m.errs, p.m.drops, p.m.checks/2, p.m.firstErr
+	st := Stats{Errors: errs, Dropped: drops}
+	st.LateP50, st.LateP99 = p.m.lateness()
 	p.m.mu.Unlock()
+	if p.opt.Stats != nil {
+		*p.opt.Stats = st
+	}
+	p.stats = st
 	if stepErr != nil {
 		return res, stepErr
 	}

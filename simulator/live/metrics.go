@@ -27,6 +27,7 @@ type recorder struct {
 	answers    []answer
 	shares     [][]float64 // [second][region]; nil: not sampled
 	errs       int64
+	late       []time.Duration // per answered check, after its instant
 	firstErr   error
 	drops      int64
 	reportSize []float64 // per region, last report bytes seen
@@ -60,9 +61,10 @@ func (m *recorder) dropped() {
 
 // arrival records one answered check (err: the check failed; it counts as
 // offered and not admitted).
-func (m *recorder) arrival(a arrival, oracle, admitted bool, err error) {
+func (m *recorder) arrival(a arrival, oracle, admitted bool, err error, late time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.late = append(m.late, late)
 	m.checks += 2 // the daemon's and the oracle's
 	if err != nil {
 		if m.errs == 0 {
@@ -72,6 +74,18 @@ func (m *recorder) arrival(a arrival, oracle, admitted bool, err error) {
 		admitted = false
 	}
 	m.answers = append(m.answers, answer{arrival: a, admitted: admitted, oracle: oracle})
+}
+
+// lateness returns the median and 99th percentile of how late checks were
+// answered. Called with m.mu held.
+func (m *recorder) lateness() (p50, p99 time.Duration) {
+	if len(m.late) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(m.late)
+	slices.Sort(s)
+	at := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return at(0.5), at(0.99)
 }
 
 // sampleShares records each region's share of key 0 once per scenario
