@@ -42,12 +42,12 @@ import (
 // use.
 type FaultNet struct {
 	// Detect, if positive, is about how long memberlist should take to
-	// declare a silent node dead: its probe interval becomes Detect/4, its
+	// declare a silent node dead: its probe interval becomes Detect/5, its
 	// probe timeout half that, and its gossip and push/pull intervals
 	// shrink in proportion. The suspicion multiplier stays 3, so a suspect
-	// is declared dead after 3 probe intervals once another node confirms
-	// it (a crash: about 1.2·Detect in all) and only after 18 when none
-	// does (a node slow to answer on a loaded machine has time to refute).
+	// is declared dead 3 probe intervals after another node confirms it (a
+	// crash: about Detect in all) and only after 18 when none does (a node
+	// slow to answer on a loaded machine has time to refute).
 	// Set it before creating nodes; zero keeps the preset's timings.
 	Detect time.Duration
 
@@ -202,7 +202,7 @@ func (f *FaultNet) attach(mc *memberlist.Config, region string) error {
 	f.mu.Unlock()
 	mc.Transport = &faultTransport{NetTransport: inner, net: f, region: region, self: self}
 	if f.Detect > 0 {
-		p := max(f.Detect/4, 10*time.Millisecond)
+		p := max(f.Detect/5, 10*time.Millisecond)
 		mc.ProbeInterval = p
 		mc.ProbeTimeout = p / 2
 		mc.SuspicionMult = 3
