@@ -16,8 +16,11 @@ import (
 type MemoryConfig struct {
 	// Clock supplies time; nil means real time.
 	Clock Clock
-	// MaxKeys bounds the number of (subject, policy) states kept; the
-	// least recently used is evicted past it. Zero means DefaultMaxKeys.
+	// MaxKeys bounds the number of (subject, policy) states kept in the
+	// whole store, whichever shards hold them: one subject may hold them
+	// all. Past it an insertion evicts a state, approximately the least
+	// recently used (see MemoryStore). Zero means DefaultMaxKeys; it is at
+	// least MaxChecks, so that one check's states always fit.
 	MaxKeys int
 	// Shards is the number of independently locked partitions, rounded up
 	// to a power of two. Zero means 256.
@@ -46,17 +49,44 @@ const DefaultMaxKeys = 4 << 20
 // sweeping); those lock every entry they move, and a check that finds the
 // table changed under it retries under the mutex.
 //
-// Eviction past MaxKeys approximates LRU by sampling, as Redis does; the
-// recency it compares has millisecond resolution. Two keys colliding in 64
-// bits would share a state; with a million keys the odds are about one in
-// 10^7.
+// MaxKeys bounds the whole store, not each shard: a store-wide count of
+// states is reserved on every insertion (the check path that finds its
+// states never touches it), and an insertion that takes it past MaxKeys
+// evicts one state first. It evicts from its own shard when that holds at
+// least its share of the states (count / shards), else from the next
+// shard that does and whose mutex is free, so that a subject holding many
+// states (a rate limit service keeps a whole domain's descriptors under
+// one subject) is not trimmed while the store is nearly empty, and a
+// small shard is not emptied for a big one. Within a shard, eviction
+// approximates LRU by sampling, as Redis does; the recency it compares has
+// millisecond resolution.
+//
+// Because each insertion reserves its own count, insertions racing in
+// different shards cannot jointly overshoot: at rest the store holds at
+// most MaxKeys states. It holds more only while insertions are in flight
+// (at most one per shard, each under its shard's mutex, and each holding
+// its reservation before it evicts) or after an insertion found nothing to
+// evict: every state of its shard belonged to its own check and every
+// shard holding more was busy. Each later insertion past MaxKeys then
+// evicts a second state until that is paid back. Either way the excess
+// is bounded by the shard count in practice, not by the states one
+// subject holds.
+//
+// Two keys colliding in 64 bits would share a state; with a million keys
+// the odds are about one in 10^7.
 type MemoryStore struct {
 	clock     Clock
 	seed      maphash.Seed
 	shards    []memShard
 	mask      uint64 // len(shards) - 1
 	base      int64  // µs; expiry and use times are stored relative to it
+	max       int64  // MaxKeys
 	evictions atomic.Uint64
+	// Written by insertions and removals only: kept off the line that
+	// every check reads.
+	_     [64]byte
+	count atomic.Int64  // states held or reserved, in all shards
+	hand  atomic.Uint32 // the shard the last cross-shard eviction used
 }
 
 // NewMemoryStore returns an empty store.
@@ -76,10 +106,10 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		shards: make([]memShard, n),
 		mask:   uint64(n - 1),
 	}
+	s.max = int64(min(max(maxKeys, MaxChecks), 1<<30))
 	s.base = s.clock.Now().UnixMicro()
-	per := max((maxKeys+n-1)/n, MaxChecks)
 	for i := range s.shards {
-		s.shards[i].init(per)
+		s.shards[i].init(&s.count)
 	}
 	return s
 }
@@ -131,7 +161,7 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	tab := sh.tab.Load()
 	for i := range p {
 		if req.Checks[i].Cost != 0 && tab.find(p[i].key) < 0 {
-			sh.insert(p[i].key, p, s.recency(now), expirySeconds(now, s.base), &s.evictions)
+			s.insert(sh, p[i].key, p, s.recency(now), expirySeconds(now, s.base))
 			tab = sh.tab.Load()
 		}
 	}
@@ -430,19 +460,19 @@ const evictSample = 16
 // 60% and 75% full, with backward-shift deletion so that no tombstones
 // accumulate.
 type memShard struct {
-	mu   sync.Mutex // changes to the table's shape, and the logs
-	tab  atomic.Pointer[memTable]
-	logs map[uint64][]int64 // sliding window logs, by key
-	n    int32              // states held
-	max  int32              // states allowed before evicting
-	hand int32              // where the next eviction starts looking
-	_    [28]byte           // one cache line per shard
+	mu    sync.Mutex // changes to the table's shape, and the logs
+	tab   atomic.Pointer[memTable]
+	logs  map[uint64][]int64 // sliding window logs, by key
+	total *atomic.Int64      // the store's count of states, less one per removal
+	n     int32              // states held
+	hand  int32              // where the next eviction starts looking
+	_     [24]byte           // one cache line per shard
 }
 
 const minTable = 8
 
-func (sh *memShard) init(max int) {
-	sh.max = int32(min(max, 1<<30))
+func (sh *memShard) init(total *atomic.Int64) {
+	sh.total = total
 	sh.tab.Store(&memTable{e: make([]memEntry, minTable)})
 	sh.logs = make(map[uint64][]int64)
 }
@@ -497,12 +527,19 @@ func (t *memTable) releaseUsed(p []pending, used uint32) {
 	}
 }
 
-// insert adds an empty state for key, which is not in the table, evicting
-// when the shard is full but never a state of the checks in p. The caller
-// holds the mutex.
-func (sh *memShard) insert(key uint64, p []pending, used, nowSec uint32, evictions *atomic.Uint64) {
-	if sh.n >= sh.max && sh.evict(p, used, nowSec) {
-		evictions.Add(1)
+// insert adds an empty state for key, which is not in sh's table. It
+// reserves the state in the store's count first; past MaxKeys it evicts
+// one state (makeRoom), never one of the checks in p, and a second one
+// while the store is still over MaxKeys from an insertion that found
+// nothing to evict. The caller holds sh's mutex.
+func (s *MemoryStore) insert(sh *memShard, key uint64, p []pending, used, nowSec uint32) {
+	if over := s.count.Add(1) - s.max; over > 0 {
+		for range min(over, 2) {
+			if !s.makeRoom(sh, p, used, nowSec) {
+				break
+			}
+			s.evictions.Add(1)
+		}
 	}
 	tab := sh.tab.Load()
 	if int(sh.n+1)*4 > len(tab.e)*3 {
@@ -515,6 +552,37 @@ func (sh *memShard) insert(key uint64, p []pending, used, nowSec uint32, evictio
 	atomic.StoreUint64(&e.key, key)
 	e.unlock()
 	sh.n++
+}
+
+// makeRoom evicts one state (see memShard.evict) and reports whether it
+// found one: from sh when it holds at least its share of the store's
+// states, else from the first other shard, starting where the last such
+// eviction succeeded, that holds at least its share and whose mutex is
+// free, else from sh anyway. It only tries other shards' mutexes: the
+// caller holds sh's, and two insertions waiting for each other's shard
+// would deadlock.
+func (s *MemoryStore) makeRoom(sh *memShard, p []pending, used, nowSec uint32) bool {
+	share := int32(s.count.Load() / int64(len(s.shards)))
+	if sh.n >= share && sh.evict(p, used, nowSec) {
+		return true
+	}
+	start := s.hand.Load()
+	for k := range uint32(len(s.shards)) {
+		i := (start + k) & uint32(s.mask)
+		o := &s.shards[i]
+		if o == sh || !o.mu.TryLock() {
+			continue
+		}
+		// A state of another shard is never one of the checks in p:
+		// they name sh's subject.
+		ok := o.n >= share && o.n > 0 && o.evict(nil, used, nowSec)
+		o.mu.Unlock()
+		if ok {
+			s.hand.Store(i)
+			return true
+		}
+	}
+	return sh.evict(p, used, nowSec)
 }
 
 // place finds the empty slot where key belongs.
@@ -656,6 +724,7 @@ func (sh *memShard) remove(tab *memTable, i int) {
 	tab.e[hole].clear()
 	lockRange(false)
 	sh.n--
+	sh.total.Add(-1)
 }
 
 func (sh *memShard) sweep(nowSec uint32) {

@@ -290,3 +290,95 @@ func TestMemoryStoreMatchesModelThroughSweeps(t *testing.T) {
 		t.Errorf("Len() = %d, more than the %d subjects", n, subjects)
 	}
 }
+
+// TestMemoryStoreBoundIsStoreWide checks that MaxKeys bounds the whole
+// store, not each shard: one subject (one shard) may hold more than a
+// shard's even share without losing a state, and past MaxKeys the store
+// stays within MaxKeys plus the shard count, evicting from the shard that
+// holds the most rather than from a newcomer's own few states.
+func TestMemoryStoreBoundIsStoreWide(t *testing.T) {
+	l := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Hour}
+	t.Run("one subject under MaxKeys", func(t *testing.T) {
+		clock := newManualClock()
+		s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 200_000})
+		const states = 100_000
+		for i := range states {
+			mustCheck(t, s, one("rls:domain", fmt.Sprint("d", i), l, 1))
+		}
+		if got := s.Evictions(); got != 0 {
+			t.Errorf("Evictions() = %d, want 0: %d states are under MaxKeys 200000", got, states)
+		}
+		if got := s.Len(); got != states {
+			t.Errorf("Len() = %d, want %d", got, states)
+		}
+		for i := range states {
+			if rem := mustCheck(t, s, one("rls:domain", fmt.Sprint("d", i), l, 0)).Results[0].Remaining; rem != 9 {
+				t.Fatalf("d%d remaining = %d, want 9 (its window's spend kept)", i, rem)
+			}
+		}
+	})
+	t.Run("past MaxKeys", func(t *testing.T) {
+		const maxKeys, shards = 1000, 16
+		clock := newManualClock()
+		s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: maxKeys, Shards: shards})
+		// One subject fills the store, then newcomers arrive.
+		for i := range 3 * maxKeys {
+			mustCheck(t, s, one("big", fmt.Sprint("d", i), l, 1))
+			clock.Advance(time.Millisecond)
+		}
+		if n := s.Len(); n > maxKeys+shards {
+			t.Fatalf("Len() = %d after one subject's %d states, want at most MaxKeys+shards %d", n, 3*maxKeys, maxKeys+shards)
+		}
+		const newcomers = 50
+		for i := range newcomers {
+			mustCheck(t, s, one(fmt.Sprint("new", i), "p", l, 1))
+			clock.Advance(time.Millisecond)
+		}
+		if n := s.Len(); n > maxKeys+shards {
+			t.Errorf("Len() = %d, want at most MaxKeys+shards %d", n, maxKeys+shards)
+		}
+		if got, want := int(s.Evictions()), 3*maxKeys+newcomers-s.Len(); got != want {
+			t.Errorf("Evictions() = %d, want %d (every state inserted and not held)", got, want)
+		}
+		for i := range newcomers {
+			if rem := mustCheck(t, s, one(fmt.Sprint("new", i), "p", l, 0)).Results[0].Remaining; rem != 9 {
+				t.Errorf("new%d remaining = %d, want 9: a newcomer's state went before the big subject's older ones", i, rem)
+			}
+		}
+	})
+	t.Run("concurrent", func(t *testing.T) {
+		const maxKeys, shards = 400, 8
+		clock := newManualClock()
+		s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: maxKeys, Shards: shards})
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(uint64(w), 3))
+				for range 5000 {
+					sub := "big"
+					if r.IntN(2) == 0 {
+						sub = fmt.Sprint("s", r.IntN(1000))
+					}
+					req := Request{Subject: sub, Checks: []Check{{Policy: fmt.Sprint("p", r.IntN(2000)), Limit: l, Cost: 1}}}
+					if _, err := s.Check(context.Background(), req); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		n := s.Len()
+		if n > maxKeys+shards {
+			t.Errorf("Len() = %d, want at most MaxKeys+shards %d", n, maxKeys+shards)
+		}
+		if got := s.count.Load(); got != int64(n) {
+			t.Errorf("store-wide count = %d, want Len() %d at rest", got, n)
+		}
+		if s.Evictions() == 0 {
+			t.Error("no evictions: the test did not exercise them")
+		}
+	})
+}
