@@ -299,18 +299,3 @@ func parseSFString(v string) (string, int, error) {
 	}
 	return "", 0, errSF
 }
-
-// RateLimitItem is one policy in the RateLimit fields, exported so that a
-// limiter deciding outside a daemon writes exactly the daemon's fields.
-type RateLimitItem = headerItem
-
-// SetRateLimitFields sets RateLimit-Policy and RateLimit from items as a
-// check's answer does; no items sets neither.
-func SetRateLimitFields(h http.Header, items []RateLimitItem) { setRateLimitFields(h, items) }
-
-// WindowSeconds is a policy's w in RateLimit-Policy: the window of a
-// window algorithm, or the time a bucket takes to refill from empty, whole
-// seconds rounded up and at least 1.
-func WindowSeconds(windowed bool, window time.Duration, rate, burst float64) int64 {
-	return windowSeconds(windowed, window, rate, burst)
-}
