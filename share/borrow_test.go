@@ -56,7 +56,7 @@ func TestBorrowingKeepsSumAndExpires(t *testing.T) {
 	if _, again := b.Borrow(now.Add(time.Second/2), c.key, c.limit, 1800, 0); again {
 		t.Error("Borrow asked twice within BorrowEvery")
 	}
-	loan, ok := l.Lend(now, req, c.limit, 0)
+	loan, ok := l.Lend(now, req, c.limit, Use{})
 	if !ok {
 		t.Fatal("Lend: idle lender did not lend")
 	}
@@ -101,13 +101,13 @@ func TestLendKeepsPendingUntilSlack(t *testing.T) {
 		t.Fatal("no request")
 	}
 	l := c.allocs["r0"]
-	if _, ok := l.Lend(now, req, c.limit, 1800); ok {
+	if _, ok := l.Lend(now, req, c.limit, Use{Rate: 1800}); ok {
 		t.Fatal("a busy lender lent")
 	}
 	if l.Pending() != 1 {
 		t.Fatalf("Pending = %d, want 1", l.Pending())
 	}
-	loans := l.ServeLoans(now.Add(300*time.Millisecond), func(Key) (float64, float64) { return c.limit, 0 })
+	loans := l.ServeLoans(now.Add(300*time.Millisecond), func(Key) (float64, Use) { return c.limit, Use{} })
 	if len(loans) != 1 || loans[0].Amount <= 0 {
 		t.Fatalf("ServeLoans once idle = %v, want one loan", loans)
 	}

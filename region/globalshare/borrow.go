@@ -102,8 +102,11 @@ type borrowState struct {
 	fast     map[engine.UsageKey]engine.Usage // drained since the last rate update
 	fastAt   time.Time
 	nextTick time.Time
-	rates    map[share.Key]float64 // region's offered rate, units/s
-	tokens   map[share.Key]float64 // region's bucket level estimate, units
+	rates    map[share.Key]float64   // region's offered rate, units/s
+	highs    map[share.Key]float64   // upper confidence bound of rates
+	rejected map[share.Key]time.Time // last tick with a rejection
+	onset    map[share.Key]time.Time // first rejection after a quiet spell
+	tokens   map[share.Key]float64   // region's bucket level estimate, units
 
 	gen      uint64 // generation: the last rebalanced epoch
 	actorGen bool   // this node was the acting node at that rebalance
@@ -120,6 +123,8 @@ func (b *borrowState) init(now time.Time) {
 	b.fastAt = now
 	b.rates = map[share.Key]float64{}
 	b.tokens = map[share.Key]float64{}
+	b.rejected = map[share.Key]time.Time{}
+	b.onset = map[share.Key]time.Time{}
 	b.cut = map[share.Key]float64{}
 	b.mirrored = map[mirrorID]bool{}
 }
@@ -183,6 +188,11 @@ func (c *Core) borrowTick(now time.Time) {
 	if c.b.caps != nil && !now.Before(c.b.capsUntil) {
 		c.publish(now)
 	}
+	if c.alloc != nil {
+		if t := c.alloc.BurstsUntil(); !t.IsZero() && !now.Before(t) {
+			c.publish(now) // tokens received with a loan are spent
+		}
+	}
 	if now.Before(c.b.nextTick) {
 		return
 	}
@@ -197,12 +207,14 @@ func (c *Core) borrowTick(now time.Time) {
 			continue
 		}
 		if req, ok := c.alloc.Borrow(now, k, limit, c.b.rates[k], c.b.tokens[k]); ok {
+			on, ok := c.b.onset[k]
+			req.Burst = ok && now.Sub(on) <= c.cfg.Share.BorrowEvery
 			c.m.borrow.WithLabelValues("requested").Inc()
 			c.rd.Borrows = append(c.rd.Borrows, req)
 		}
 	}
 	if c.b.actorGen && c.alloc.Pending() > 0 {
-		loans := c.alloc.ServeLoans(now, c.lendRate)
+		loans := c.alloc.ServeLoans(now, c.lendUse)
 		if len(loans) > 0 {
 			c.publish(now) // cut before the loans leave
 		}
@@ -237,6 +249,10 @@ func (c *Core) measure(now time.Time) {
 		}
 		if u.Demand > u.Admitted {
 			tok = 0 // the engine rejected: its bucket is empty
+			if last, ok := c.b.rejected[key]; !ok || now.Sub(last) > c.quiet() {
+				c.b.onset[key] = now
+			}
+			c.b.rejected[key] = now
 		} else {
 			tok = min(max(tok+refill*dt-float64(u.Admitted)*nodes, 0), capacity)
 		}
@@ -247,11 +263,19 @@ func (c *Core) measure(now time.Time) {
 	c.b.fastAt = now
 }
 
-// lendRate is ServeLoans' view of a key: L_global and the region's offered
-// rate.
-func (c *Core) lendRate(k share.Key) (float64, float64) {
+// lendUse is ServeLoans' view of a key: L_global and the region's offered
+// rate and bucket level.
+func (c *Core) lendUse(k share.Key) (float64, share.Use) {
 	limit, _ := c.cfg.Limit(k.Policy)
-	return limit, c.b.rates[k]
+	return limit, c.use(k)
+}
+
+func (c *Core) use(k share.Key) share.Use {
+	u := share.Use{Rate: c.b.rates[k], Tokens: c.b.tokens[k]}
+	if t, ok := c.b.rejected[k]; ok && c.b.fastAt.Sub(t) <= c.quiet() {
+		u.Tokens = 0 // the estimate is a guess since the bucket ran dry
+	}
+	return u
 }
 
 // borrowRequest answers another region's request on the region's acting
@@ -264,7 +288,7 @@ func (c *Core) borrowRequest(now time.Time, r share.BorrowRequest) {
 	if !ok {
 		return
 	}
-	if l, ok := c.alloc.Lend(now, r, limit, c.b.rates[r.Key]); ok {
+	if l, ok := c.alloc.Lend(now, r, limit, c.use(r.Key)); ok {
 		c.publish(now) // a lender cuts before its loan leaves
 		c.lent(l)
 	}
@@ -298,3 +322,8 @@ func (c *Core) lent(l share.Loan) {
 	c.m.borrow.WithLabelValues("lent").Inc()
 	c.rd.Loans = append(c.rd.Loans, l)
 }
+
+// quiet is how long a key must go without a rejection for the next one to
+// mark the onset of a shortage (BorrowRequest.Burst), and for this
+// region's bucket estimate to be trusted as a lender's (Use.Tokens).
+func (c *Core) quiet() time.Duration { return 2 * c.cfg.Share.BorrowEvery }
