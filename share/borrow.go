@@ -20,8 +20,9 @@ import "time"
 // Config.BorrowEvery and lends as soon as it has (see ServeLoans), because a
 // region whose traffic just moved away still looks busy for a moment.
 
-// BorrowVersion is the version of the BorrowRequest and Loan layouts.
-const BorrowVersion = 1
+// BorrowVersion is the version of the BorrowRequest and Loan layouts
+// (2 added BorrowRequest.Burst and Loan.Tokens).
+const BorrowVersion = 2
 
 // BorrowRequest asks every peer for part of its unused share of one key.
 type BorrowRequest struct {
@@ -31,8 +32,9 @@ type BorrowRequest struct {
 	// last Rebalance. A lender in another generation ignores the request.
 	Epoch uint64 `msgpack:"e" json:"epoch"`
 	Key
-	// Want is the borrower's deficit, a fraction of L_global: its offered
-	// rate minus its current share.
+	// Want is the borrower's deficit, a fraction of L_global in (0, 1]: its
+	// offered rate minus its current share, at most what would lift the
+	// share to the whole limit.
 	Want float64 `msgpack:"w" json:"want"`
 	// Burst says the borrower has only just started rejecting the key,
 	// after a quiet spell: a central bucket would still have held tokens
@@ -107,7 +109,10 @@ func LendAmount(cfg Config, share, limit, rate, want float64) float64 {
 	if !(limit > 0) || !(want > 0) {
 		return 0
 	}
-	slack := share - cfg.CapFactor*rate/limit
+	// A lender keeps at least MinShare, which the engine enforces for a
+	// share of zero anyway: lending it too would let the borrower's share
+	// and the lender's floor add up to more than the whole limit.
+	slack := share - max(cfg.CapFactor*rate/limit, MinShare)
 	if slack <= 0 {
 		return 0
 	}
@@ -137,8 +142,10 @@ func (a *Allocator) Borrow(now time.Time, key Key, limit, rate, tokens float64) 
 		return BorrowRequest{}, false
 	}
 	s := a.share(now, key)
-	want := NeedLoan(s, limit, rate, tokens, a.cfg.BorrowHorizon)
-	if want <= 0 {
+	// No more than the whole limit, less the MinShare every other region
+	// enforces however much it lends.
+	want := min(NeedLoan(s, limit, rate, tokens, a.cfg.BorrowHorizon), 1-s-float64(len(a.regions)-1)*MinShare)
+	if !(want > 0) {
 		return BorrowRequest{}, false
 	}
 	a.asked[key] = now
@@ -158,9 +165,10 @@ type Use struct {
 
 // Lend answers a peer's request at now; u is this region's use of the key
 // and limit L_global. If it lends, it cuts its own share first and returns
-// the Loan to send. If it has no slack yet it keeps the request pending for
-// Config.BorrowEvery (ServeLoans). Requests from another generation, from
-// unknown regions or while isolated are dropped.
+// the Loan to send. What it cannot lend yet (all of the request, or the
+// rest of it) stays pending for Config.BorrowEvery (ServeLoans). Requests
+// from another generation, from unknown regions or while isolated are
+// dropped.
 func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit float64, u Use) (Loan, bool) {
 	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) || limit < a.cfg.BorrowMinRate {
 		return Loan{}, false
@@ -173,12 +181,16 @@ func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit float64, u Use)
 		a.pendList[i].done = true // superseded
 		delete(a.pending, pk)
 	}
-	if l, ok := a.tryLend(now, req, limit, u, false); ok {
-		return l, true
+	l, ok := a.tryLend(now, req, limit, u, false)
+	if rest := req.Want - l.Amount; rest >= minLoan {
+		// The rest waits for slack: a region whose traffic has just moved
+		// away still looks busy for a tick.
+		req.Want = rest
+		req.Burst = false // the tokens went with the first loan
+		a.pending[pk] = len(a.pendList)
+		a.pendList = append(a.pendList, pending{req: req, expires: now.Add(a.cfg.BorrowEvery)})
 	}
-	a.pending[pk] = len(a.pendList)
-	a.pendList = append(a.pendList, pending{req: req, expires: now.Add(a.cfg.BorrowEvery)})
-	return Loan{}, false
+	return l, ok
 }
 
 // tryLend lends if the amount is worth a message: the whole want, at least
@@ -236,10 +248,10 @@ func (a *Allocator) ServeLoans(now time.Time, use func(Key) (limit float64, u Us
 		limit, u := use(p.req.Key)
 		if l, ok := a.tryLend(now, p.req, limit, u, last); ok {
 			out = append(out, l)
-			delete(a.pending, pk)
-			continue
+			p.req.Want -= l.Amount
+			p.req.Burst = false
 		}
-		if last {
+		if last || p.req.Want < minLoan {
 			delete(a.pending, pk)
 			continue
 		}
@@ -270,6 +282,7 @@ func (a *Allocator) Accept(now time.Time, l Loan) bool {
 	}
 	a.accepted[id] = true
 	a.loans[l.Key] += l.Amount
+	delete(a.asked, l.Key) // still short after this loan: ask again at once
 	if t := min(l.Tokens, l.Amount); t > 0 && a.cfg.BurstSpread > 0 {
 		a.addBurst(now, l.Key, t)
 	}

@@ -245,7 +245,8 @@ func (s *sim) quotaOf(p string) (time.Duration, bool) {
 func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
-	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf}
+	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
+		ReportsOnly: s.sc.Gossip.NoMembership}
 	if s.sc.Quota != nil {
 		cfg.Quota = s.quotaOf
 	}

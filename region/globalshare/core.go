@@ -57,6 +57,7 @@ type Core struct {
 
 	alloc       *share.Allocator
 	dead        []string  // regions membership has declared dead
+	alive       []string  // other regions membership sees alive
 	deadRaiseAt time.Time // republish the table then (raises after SetDead)
 
 	b borrowState
@@ -89,6 +90,13 @@ type CoreConfig struct {
 	// Collect and BorrowTick are as in Config (defaults Settle/3, 250 ms).
 	Collect    time.Duration
 	BorrowTick time.Duration
+	// ReportsOnly says membership is no failure detector: a region whose
+	// reports stop for K epochs is down even while membership lists it
+	// alive. By default a region membership sees alive keeps its share
+	// however many of its reports are lost, and is reclaimed when
+	// membership declares it dead (memberlist takes seconds; K+1 intervals
+	// are 40 s by default).
+	ReportsOnly bool
 }
 
 // Ready is what one Tick or Step asks its owner to do.
@@ -116,10 +124,14 @@ const (
 	// DropEpoch: its epoch is in the future or more than maxAge epochs old.
 	DropEpoch = "epoch"
 	// DropNumber: a rate, share, amount or limit that is NaN, infinite or
-	// negative, or a loan of more than the whole limit.
+	// negative, a borrow request or loan of nothing or of more than the
+	// whole limit, or a loan handing over more tokens than its cut frees.
 	DropNumber = "number"
 	// DropMalformed: a field that must be set is empty.
 	DropMalformed = "malformed"
+	// DropExpired: a borrow request or loan of a generation this region
+	// has already rebalanced past; its loan expired with it.
+	DropExpired = "expired"
 )
 
 // maxAge is how many epochs old a message may be and still be used (its
@@ -233,7 +245,7 @@ func (c *Core) WantsUsage(now time.Time) bool {
 	if !c.started {
 		return false
 	}
-	if c.borrowing() && !now.Before(c.b.nextTick) {
+	if c.borrowing() && (!now.Before(c.b.nextTick) || !now.Before(c.b.nextCheck)) {
 		return true
 	}
 	return (c.ph == phSplit || c.ph == phBoundary) && !now.Before(c.deadline())
@@ -244,7 +256,7 @@ func (c *Core) WantsUsage(now time.Time) bool {
 func (c *Core) PollEvery() time.Duration {
 	poll := min(max(c.cfg.Share.Interval/10, 50*time.Millisecond), time.Second)
 	if c.borrowing() {
-		poll = min(poll, c.cfg.BorrowTick)
+		poll = min(poll, c.checkEvery())
 	}
 	return poll
 }
@@ -448,8 +460,10 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 			return DropRegion
 		case !epochOK(r.Epoch):
 			return DropEpoch
-		case !finite(r.Want): // a deficit may exceed the whole limit
+		case !(r.Want > 0 && r.Want <= 1):
 			return DropNumber
+		case c.expired(r.Epoch):
+			return DropExpired
 		}
 	case gossip.KindLoan:
 		l := m.Loan
@@ -460,12 +474,19 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 			return DropRegion
 		case !epochOK(l.Epoch):
 			return DropEpoch
-		case !finite(l.Amount) || l.Amount > 1:
+		case !(l.Amount > 0 && l.Amount <= 1) || !(l.Tokens >= 0 && l.Tokens <= l.Amount):
 			return DropNumber
+		case c.expired(l.Epoch):
+			return DropExpired
 		}
 	}
 	return ""
 }
+
+// expired reports whether a borrow request or loan of generation gen (the
+// epoch of its sender's last rebalance) belongs to a generation this
+// region has rebalanced past: every loan of it has expired.
+func (c *Core) expired(gen uint64) bool { return c.balanced && gen < c.b.gen }
 
 // knownRegion reports whether membership or the allocation knows region r.
 func (c *Core) knownRegion(r string) bool {
@@ -601,12 +622,31 @@ func (c *Core) deadRegions() []string {
 	return out
 }
 
-// checkMembership tells the allocator when membership declares a region
+// aliveRegions are the other regions with a live node, sorted.
+func (c *Core) aliveRegions() []string {
+	var out []string
+	for r := range c.live {
+		if r != c.self {
+			out = append(out, r)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkMembership tells the allocator which regions membership sees alive
+// (share.Allocator.SetAlive, unless ReportsOnly) and when it declares a region
 // dead (or alive again), so that a crashed region's shares are reclaimed
 // (and an isolated region cuts) as soon as memberlist knows, instead of
 // after K+1 missed reports: share.Allocator.SetDead. The cut table is
 // published at once and the raised one RaiseDelay later.
 func (c *Core) checkMembership(now time.Time) {
+	if !c.cfg.ReportsOnly {
+		if alive := c.aliveRegions(); !slices.Equal(alive, c.alive) {
+			c.alive = alive
+			c.alloc.SetAlive(alive)
+		}
+	}
 	dead := c.deadRegions()
 	if !slices.Equal(dead, c.dead) {
 		c.dead = dead
