@@ -278,7 +278,7 @@ func (c *Core) borrow(now time.Time, k share.Key, rate, tokens float64) {
 	}
 	if req, ok := c.alloc.Borrow(now, k, limit, rate, tokens); ok {
 		on, ok := c.b.onset[k]
-		req.Burst = ok && now.Sub(on) <= c.cfg.Share.BorrowEvery
+		req.Burst = ok && now.Sub(on) <= c.cfg.Share.BorrowEvery && c.bucket(k.Policy)
 		c.m.borrow.WithLabelValues("requested").Inc()
 		c.rd.Borrows = append(c.rd.Borrows, req)
 	}
@@ -338,8 +338,8 @@ func (c *Core) lendUse(k share.Key) (float64, share.Use) {
 
 func (c *Core) use(k share.Key) share.Use {
 	u := share.Use{Rate: c.b.rates[k], Tokens: c.b.tokens[k]}
-	if t, ok := c.b.rejected[k]; ok && c.b.fastAt.Sub(t) <= c.quiet() {
-		u.Tokens = 0 // the estimate is a guess since the bucket ran dry
+	if t, ok := c.b.rejected[k]; ok && c.b.fastAt.Sub(t) <= c.quiet() || !c.bucket(k.Policy) {
+		u.Tokens = 0 // the estimate is a guess since the bucket ran dry, or no bucket at all
 	}
 	return u
 }
@@ -388,6 +388,10 @@ func (c *Core) lent(l share.Loan) {
 	c.m.borrow.WithLabelValues("lent").Inc()
 	c.rd.Loans = append(c.rd.Loans, l)
 }
+
+// bucket reports whether loans of policy may hand over tokens
+// (CoreConfig.Bucket).
+func (c *Core) bucket(policy string) bool { return c.cfg.Bucket != nil && c.cfg.Bucket(policy) }
 
 // quiet is how long a key must go without a rejection for the next one to
 // mark the onset of a shortage (BorrowRequest.Burst), and for this

@@ -90,6 +90,12 @@ type CoreConfig struct {
 	// Collect and BorrowTick are as in Config (defaults Settle/3, 250 ms).
 	Collect    time.Duration
 	BorrowTick time.Duration
+	// Bucket reports whether a policy is a token bucket whose burst is at
+	// least one second of its rate: only then do loans hand over tokens
+	// (share.Loan.Tokens), because only then is the bucket estimate the
+	// borrow rule keeps a lower bound of what a lender's cut takes away. Nil:
+	// loans move rate only.
+	Bucket func(policy string) bool
 	// ReportsOnly says membership is no failure detector: a region whose
 	// reports stop for K epochs is down even while membership lists it
 	// alive. By default a region membership sees alive keeps its share

@@ -353,6 +353,9 @@ func TestCoreAsksAtOnce(t *testing.T) {
 	sc.Settle = 400 * time.Millisecond
 	sc.RaiseDelay = 200 * time.Millisecond
 	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	for _, nd := range n.nodes {
+		nd.core.cfg.Bucket = func(string) bool { return true }
+	}
 	n.rate = map[string]float64{"eu-1": 90, "us-1": 5, "ap-1": 5}
 	n.run(n.now.Add(3*sc.Interval+time.Second), 10*time.Millisecond, nil)
 	us := n.node("us-1").core
