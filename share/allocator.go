@@ -45,7 +45,6 @@ type Allocator struct {
 	bursts          map[Key]burst   // tokens received with loans
 	effCut, effNext *Table          // cut and next with the loans overlay
 	dead            map[string]bool // membership: regions declared dead
-	alive           map[string]bool // membership: regions it vouches for
 }
 
 type keyState struct {
@@ -225,26 +224,22 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 
 	// Reachability and quorum. A region is down when its report is missing
 	// and it has been unreachable for more than K epochs, or membership
-	// declared it dead (SetDead). A region membership vouches for (SetAlive)
-	// is not down for missing reports alone: it is up and enforcing its
-	// share, only its reports were lost, and reclaiming that share would
-	// overshoot by it.
+	// declared it dead (SetDead).
 	k := uint64(a.cfg.PartitionIntervals)
 	missed := make([]uint64, n)
 	downI := make([]bool, n)
 	reachable := 0
-	heard := func(i int) bool { return missed[i] < k || a.alive[a.regions[i]] }
 	for i, r := range a.regions {
 		if h := a.lastHeard[r]; epoch > h {
 			missed[i] = epoch - h
 		}
 		dead := a.dead[r] && got[i] == nil
-		if heard(i) && !dead {
+		if missed[i] < k && !dead {
 			reachable++
 		}
-		downI[i] = got[i] == nil && (dead || (missed[i] > k && !a.alive[r]))
+		downI[i] = got[i] == nil && (missed[i] > k || dead)
 	}
-	quorum := 2*reachable > n || (2*reachable == n && heard(0) && !(a.dead[a.regions[0]] && got[0] == nil))
+	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k && !(a.dead[a.regions[0]] && got[0] == nil))
 	a.isolated = !quorum
 	a.down = 0
 	if quorum {
@@ -550,23 +545,6 @@ func (a *Allocator) SetDead(now time.Time, dead []string) {
 	}
 	a.down = max(a.down, len(set))
 	a.install(now, &Table{shares: shares, def: a.defaultShare()})
-}
-
-// SetAlive records the other regions membership sees alive now (a live
-// node of theirs answers its probes); alive replaces the previous set. A
-// region in it is not taken for down because its reports went missing
-// (lost or late), only when membership declares it dead (SetDead): it is
-// up, enforcing its share, and reclaiming that share would overshoot by it.
-// An owner whose membership is no failure detector does not call
-// SetAlive, and missing reports alone decide, after K epochs.
-func (a *Allocator) SetAlive(alive []string) {
-	set := make(map[string]bool, len(alive))
-	for _, r := range alive {
-		if r != a.self {
-			set[r] = true
-		}
-	}
-	a.alive = set
 }
 
 // Dead returns the regions SetDead last recorded, sorted.

@@ -253,7 +253,7 @@ func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
 	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
-		Bucket: s.bucketOf, ReportsOnly: s.sc.Gossip.NoMembership}
+		Bucket: s.bucketOf}
 	if s.sc.Quota != nil {
 		cfg.Quota = s.quotaOf
 	}

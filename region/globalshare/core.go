@@ -57,7 +57,6 @@ type Core struct {
 
 	alloc       *share.Allocator
 	dead        []string  // regions membership has declared dead
-	alive       []string  // other regions membership sees alive
 	deadRaiseAt time.Time // republish the table then (raises after SetDead)
 
 	b borrowState
@@ -92,17 +91,10 @@ type CoreConfig struct {
 	BorrowTick time.Duration
 	// Bucket reports whether a policy is a token bucket whose burst is at
 	// least one second of its rate: only then do loans hand over tokens
-	// (share.Loan.Tokens), because only then is the bucket estimate the
-	// borrow rule keeps a lower bound of what a lender's cut takes away. Nil:
-	// loans move rate only.
+	// (share.Loan.Tokens), because only then does a lender's cut take
+	// tokens out of its bucket, and the bucket estimate the borrow rule
+	// keeps assumes one second of burst. Nil: loans move rate only.
 	Bucket func(policy string) bool
-	// ReportsOnly says membership is no failure detector: a region whose
-	// reports stop for K epochs is down even while membership lists it
-	// alive. By default a region membership sees alive keeps its share
-	// however many of its reports are lost, and is reclaimed when
-	// membership declares it dead (memberlist takes seconds; K+1 intervals
-	// are 40 s by default).
-	ReportsOnly bool
 }
 
 // Ready is what one Tick or Step asks its owner to do.
@@ -628,31 +620,12 @@ func (c *Core) deadRegions() []string {
 	return out
 }
 
-// aliveRegions are the other regions with a live node, sorted.
-func (c *Core) aliveRegions() []string {
-	var out []string
-	for r := range c.live {
-		if r != c.self {
-			out = append(out, r)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// checkMembership tells the allocator which regions membership sees alive
-// (share.Allocator.SetAlive, unless ReportsOnly) and when it declares a region
+// checkMembership tells the allocator when membership declares a region
 // dead (or alive again), so that a crashed region's shares are reclaimed
 // (and an isolated region cuts) as soon as memberlist knows, instead of
 // after K+1 missed reports: share.Allocator.SetDead. The cut table is
 // published at once and the raised one RaiseDelay later.
 func (c *Core) checkMembership(now time.Time) {
-	if !c.cfg.ReportsOnly {
-		if alive := c.aliveRegions(); !slices.Equal(alive, c.alive) {
-			c.alive = alive
-			c.alloc.SetAlive(alive)
-		}
-	}
 	dead := c.deadRegions()
 	if !slices.Equal(dead, c.dead) {
 		c.dead = dead

@@ -1,7 +1,6 @@
 package globalshare
 
 import (
-	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -661,17 +660,10 @@ func FuzzCoreStep(f *testing.F) {
 // daemon's 1 s timings: three regions of two nodes, all traffic in r3, then
 // r3's nodes crash (no leave; membership keeps them alive until it declares
 // them dead) and the traffic moves to r1 and r2. The survivors must hold
-// r3's share by the documented bound: RaiseDelay after membership declares
-// r3 dead; with ReportsOnly (membership is no failure detector), K+1
-// intervals after r3's last report plus Settle and RaiseDelay if that comes
-// first. Σ of the enforced shares never exceeds 1.
+// r3's share by the documented bound: K+1 intervals after r3's last report
+// plus Settle and RaiseDelay, or RaiseDelay after membership declares r3
+// dead if that comes first; Σ of the enforced shares never exceeds 1.
 func TestCoreTakeoverAfterCrash(t *testing.T) {
-	for _, reportsOnly := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ReportsOnly=%v", reportsOnly), func(t *testing.T) { testTakeoverAfterCrash(t, reportsOnly) })
-	}
-}
-
-func testTakeoverAfterCrash(t *testing.T, reportsOnly bool) {
 	sc := testShareConfig()
 	sc.Settle = 250 * time.Millisecond // region.ShareConfig(1 s)
 	sc.RaiseDelay = 100 * time.Millisecond
@@ -691,9 +683,6 @@ func testTakeoverAfterCrash(t *testing.T, reportsOnly bool) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newCoreNetCollect(t, sc, 0, "r1-0", "r1-1", "r2-0", "r2-1", "r3-0", "r3-1")
-			for _, nd := range n.nodes {
-				nd.core.cfg.ReportsOnly = reportsOnly
-			}
 			n.delay = tt.delay
 			n.rate = map[string]float64{"r1-0": 70, "r1-1": 70, "r2-0": 20, "r2-1": 20, "r3-0": 10, "r3-1": 10}
 			n.run(n.now.Add(8*sc.Interval), 10*time.Millisecond, nil)
@@ -706,7 +695,7 @@ func testTakeoverAfterCrash(t *testing.T, reportsOnly bool) {
 			n.node("r3-0").down, n.node("r3-1").down = true, true
 			n.rate = map[string]float64{"r1-0": 50, "r1-1": 50, "r2-0": 50, "r2-1": 50}
 			var took time.Duration
-			n.run(crash.Add(max(reclaim, tt.detect)+2*sc.Interval), 10*time.Millisecond, func() {
+			n.run(crash.Add(reclaim+2*sc.Interval), 10*time.Millisecond, func() {
 				since := n.now.Sub(crash)
 				if since >= tt.detect {
 					n.node("r3-0").state, n.node("r3-1").state = gossip.StateDead, gossip.StateDead
@@ -719,13 +708,7 @@ func testTakeoverAfterCrash(t *testing.T, reportsOnly bool) {
 					took = since
 				}
 			})
-			// A rebalance less than RaiseDelay after the detection publishes
-			// its own cut table and raises RaiseDelay after itself.
-			bound := tt.detect + 2*sc.RaiseDelay
-			if reportsOnly {
-				bound = min(reclaim, bound)
-			}
-			bound += 20 * time.Millisecond // two ticks
+			bound := min(reclaim, tt.detect+sc.RaiseDelay) + 20*time.Millisecond // two ticks
 			if took == 0 || took > bound {
 				t.Errorf("r1+r2 hold r3's share %v after the crash (0: never), want within %v (r1, r2 at %.3f)",
 					took, bound, n.shares("r1-0", "r2-0"))
