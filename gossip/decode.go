@@ -271,6 +271,21 @@ func (r *reader) float() (float64, error) {
 	return f, err
 }
 
+// bool reads a msgpack bool (nil reads as false).
+func (r *reader) bool() (bool, error) {
+	c, err := r.byte()
+	if err != nil {
+		return false, err
+	}
+	switch c {
+	case 0xc2, 0xc0:
+		return false, nil
+	case 0xc3:
+		return true, nil
+	}
+	return false, fmt.Errorf("want a bool, got 0x%02x", c)
+}
+
 // skip passes over one value of any type.
 func (r *reader) skip(depth int) error {
 	if depth > maxDepth {
@@ -598,6 +613,8 @@ func (r *reader) borrow(b *share.BorrowRequest) error {
 			b.Epoch, err = r.uint(math.MaxUint64)
 		case "w":
 			b.Want, err = r.float()
+		case "b":
+			b.Burst, err = r.bool()
 		default:
 			return r.keyField(&b.Key, key)
 		}
@@ -621,6 +638,8 @@ func (r *reader) loan(l *share.Loan) error {
 			l.Epoch, err = r.uint(math.MaxUint64)
 		case "a":
 			l.Amount, err = r.float()
+		case "x":
+			l.Tokens, err = r.float()
 		case "n":
 			l.Seq, err = r.uint(math.MaxUint64)
 		default:
@@ -641,16 +660,7 @@ func (r *reader) meta(m *nodeMeta) error {
 		case "r":
 			m.Region, err = r.str(MaxNameLen)
 		case "l":
-			var c byte
-			if c, err = r.byte(); err == nil {
-				switch c {
-				case 0xc2, 0xc0:
-				case 0xc3:
-					m.Leaving = true
-				default:
-					err = fmt.Errorf("want a bool, got 0x%02x", c)
-				}
-			}
+			m.Leaving, err = r.bool()
 		case "p":
 			m.PolicyRev, err = r.uint(math.MaxUint64)
 		case "h":

@@ -310,11 +310,11 @@ func checkAccepted(t *testing.T, m Message) {
 		}
 		quotas(m.Usage.Quotas)
 	case KindBorrow:
-		if !finite(m.Borrow.Want) || m.Borrow.Want == 0 {
+		if !finite(m.Borrow.Want) || m.Borrow.Want == 0 || m.Borrow.Want > 1 {
 			t.Fatalf("accepted borrow %+v", m.Borrow)
 		}
 	case KindLoan:
-		if !finite(m.Loan.Amount) || m.Loan.Amount == 0 || m.Loan.Amount > 1 {
+		if !finite(m.Loan.Amount) || m.Loan.Amount == 0 || m.Loan.Amount > 1 || !finite(m.Loan.Tokens) || m.Loan.Tokens > m.Loan.Amount {
 			t.Fatalf("accepted loan %+v", m.Loan)
 		}
 	}

@@ -344,7 +344,7 @@ func checkBorrow(r share.BorrowRequest, region string) error {
 		return decodeErr(ReasonInvalid, fmt.Errorf("borrow request of region %q sent from region %q", r.Region, region))
 	case r.Policy == "" || r.Subject == "":
 		return decodeErr(ReasonInvalid, errors.New("borrow request without key"))
-	case !(r.Want > 0) || !rate(r.Want): // NaN fails too; above 1 is a region offered more than L
+	case !(r.Want > 0 && r.Want <= 1): // NaN fails too; no region can use more than the whole limit
 		return decodeErr(ReasonValue, fmt.Errorf("borrow request wants %v of the limit", r.Want))
 	}
 	return nil
@@ -363,6 +363,8 @@ func checkLoan(l share.Loan, region string) error {
 		return decodeErr(ReasonInvalid, errors.New("loan without key"))
 	case !(l.Amount > 0 && l.Amount <= 1):
 		return decodeErr(ReasonValue, fmt.Errorf("loan of %v of the limit", l.Amount))
+	case !(l.Tokens >= 0 && l.Tokens <= l.Amount): // the cut of Amount frees at most Amount·L tokens
+		return decodeErr(ReasonValue, fmt.Errorf("loan hands over %v s of the limit with %v of it", l.Tokens, l.Amount))
 	}
 	return nil
 }

@@ -63,12 +63,12 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 
 func testBorrow(region string) share.BorrowRequest {
 	return share.BorrowRequest{Version: share.BorrowVersion, Region: region, Epoch: 177_000_123,
-		Key: share.Key{Policy: "api-global", Subject: "key_00000000deadbeef"}, Want: 1.37}
+		Key: share.Key{Policy: "api-global", Subject: "key_00000000deadbeef"}, Want: 0.37, Burst: true}
 }
 
 func testLoan(lender, borrower string) share.Loan {
 	return share.Loan{Version: share.BorrowVersion, Lender: lender, Borrower: borrower, Epoch: 177_000_123,
-		Key: share.Key{Policy: "api-global", Subject: "key_00000000deadbeef"}, Amount: 0.4137, Seq: 12}
+		Key: share.Key{Policy: "api-global", Subject: "key_00000000deadbeef"}, Amount: 0.4137, Tokens: 0.2, Seq: 12}
 }
 
 // The layouts an older build wrote: fewer fields. A current decoder must
@@ -160,6 +160,9 @@ func TestDecodeDrops(t *testing.T) {
 		{"borrow NaN", borrowEnv(func(r *share.BorrowRequest) { r.Want = math.NaN() }), 0, ReasonValue},
 		{"borrow +Inf", borrowEnv(func(r *share.BorrowRequest) { r.Want = math.Inf(1) }), 0, ReasonValue},
 		{"borrow negative", borrowEnv(func(r *share.BorrowRequest) { r.Want = -0.1 }), 0, ReasonValue},
+		{"borrow above the limit", borrowEnv(func(r *share.BorrowRequest) { r.Want = 1.37 }), 0, ReasonValue},
+		{"borrow burst not a bool", env(envelope{V: WireVersion, Kind: KindBorrow, From: "n", Region: "eu", Payload: mustMarshal(t, map[string]any{
+			"v": share.BorrowVersion, "r": "eu", "e": 1, "p": "api", "s": "k", "w": 0.5, "b": 7})}), 0, ReasonMalformed},
 		{"borrow wrong type", env(envelope{V: WireVersion, Kind: KindBorrow, From: "n", Region: "eu", Payload: mustMarshal(t, []int{1})}), 0, ReasonMalformed},
 		{"loan newer layout", loanEnv(func(l *share.Loan) { l.Version = share.BorrowVersion + 1 }), 0, ReasonVersion},
 		{"loan lender mismatch", loanEnv(func(l *share.Loan) { l.Lender = "ap" }), 0, ReasonInvalid},
@@ -168,6 +171,9 @@ func TestDecodeDrops(t *testing.T) {
 		{"loan above the limit", loanEnv(func(l *share.Loan) { l.Amount = 1.5 }), 0, ReasonValue},
 		{"loan NaN", loanEnv(func(l *share.Loan) { l.Amount = math.NaN() }), 0, ReasonValue},
 		{"loan zero", loanEnv(func(l *share.Loan) { l.Amount = 0 }), 0, ReasonValue},
+		{"loan tokens above its amount", loanEnv(func(l *share.Loan) { l.Tokens = l.Amount + 0.1 }), 0, ReasonValue},
+		{"loan negative tokens", loanEnv(func(l *share.Loan) { l.Tokens = -0.1 }), 0, ReasonValue},
+		{"loan NaN tokens", loanEnv(func(l *share.Loan) { l.Tokens = math.NaN() }), 0, ReasonValue},
 		{"field twice", func() []byte {
 			b := append([]byte{}, good...)
 			b[0]++ // one more map entry: the kind again
@@ -255,11 +261,12 @@ func FuzzDecode(f *testing.F) {
 		}
 		switch m.Kind {
 		case KindBorrow:
-			if r := m.Borrow; r.Region != m.Region || !(r.Want > 0) || math.IsInf(r.Want, 0) || r.Version != share.BorrowVersion {
+			if r := m.Borrow; r.Region != m.Region || !(r.Want > 0 && r.Want <= 1) || r.Version != share.BorrowVersion {
 				t.Fatalf("Decode accepted borrow request %+v from %s", r, m.Region)
 			}
 		case KindLoan:
-			if l := m.Loan; l.Lender != m.Region || l.Borrower == "" || l.Borrower == l.Lender || !(l.Amount > 0 && l.Amount <= 1) || l.Version != share.BorrowVersion {
+			if l := m.Loan; l.Lender != m.Region || l.Borrower == "" || l.Borrower == l.Lender || !(l.Amount > 0 && l.Amount <= 1) ||
+				!(l.Tokens >= 0 && l.Tokens <= l.Amount) || l.Version != share.BorrowVersion {
 				t.Fatalf("Decode accepted loan %+v from %s", l, m.Region)
 			}
 		}

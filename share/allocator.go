@@ -42,6 +42,7 @@ type Allocator struct {
 	pendList        []pending
 	accepted        map[loanID]bool // loans applied this generation
 	lendSeq         uint64
+	bursts          map[Key]burst   // tokens received with loans
 	effCut, effNext *Table          // cut and next with the loans overlay
 	dead            map[string]bool // membership: regions declared dead
 }
@@ -71,6 +72,7 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		asked:     map[Key]time.Time{},
 		pending:   map[pendKey]int{},
 		accepted:  map[loanID]bool{},
+		bursts:    map[Key]burst{},
 		dead:      map[string]bool{},
 		gen:       epoch,
 	}
@@ -332,7 +334,11 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 		shares[key] = max(s, MinShare)
 	}
 	// Loans expire with their generation: the enforced table before this
-	// rebalance (loans included) is what the cuts compare against.
+	// rebalance (loans included) is what the cuts compare against. Tokens
+	// received with loans are a passing extra, not a level: they end here
+	// and do not count as the share a raise may start from.
+	clear(a.bursts)
+	a.refresh()
 	a.prev = a.Table(now)
 	a.next = &Table{shares: shares, def: def}
 	a.cut = cutTable(a.prev, a.next)
@@ -341,6 +347,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 	clear(a.loans)
 	clear(a.asked)
 	clear(a.accepted)
+	clear(a.bursts)
 	clear(a.pending)
 	a.pendList = a.pendList[:0]
 	a.refresh()
@@ -358,7 +365,11 @@ func (a *Allocator) share(now time.Time, key Key) float64 {
 		base = a.cut
 	}
 	s := base.Share(key.Policy, key.Subject)
-	if d, ok := a.loans[key]; ok {
+	d, ok := a.loans[key]
+	if b, on := a.bursts[key]; on && now.Before(b.until) {
+		d, ok = d+b.share, true
+	}
+	if ok {
 		s = Scale(s + d)
 	}
 	return s
@@ -397,13 +408,17 @@ func (a *Allocator) defaultFor(i int, down []bool, quorum bool) float64 {
 // Rebalance, the lower of the old and new share of each key (cuts at once);
 // from Config.RaiseDelay later, the new shares. The result is immutable.
 func (a *Allocator) Table(now time.Time) *Table {
+	a.expireBursts(now)
 	if a.effNext == nil {
-		if len(a.loans) == 0 {
+		if len(a.loans) == 0 && len(a.bursts) == 0 {
 			a.effCut, a.effNext = a.cut, a.next
 		} else {
-			loans := make(map[Key]float64, len(a.loans))
+			loans := make(map[Key]float64, len(a.loans)+len(a.bursts))
 			for k, v := range a.loans {
 				loans[k] = v
+			}
+			for k, b := range a.bursts {
+				loans[k] += b.share
 			}
 			a.effCut = &Table{shares: a.cut.shares, def: a.cut.def, loans: loans}
 			a.effNext = &Table{shares: a.next.shares, def: a.next.def, loans: loans}
@@ -495,6 +510,7 @@ func (a *Allocator) SetDead(now time.Time, dead []string) {
 				delete(a.loans, k) // a borrowed share would lift us above Safe
 			}
 		}
+		clear(a.bursts)
 		clear(a.pending)
 		a.pendList = a.pendList[:0]
 		a.install(now, &Table{shares: shares, def: min(a.next.def, safe)})

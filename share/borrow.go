@@ -20,8 +20,9 @@ import "time"
 // Config.BorrowEvery and lends as soon as it has (see ServeLoans), because a
 // region whose traffic just moved away still looks busy for a moment.
 
-// BorrowVersion is the version of the BorrowRequest and Loan layouts.
-const BorrowVersion = 1
+// BorrowVersion is the version of the BorrowRequest and Loan layouts
+// (2 added BorrowRequest.Burst and Loan.Tokens).
+const BorrowVersion = 2
 
 // BorrowRequest asks every peer for part of its unused share of one key.
 type BorrowRequest struct {
@@ -31,9 +32,17 @@ type BorrowRequest struct {
 	// last Rebalance. A lender in another generation ignores the request.
 	Epoch uint64 `msgpack:"e" json:"epoch"`
 	Key
-	// Want is the borrower's deficit, a fraction of L_global: its offered
-	// rate minus its current share.
+	// Want is the borrower's deficit, a fraction of L_global in (0, 1]: its
+	// offered rate minus its current share, at most what would lift the
+	// share to the whole limit.
 	Want float64 `msgpack:"w" json:"want"`
+	// Burst says the borrower has only just started rejecting the key,
+	// after a quiet spell: a central bucket would still have held tokens
+	// for it, so lenders hand over the tokens their cut takes away
+	// (Loan.Tokens). A borrower that has been rejecting for a while asks
+	// for rate only: a central bucket would have spent those tokens on
+	// its traffic long before.
+	Burst bool `msgpack:"b,omitempty" json:"burst,omitempty"`
 }
 
 // Loan is a lender's answer: Amount (a fraction of L_global) of the key's
@@ -46,6 +55,11 @@ type Loan struct {
 	Epoch    uint64 `msgpack:"e" json:"epoch"` // generation, as in the request
 	Key
 	Amount float64 `msgpack:"a" json:"amount"`
+	// Tokens is burst handed over with the loan, in seconds of L_global
+	// (units / L_global): the tokens the lender's bucket lost when its cut
+	// lowered its capacity. The borrower spends them as an extra share of
+	// Tokens/Config.BurstSpread for Config.BurstSpread after it accepts.
+	Tokens float64 `msgpack:"x,omitempty" json:"tokens,omitempty"`
 	// Seq numbers the lender's loans, so a duplicated message is applied
 	// once.
 	Seq uint64 `msgpack:"n" json:"seq"`
@@ -58,12 +72,12 @@ type loanID struct {
 
 // EncodedSizeEstimate is an upper estimate of the msgpack size in bytes.
 func (r BorrowRequest) EncodedSizeEstimate() int {
-	return 1 + 5*2 + 2 + 5 + len(r.Region) + 9 + len(r.Policy) + len(r.Subject) + 2*5 + 9
+	return 1 + 6*2 + 2 + 5 + 1 + len(r.Region) + 9 + len(r.Policy) + len(r.Subject) + 2*5 + 9
 }
 
 // EncodedSizeEstimate is an upper estimate of the msgpack size in bytes.
 func (l Loan) EncodedSizeEstimate() int {
-	return 1 + 7*2 + 2 + 9 + 2*5 + len(l.Lender) + len(l.Borrower) + 9 + len(l.Policy) + len(l.Subject) + 2*5 + 9
+	return 1 + 8*2 + 2 + 9 + 2*5 + 9 + len(l.Lender) + len(l.Borrower) + 9 + len(l.Policy) + len(l.Subject) + 2*5 + 9
 }
 
 // NeedLoan is the borrower's pure decision. share is the region's current
@@ -95,7 +109,10 @@ func LendAmount(cfg Config, share, limit, rate, want float64) float64 {
 	if !(limit > 0) || !(want > 0) {
 		return 0
 	}
-	slack := share - cfg.CapFactor*rate/limit
+	// A lender keeps at least MinShare, which the engine enforces for a
+	// share of zero anyway: lending it too would let the borrower's share
+	// and the lender's floor add up to more than the whole limit.
+	slack := share - max(cfg.CapFactor*rate/limit, MinShare)
 	if slack <= 0 {
 		return 0
 	}
@@ -125,20 +142,34 @@ func (a *Allocator) Borrow(now time.Time, key Key, limit, rate, tokens float64) 
 		return BorrowRequest{}, false
 	}
 	s := a.share(now, key)
-	want := NeedLoan(s, limit, rate, tokens, a.cfg.BorrowHorizon)
-	if want <= 0 {
+	// No more than the whole limit, less the MinShare every other region
+	// enforces however much it lends.
+	want := min(NeedLoan(s, limit, rate, tokens, a.cfg.BorrowHorizon), 1-s-float64(len(a.regions)-1)*MinShare)
+	if !(want > 0) {
 		return BorrowRequest{}, false
 	}
 	a.asked[key] = now
 	return BorrowRequest{Version: BorrowVersion, Region: a.self, Epoch: a.gen, Key: key, Want: want}, true
 }
 
-// Lend answers a peer's request at now; rate is this region's offered rate
-// for the key (units/s) and limit L_global. If it lends, it cuts its own
-// share first and returns the Loan to send. If it has no slack yet it keeps
-// the request pending for Config.BorrowEvery (ServeLoans). Requests from
-// another generation, from unknown regions or while isolated are dropped.
-func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit, rate float64) (Loan, bool) {
+// Use is what a region measured of one key over its last borrow tick.
+type Use struct {
+	// Rate is the key's offered rate in the region (units/s, rejected
+	// included).
+	Rate float64
+	// Tokens is an estimate of what the region's bucket holds now (units);
+	// a lender hands over the part its cut takes away (Loan.Tokens). Zero
+	// when the estimate cannot be trusted (the region rejected lately).
+	Tokens float64
+}
+
+// Lend answers a peer's request at now; u is this region's use of the key
+// and limit L_global. If it lends, it cuts its own share first and returns
+// the Loan to send. What it cannot lend yet (all of the request, or the
+// rest of it) stays pending for Config.BorrowEvery (ServeLoans). Requests
+// from another generation, from unknown regions or while isolated are
+// dropped.
+func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit float64, u Use) (Loan, bool) {
 	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) || limit < a.cfg.BorrowMinRate {
 		return Loan{}, false
 	}
@@ -150,36 +181,58 @@ func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit, rate float64) 
 		a.pendList[i].done = true // superseded
 		delete(a.pending, pk)
 	}
-	if l, ok := a.tryLend(now, req, limit, rate, false); ok {
-		return l, true
+	l, ok := a.tryLend(now, req, limit, u, false)
+	if rest := req.Want - l.Amount; rest >= minLoan {
+		// The rest waits for slack: a region whose traffic has just moved
+		// away still looks busy for a tick.
+		req.Want = rest
+		req.Burst = false // the tokens went with the first loan
+		a.pending[pk] = len(a.pendList)
+		a.pendList = append(a.pendList, pending{req: req, expires: now.Add(a.cfg.BorrowEvery)})
 	}
-	a.pending[pk] = len(a.pendList)
-	a.pendList = append(a.pendList, pending{req: req, expires: now.Add(a.cfg.BorrowEvery)})
-	return Loan{}, false
+	return l, ok
 }
 
 // tryLend lends if the amount is worth a message: the whole want, at least
 // half of this region's share, or anything at all once the request is
 // about to expire (last).
-func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit, rate float64, last bool) (Loan, bool) {
+func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit float64, u Use, last bool) (Loan, bool) {
 	s := a.share(now, req.Key)
-	amt := LendAmount(a.cfg, s, limit, rate, req.Want)
+	amt := LendAmount(a.cfg, s, limit, u.Rate, req.Want)
 	if !(amt > 0) || (amt < req.Want && amt < s/2 && !last) || amt < minLoan {
 		return Loan{}, false
 	}
 	a.loans[req.Key] -= amt
 	a.refresh()
 	a.lendSeq++
-	return Loan{Version: BorrowVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key, Amount: amt, Seq: a.lendSeq}, true
+	return Loan{Version: BorrowVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key,
+		Amount: amt, Tokens: a.lendTokens(req, s, amt, limit, u), Seq: a.lendSeq}, true
+}
+
+// lendTokens is the burst a loan of amt hands over (seconds of L_global)
+// for a request marked Burst: what the cut from s to s − amt takes out of
+// this region's bucket, whose
+// capacity is taken to be one second of its refill (the default burst).
+// Only a region that sees the key's traffic (u.Rate > 0) hands tokens
+// over: its next check clamps the bucket to the lowered capacity, so the
+// tokens are gone here before the borrower spends them. A bucket the
+// engine never checks again would keep them, and a later raise would
+// refill it from there.
+func (a *Allocator) lendTokens(req BorrowRequest, s, amt, limit float64, u Use) float64 {
+	if !req.Burst || a.cfg.BurstSpread <= 0 || !(u.Rate > 0) || !(limit > 0) || !(u.Tokens > 0) {
+		return 0
+	}
+	held := min(u.Tokens/limit, s) // a bucket holds at most its capacity
+	return min(max(held-(s-amt), 0), amt)
 }
 
 // minLoan is the smallest loan worth a message (a fraction of L_global).
 const minLoan = 1e-3
 
 // ServeLoans retries the pending requests at now, oldest first, and
-// returns the loans to send; rate gives this region's L_global and offered
-// rate (units/s) for a key. Call it often (every few hundred ms at most).
-func (a *Allocator) ServeLoans(now time.Time, rate func(Key) (limit, rate float64)) []Loan {
+// returns the loans to send; use gives this region's L_global and use of a
+// key. Call it often (every few hundred ms at most).
+func (a *Allocator) ServeLoans(now time.Time, use func(Key) (limit float64, u Use)) []Loan {
 	if len(a.pending) == 0 {
 		a.pendList = a.pendList[:0]
 		return nil
@@ -192,13 +245,13 @@ func (a *Allocator) ServeLoans(now time.Time, rate func(Key) (limit, rate float6
 		}
 		pk := pendKey{Key: p.req.Key, borrower: p.req.Region}
 		last := !now.Before(p.expires.Add(-a.cfg.BorrowEvery / 10))
-		limit, r := rate(p.req.Key)
-		if l, ok := a.tryLend(now, p.req, limit, r, last); ok {
+		limit, u := use(p.req.Key)
+		if l, ok := a.tryLend(now, p.req, limit, u, last); ok {
 			out = append(out, l)
-			delete(a.pending, pk)
-			continue
+			p.req.Want -= l.Amount
+			p.req.Burst = false
 		}
-		if last {
+		if last || p.req.Want < minLoan {
 			delete(a.pending, pk)
 			continue
 		}
@@ -229,8 +282,60 @@ func (a *Allocator) Accept(now time.Time, l Loan) bool {
 	}
 	a.accepted[id] = true
 	a.loans[l.Key] += l.Amount
+	delete(a.asked, l.Key) // still short after this loan: ask again at once
+	if t := min(l.Tokens, l.Amount); t > 0 && a.cfg.BurstSpread > 0 {
+		a.addBurst(now, l.Key, t)
+	}
 	a.refresh()
 	return true
+}
+
+// burst is tokens received with loans, spent as an extra share until
+// until.
+type burst struct {
+	share float64 // fraction of L_global
+	until time.Time
+}
+
+// addBurst spreads t seconds of L_global, with what is left of an earlier
+// burst of the key, over Config.BurstSpread from now, or longer if the
+// extra share would lift the key's share above 1 (where the engine would
+// clamp it and the tokens would be lost).
+func (a *Allocator) addBurst(now time.Time, k Key, t float64) {
+	if b, ok := a.bursts[k]; ok && now.Before(b.until) {
+		t += b.share * b.until.Sub(now).Seconds()
+	}
+	delete(a.bursts, k)
+	room := 1 - a.share(now, k)
+	if room <= 0 {
+		return
+	}
+	x := min(t/a.cfg.BurstSpread.Seconds(), room)
+	d := min(time.Duration(t/x*float64(time.Second)), a.cfg.Interval) // a generation ends sooner
+	a.bursts[k] = burst{share: x, until: now.Add(d)}
+}
+
+// expireBursts drops the bursts spent by now.
+func (a *Allocator) expireBursts(now time.Time) {
+	for k, b := range a.bursts {
+		if !now.Before(b.until) {
+			delete(a.bursts, k)
+			a.refresh()
+		}
+	}
+}
+
+// BurstsUntil returns when the next burst received with a loan ends (its
+// extra share is then no longer in Table), or the zero time if none is
+// running. The owner publishes a new Table then.
+func (a *Allocator) BurstsUntil() time.Time {
+	var t time.Time
+	for _, b := range a.bursts {
+		if t.IsZero() || b.until.Before(t) {
+			t = b.until
+		}
+	}
+	return t
 }
 
 // Loans returns this region's net loan of key in the current generation

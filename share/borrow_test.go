@@ -56,7 +56,7 @@ func TestBorrowingKeepsSumAndExpires(t *testing.T) {
 	if _, again := b.Borrow(now.Add(time.Second/2), c.key, c.limit, 1800, 0); again {
 		t.Error("Borrow asked twice within BorrowEvery")
 	}
-	loan, ok := l.Lend(now, req, c.limit, 0)
+	loan, ok := l.Lend(now, req, c.limit, Use{})
 	if !ok {
 		t.Fatal("Lend: idle lender did not lend")
 	}
@@ -101,13 +101,13 @@ func TestLendKeepsPendingUntilSlack(t *testing.T) {
 		t.Fatal("no request")
 	}
 	l := c.allocs["r0"]
-	if _, ok := l.Lend(now, req, c.limit, 1800); ok {
+	if _, ok := l.Lend(now, req, c.limit, Use{Rate: 1800}); ok {
 		t.Fatal("a busy lender lent")
 	}
 	if l.Pending() != 1 {
 		t.Fatalf("Pending = %d, want 1", l.Pending())
 	}
-	loans := l.ServeLoans(now.Add(300*time.Millisecond), func(Key) (float64, float64) { return c.limit, 0 })
+	loans := l.ServeLoans(now.Add(300*time.Millisecond), func(Key) (float64, Use) { return c.limit, Use{} })
 	if len(loans) != 1 || loans[0].Amount <= 0 {
 		t.Fatalf("ServeLoans once idle = %v, want one loan", loans)
 	}
@@ -164,5 +164,93 @@ func TestSetDeadReclaimsAndIsolates(t *testing.T) {
 	}
 	if got := c.allocs["r4"].Table(at).Share(c.key.Policy, c.key.Subject); got < 0.15 {
 		t.Errorf("r4's share after healing = %v, want ≈ 0.2", got)
+	}
+}
+
+// A request marked Burst gets, with the loan, the tokens the lender's cut
+// takes out of its bucket; the borrower spends them as an extra share over
+// BurstSpread, and they end there or at the next rebalance, where they do
+// not count as the level a raise starts from. A request not so marked, or
+// a lender whose bucket estimate is not trusted, moves rate only.
+func TestLoanHandsOverTokens(t *testing.T) {
+	tests := []struct {
+		name       string
+		burst      bool
+		use        Use
+		wantTokens func(amount float64) float64
+	}{
+		{"onset, lender full", true, Use{Rate: 50, Tokens: 1000}, func(amt float64) float64 { return amt }},
+		{"onset, lender half full", true, Use{Rate: 50, Tokens: 200}, func(amt float64) float64 { return max(0, 0.2-(1.0/3-amt)) }},
+		{"onset, lender without traffic", true, Use{Rate: 0, Tokens: 333}, func(float64) float64 { return 0 }},
+		{"onset, lender estimate untrusted", true, Use{Rate: 50}, func(float64) float64 { return 0 }},
+		{"long shortage", false, Use{Rate: 50, Tokens: 333}, func(float64) float64 { return 0 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, 3)
+			for range 3 {
+				c.step(map[string]float64{"r0": 100, "r1": 100, "r2": 100})
+			}
+			now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+			b, l := c.allocs["r1"], c.allocs["r0"]
+			before := b.Table(now).Share(c.key.Policy, c.key.Subject)
+			req, ok := b.Borrow(now, c.key, c.limit, 3000, 0)
+			if !ok {
+				t.Fatal("Borrow: no request with an empty bucket")
+			}
+			if req.Want > 1-before {
+				t.Errorf("Want = %v, more than lifts the share to the whole limit", req.Want)
+			}
+			req.Burst = tt.burst
+			loan, ok := l.Lend(now, req, c.limit, tt.use)
+			if !ok {
+				t.Fatal("Lend: a lender with slack did not lend")
+			}
+			if want := tt.wantTokens(loan.Amount); math.Abs(loan.Tokens-want) > 1e-9 {
+				t.Fatalf("Tokens = %v, want %v (amount %v)", loan.Tokens, want, loan.Amount)
+			}
+			if !b.Accept(now, loan) {
+				t.Fatal("Accept refused the loan")
+			}
+			after := b.Table(now).Share(c.key.Policy, c.key.Subject)
+			extra := after - before - loan.Amount
+			if math.Abs(extra*c.cfg.BurstSpread.Seconds()-loan.Tokens) > 1e-9 && after < 1 {
+				t.Errorf("extra share %v over %v, want the loan's %v tokens", extra, c.cfg.BurstSpread, loan.Tokens)
+			}
+			spent := now.Add(c.cfg.Interval / 2)
+			if got := b.Table(spent).Share(c.key.Policy, c.key.Subject); math.Abs(got-before-loan.Amount) > 1e-9 {
+				t.Errorf("after the tokens are spent the share is %v, want %v", got, before+loan.Amount)
+			}
+			if !b.BurstsUntil().IsZero() {
+				t.Errorf("BurstsUntil = %v after the burst ended, want zero", b.BurstsUntil())
+			}
+		})
+	}
+}
+
+// Tokens do not outlive their generation, and a raise does not start from
+// the extra share they gave.
+func TestTokensEndAtTheRebalance(t *testing.T) {
+	c := newCluster(t, 3)
+	for range 3 {
+		c.step(map[string]float64{"r0": 100, "r1": 100, "r2": 100})
+	}
+	now := c.cfg.EpochStart(c.epoch + 1).Add(-200 * time.Millisecond)
+	b, l := c.allocs["r1"], c.allocs["r0"]
+	req, _ := b.Borrow(now, c.key, c.limit, 3000, 0)
+	req.Burst = true
+	loan, ok := l.Lend(now, req, c.limit, Use{Rate: 50, Tokens: 333})
+	if !ok || loan.Tokens == 0 || !b.Accept(now, loan) {
+		t.Fatalf("no loan with tokens: %+v", loan)
+	}
+	c.step(map[string]float64{"r0": 100, "r1": 3000, "r2": 100})
+	at := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle)
+	if !b.BurstsUntil().IsZero() {
+		t.Errorf("tokens outlived the rebalance (until %v)", b.BurstsUntil())
+	}
+	for d := time.Duration(0); d < 2*c.cfg.RaiseDelay; d += 50 * time.Millisecond {
+		if got := c.enforced(at.Add(d), c.key); got > 1+1e-9 {
+			t.Errorf("Σ at +%v after the rebalance = %v, want ≤ 1", d, got)
+		}
 	}
 }

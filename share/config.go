@@ -63,6 +63,10 @@ type Config struct {
 	// share away from where the next burst lands (default 40: ten
 	// arrivals per 250 ms).
 	BorrowMinRate float64
+	// BurstSpread is how long a borrower spends the tokens a loan hands
+	// over (Loan.Tokens): an extra share of Tokens/BurstSpread for that
+	// long after it accepts (default 500 ms; zero: loans carry no tokens).
+	BurstSpread time.Duration
 	// NoiseZ is how many standard deviations of Poisson counting noise a
 	// rate measured over Recent must stand out by before the allocation
 	// acts on it (default 3; zero trusts every measurement as §3 does).
@@ -100,6 +104,7 @@ func DefaultConfig() Config {
 		BorrowEvery:        time.Second,
 		LendFraction:       1,
 		BorrowMinRate:      40,
+		BurstSpread:        500 * time.Millisecond,
 		NoiseZ:             3,
 		NoiseSmoothing:     0.5,
 	}
@@ -130,6 +135,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("share: safe share must be in [0, 1], got %v", c.Safe)
 	case c.BorrowHorizon < 0 || c.BorrowEvery < 0 || c.BorrowEvery > c.Interval:
 		return fmt.Errorf("share: borrow horizon must be ≥ 0 and borrow period in [0, interval], got %v, %v", c.BorrowHorizon, c.BorrowEvery)
+	case c.BurstSpread < 0 || c.BurstSpread > c.Interval:
+		return fmt.Errorf("share: burst spread must be in [0, interval], got %v", c.BurstSpread)
 	case !(c.LendFraction >= 0 && c.LendFraction <= 1):
 		return fmt.Errorf("share: lend fraction must be in [0, 1], got %v", c.LendFraction)
 	case !(c.NoiseZ >= 0):

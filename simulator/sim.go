@@ -232,6 +232,13 @@ func (s *sim) members(r *region) []gossip.Member {
 // limitOf is the coordinator's Config.Limit: L of the simulated policy.
 func (s *sim) limitOf(p string) (float64, bool) { return s.lrate, p == policy }
 
+// bucketOf is the coordinator's Config.Bucket: the simulated policy is a
+// token bucket, with a burst of at least one second of its rate unless the
+// scenario says otherwise.
+func (s *sim) bucketOf(p string) bool {
+	return p == policy && s.limit.Algorithm == engine.TokenBucket && s.limit.Burst >= s.limit.Rate
+}
+
 // quotaOf is the coordinator's Config.Quota: the quota's window, if any.
 func (s *sim) quotaOf(p string) (time.Duration, bool) {
 	if s.sc.Quota == nil || p != policy {
@@ -245,7 +252,8 @@ func (s *sim) quotaOf(p string) (time.Duration, bool) {
 func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
-	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf}
+	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
+		Bucket: s.bucketOf}
 	if s.sc.Quota != nil {
 		cfg.Quota = s.quotaOf
 	}

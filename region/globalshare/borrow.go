@@ -2,6 +2,7 @@ package globalshare
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -98,12 +99,16 @@ type mirrorID struct {
 
 // borrowState is the core's borrowing state.
 type borrowState struct {
-	acc      map[engine.UsageKey]engine.Usage // drained since the last report drain
-	fast     map[engine.UsageKey]engine.Usage // drained since the last rate update
-	fastAt   time.Time
-	nextTick time.Time
-	rates    map[share.Key]float64 // region's offered rate, units/s
-	tokens   map[share.Key]float64 // region's bucket level estimate, units
+	acc       map[engine.UsageKey]engine.Usage // drained since the last report drain
+	fast      map[engine.UsageKey]engine.Usage // drained since the last rate update
+	fastAt    time.Time
+	nextTick  time.Time
+	nextCheck time.Time               // next look for a shortage between two ticks
+	rates     map[share.Key]float64   // region's offered rate, units/s
+	highs     map[share.Key]float64   // upper confidence bound of rates
+	rejected  map[share.Key]time.Time // last tick with a rejection
+	onset     map[share.Key]time.Time // first rejection after a quiet spell
+	tokens    map[share.Key]float64   // region's bucket level estimate, units
 
 	gen      uint64 // generation: the last rebalanced epoch
 	actorGen bool   // this node was the acting node at that rebalance
@@ -120,6 +125,8 @@ func (b *borrowState) init(now time.Time) {
 	b.fastAt = now
 	b.rates = map[share.Key]float64{}
 	b.tokens = map[share.Key]float64{}
+	b.rejected = map[share.Key]time.Time{}
+	b.onset = map[share.Key]time.Time{}
 	b.cut = map[share.Key]float64{}
 	b.mirrored = map[mirrorID]bool{}
 }
@@ -183,33 +190,107 @@ func (c *Core) borrowTick(now time.Time) {
 	if c.b.caps != nil && !now.Before(c.b.capsUntil) {
 		c.publish(now)
 	}
+	if c.alloc != nil {
+		if t := c.alloc.BurstsUntil(); !t.IsZero() && !now.Before(t) {
+			c.publish(now) // tokens received with a loan are spent
+		}
+	}
 	if now.Before(c.b.nextTick) {
+		if !now.Before(c.b.nextCheck) {
+			c.b.nextCheck = now.Add(c.checkEvery())
+			c.shortage(now)
+		}
 		return
 	}
 	c.b.nextTick = now.Add(c.cfg.BorrowTick)
+	c.b.nextCheck = now.Add(c.checkEvery())
 	c.measure(now)
 	if !c.balanced || !c.isActor() {
 		return
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(c.b.rates), compareKeys) {
-		limit, ok := c.cfg.Limit(k.Policy)
-		if !ok {
-			continue
-		}
-		if req, ok := c.alloc.Borrow(now, k, limit, c.b.rates[k], c.b.tokens[k]); ok {
-			c.m.borrow.WithLabelValues("requested").Inc()
-			c.rd.Borrows = append(c.rd.Borrows, req)
-		}
+		c.borrow(now, k, c.b.rates[k], c.b.tokens[k])
 	}
 	if c.b.actorGen && c.alloc.Pending() > 0 {
-		loans := c.alloc.ServeLoans(now, c.lendRate)
-		if len(loans) > 0 {
-			c.publish(now) // cut before the loans leave
-		}
-		for _, l := range loans {
-			c.lent(l)
+		c.serve(now, c.lendUse)
+	}
+}
+
+// checkEvery is how often the core looks for a key that has started
+// rejecting between two borrow ticks: a shortage is asked for at the
+// first look that sees it, not at the next tick.
+func (c *Core) checkEvery() time.Duration { return min(c.cfg.BorrowTick, 100*time.Millisecond) }
+
+// shortage asks at once for the keys the engine has rejected since the
+// last borrow tick, with their offered rate over that time (at least one
+// checkEvery) and an empty bucket; the per-key limit of one request per
+// BorrowEvery still holds.
+func (c *Core) shortage(now time.Time) {
+	if !c.balanced || !c.isActor() {
+		return
+	}
+	dt := now.Sub(c.b.fastAt).Seconds()
+	nodes := float64(max(1, len(c.live[c.self])))
+	var short []share.Key
+	for k, u := range c.b.fast {
+		if u.Demand > u.Admitted {
+			short = append(short, share.Key{Policy: k.Policy, Subject: k.Subject})
 		}
 	}
+	slices.SortFunc(short, compareKeys)
+	for _, k := range short {
+		u := c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}]
+		c.rejectedAt(now, k)
+		c.borrow(now, k, float64(u.Demand)/dt*nodes, 0)
+	}
+	if c.b.actorGen && c.alloc.Pending() > 0 {
+		// A request waiting for slack is served as soon as the key's
+		// traffic here has clearly fallen (it moved to the borrower), not
+		// at the next tick.
+		c.serve(now, func(k share.Key) (float64, share.Use) {
+			limit, u := c.lendUse(k)
+			n := float64(c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}].Demand)
+			if expect := u.Rate / nodes * dt; expect-n > max(c.cfg.Share.NoiseZ, 1)*math.Sqrt(expect)+1 {
+				u.Rate = n / dt * nodes
+			}
+			return limit, u
+		})
+	}
+}
+
+// serve lends what it can to the pending requests.
+func (c *Core) serve(now time.Time, use func(share.Key) (float64, share.Use)) {
+	loans := c.alloc.ServeLoans(now, use)
+	if len(loans) > 0 {
+		c.publish(now) // cut before the loans leave
+	}
+	for _, l := range loans {
+		c.lent(l)
+	}
+}
+
+// borrow asks for a loan of key k if Allocator.Borrow says so; rate and
+// tokens are the region's offered rate and bucket level.
+func (c *Core) borrow(now time.Time, k share.Key, rate, tokens float64) {
+	limit, ok := c.cfg.Limit(k.Policy)
+	if !ok {
+		return
+	}
+	if req, ok := c.alloc.Borrow(now, k, limit, rate, tokens); ok {
+		on, ok := c.b.onset[k]
+		req.Burst = ok && now.Sub(on) <= c.cfg.Share.BorrowEvery && c.bucket(k.Policy)
+		c.m.borrow.WithLabelValues("requested").Inc()
+		c.rd.Borrows = append(c.rd.Borrows, req)
+	}
+}
+
+// rejectedAt records that the engine rejected key k by now, and the onset
+// of a shortage if it is the first rejection after a quiet spell.
+func (c *Core) rejectedAt(now time.Time, k share.Key) {
+	if last, ok := c.b.rejected[k]; !ok || now.Sub(last) > c.quiet() {
+		c.b.onset[k] = now
+	}
+	c.b.rejected[k] = now
 }
 
 // measure turns the units drained since the last update into the region's
@@ -237,6 +318,7 @@ func (c *Core) measure(now time.Time) {
 		}
 		if u.Demand > u.Admitted {
 			tok = 0 // the engine rejected: its bucket is empty
+			c.rejectedAt(now, key)
 		} else {
 			tok = min(max(tok+refill*dt-float64(u.Admitted)*nodes, 0), capacity)
 		}
@@ -247,11 +329,19 @@ func (c *Core) measure(now time.Time) {
 	c.b.fastAt = now
 }
 
-// lendRate is ServeLoans' view of a key: L_global and the region's offered
-// rate.
-func (c *Core) lendRate(k share.Key) (float64, float64) {
+// lendUse is ServeLoans' view of a key: L_global and the region's offered
+// rate and bucket level.
+func (c *Core) lendUse(k share.Key) (float64, share.Use) {
 	limit, _ := c.cfg.Limit(k.Policy)
-	return limit, c.b.rates[k]
+	return limit, c.use(k)
+}
+
+func (c *Core) use(k share.Key) share.Use {
+	u := share.Use{Rate: c.b.rates[k], Tokens: c.b.tokens[k]}
+	if t, ok := c.b.rejected[k]; ok && c.b.fastAt.Sub(t) <= c.quiet() || !c.bucket(k.Policy) {
+		u.Tokens = 0 // the estimate is a guess since the bucket ran dry, or no bucket at all
+	}
+	return u
 }
 
 // borrowRequest answers another region's request on the region's acting
@@ -264,7 +354,7 @@ func (c *Core) borrowRequest(now time.Time, r share.BorrowRequest) {
 	if !ok {
 		return
 	}
-	if l, ok := c.alloc.Lend(now, r, limit, c.b.rates[r.Key]); ok {
+	if l, ok := c.alloc.Lend(now, r, limit, c.use(r.Key)); ok {
 		c.publish(now) // a lender cuts before its loan leaves
 		c.lent(l)
 	}
@@ -298,3 +388,12 @@ func (c *Core) lent(l share.Loan) {
 	c.m.borrow.WithLabelValues("lent").Inc()
 	c.rd.Loans = append(c.rd.Loans, l)
 }
+
+// bucket reports whether loans of policy may hand over tokens
+// (CoreConfig.Bucket).
+func (c *Core) bucket(policy string) bool { return c.cfg.Bucket != nil && c.cfg.Bucket(policy) }
+
+// quiet is how long a key must go without a rejection for the next one to
+// mark the onset of a shortage (BorrowRequest.Burst), and for this
+// region's bucket estimate to be trusted as a lender's (Use.Tokens).
+func (c *Core) quiet() time.Duration { return 2 * c.cfg.Share.BorrowEvery }

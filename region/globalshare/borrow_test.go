@@ -158,7 +158,7 @@ func TestBorrowAfterShift(t *testing.T) {
 	var loanAt time.Time
 	advance(b.Add(sc.Interval), func(now time.Time) bool {
 		eu, _, us, _ := shares()
-		if us >= 0.5 {
+		if us >= 0.9 { // possibly in several loans: eu's first one is cut short by its traffic of the tick before
 			loanAt = now
 			t.Logf("%v after the shift: eu %.3f us %.3f", now.Sub(shift), eu, us)
 			return true
@@ -168,7 +168,7 @@ func TestBorrowAfterShift(t *testing.T) {
 	if loanAt.IsZero() || loanAt.Sub(shift) > 1500*time.Millisecond {
 		t.Fatalf("us got no loan within 1.5 s of the shift (at %v)", loanAt.Sub(shift))
 	}
-	if eu, _, _, _ := shares(); eu > 0.3 {
+	if eu, _, _, _ := shares(); eu > 0.1 {
 		t.Errorf("after the loan eu enforces %.3f, want it cut", eu)
 	}
 	if us1.coord.loansIn.Load() == 0 || eu1.coord.loansSent.Load() == 0 || eu2.coord.loansSent.Load() != 0 {

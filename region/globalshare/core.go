@@ -89,6 +89,12 @@ type CoreConfig struct {
 	// Collect and BorrowTick are as in Config (defaults Settle/3, 250 ms).
 	Collect    time.Duration
 	BorrowTick time.Duration
+	// Bucket reports whether a policy is a token bucket whose burst is at
+	// least one second of its rate: only then do loans hand over tokens
+	// (share.Loan.Tokens), because only then does a lender's cut take
+	// tokens out of its bucket, and the bucket estimate the borrow rule
+	// keeps assumes one second of burst. Nil: loans move rate only.
+	Bucket func(policy string) bool
 }
 
 // Ready is what one Tick or Step asks its owner to do.
@@ -116,10 +122,14 @@ const (
 	// DropEpoch: its epoch is in the future or more than maxAge epochs old.
 	DropEpoch = "epoch"
 	// DropNumber: a rate, share, amount or limit that is NaN, infinite or
-	// negative, or a loan of more than the whole limit.
+	// negative, a borrow request or loan of nothing or of more than the
+	// whole limit, or a loan handing over more tokens than its cut frees.
 	DropNumber = "number"
 	// DropMalformed: a field that must be set is empty.
 	DropMalformed = "malformed"
+	// DropExpired: a borrow request or loan of a generation this region
+	// has already rebalanced past; its loan expired with it.
+	DropExpired = "expired"
 )
 
 // maxAge is how many epochs old a message may be and still be used (its
@@ -233,7 +243,7 @@ func (c *Core) WantsUsage(now time.Time) bool {
 	if !c.started {
 		return false
 	}
-	if c.borrowing() && !now.Before(c.b.nextTick) {
+	if c.borrowing() && (!now.Before(c.b.nextTick) || !now.Before(c.b.nextCheck)) {
 		return true
 	}
 	return (c.ph == phSplit || c.ph == phBoundary) && !now.Before(c.deadline())
@@ -244,7 +254,7 @@ func (c *Core) WantsUsage(now time.Time) bool {
 func (c *Core) PollEvery() time.Duration {
 	poll := min(max(c.cfg.Share.Interval/10, 50*time.Millisecond), time.Second)
 	if c.borrowing() {
-		poll = min(poll, c.cfg.BorrowTick)
+		poll = min(poll, c.checkEvery())
 	}
 	return poll
 }
@@ -448,8 +458,10 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 			return DropRegion
 		case !epochOK(r.Epoch):
 			return DropEpoch
-		case !finite(r.Want): // a deficit may exceed the whole limit
+		case !(r.Want > 0 && r.Want <= 1):
 			return DropNumber
+		case c.expired(r.Epoch):
+			return DropExpired
 		}
 	case gossip.KindLoan:
 		l := m.Loan
@@ -460,12 +472,19 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 			return DropRegion
 		case !epochOK(l.Epoch):
 			return DropEpoch
-		case !finite(l.Amount) || l.Amount > 1:
+		case !(l.Amount > 0 && l.Amount <= 1) || !(l.Tokens >= 0 && l.Tokens <= l.Amount):
 			return DropNumber
+		case c.expired(l.Epoch):
+			return DropExpired
 		}
 	}
 	return ""
 }
+
+// expired reports whether a borrow request or loan of generation gen (the
+// epoch of its sender's last rebalance) belongs to a generation this
+// region has rebalanced past: every loan of it has expired.
+func (c *Core) expired(gen uint64) bool { return c.balanced && gen < c.b.gen }
 
 // knownRegion reports whether membership or the allocation knows region r.
 func (c *Core) knownRegion(r string) bool {

@@ -342,6 +342,54 @@ func TestCoreBorrowsAfterShift(t *testing.T) {
 	}
 }
 
+// TestCoreAsksAtOnce: a region that starts rejecting asks for a loan at
+// the core's next look (checkEvery), not at the next borrow tick, and the
+// request says the shortage has only just begun (Burst).
+func TestCoreAsksAtOnce(t *testing.T) {
+	sc := share.DefaultConfig()
+	sc.Interval = 4 * time.Second
+	sc.Recent = 400 * time.Millisecond
+	sc.Settle = 400 * time.Millisecond
+	sc.RaiseDelay = 200 * time.Millisecond
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	for _, nd := range n.nodes {
+		nd.core.cfg.Bucket = func(string) bool { return true }
+	}
+	n.rate = map[string]float64{"eu-1": 90, "us-1": 5, "ap-1": 5}
+	n.run(n.now.Add(3*sc.Interval+time.Second), 10*time.Millisecond, nil)
+	us := n.node("us-1").core
+	if tick := us.cfg.BorrowTick; tick <= us.checkEvery() {
+		t.Fatalf("BorrowTick %v is no longer than checkEvery %v: nothing to show", tick, us.checkEvery())
+	}
+	shift := n.now
+	n.rate = map[string]float64{"eu-1": 90, "us-1": 100, "ap-1": 5}
+	seen := len(n.log)
+	var asked time.Time
+	var req share.BorrowRequest
+	n.run(n.now.Add(time.Second), 10*time.Millisecond, func() {
+		for _, rd := range n.log[seen:] {
+			for _, b := range rd.Borrows {
+				if b.Region == "us" && asked.IsZero() {
+					asked, req = n.now, b
+				}
+			}
+		}
+		seen = len(n.log)
+	})
+	if asked.IsZero() {
+		t.Fatal("us never asked for a loan")
+	}
+	if d := asked.Sub(shift); d > us.checkEvery()+20*time.Millisecond {
+		t.Errorf("us asked %v after it started rejecting, want within %v", d, us.checkEvery()+20*time.Millisecond)
+	}
+	if !req.Burst {
+		t.Errorf("the first request after a quiet spell is not marked Burst: %+v", req)
+	}
+	if !(req.Want > 0 && req.Want <= 1) {
+		t.Errorf("Want = %v, want in (0, 1]", req.Want)
+	}
+}
+
 // TestCoreDropsUnusableMessages: a message naming an unknown region, an
 // epoch far from now or a non-finite figure is counted and never applied.
 func TestCoreDropsUnusableMessages(t *testing.T) {
@@ -400,6 +448,66 @@ func TestCoreDropsUnusableMessages(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCoreDropsBadBorrowsAndLoans: borrow requests and loans that are
+// malformed, from an unknown region, for nothing or more than the whole
+// limit, handing over more tokens than their cut frees, or of a
+// generation this region has rebalanced past are counted and never
+// applied: the region's share does not move.
+func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
+	sc := testShareConfig()
+	n := newCoreNet(t, sc, "eu-1", "us-1")
+	n.rate = map[string]float64{"eu-1": 30, "us-1": 30}
+	n.run(n.now.Add(3*sc.Interval), 10*time.Millisecond, nil)
+	c := n.node("eu-1").core
+	gen := c.b.gen
+	key := share.Key{Policy: policy, Subject: "hot"}
+	borrow := func(region string, epoch uint64, want float64) gossip.Message {
+		return gossip.Message{Kind: gossip.KindBorrow, From: region + "-1", Region: region, Borrow: share.BorrowRequest{
+			Version: share.BorrowVersion, Region: region, Epoch: epoch, Key: key, Want: want}}
+	}
+	loan := func(lender string, epoch uint64, amount, tokens float64) gossip.Message {
+		return gossip.Message{Kind: gossip.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
+			Version: share.BorrowVersion, Lender: lender, Borrower: "eu", Epoch: epoch, Key: key, Amount: amount, Tokens: tokens, Seq: 1}}
+	}
+	for _, tt := range []struct {
+		name string
+		msg  gossip.Message
+		want string
+	}{
+		{"borrow without region", borrow("", gen, 0.2), DropMalformed},
+		{"borrow from an unknown region", borrow("mars", gen, 0.2), DropRegion},
+		{"borrow of nothing", borrow("us", gen, 0), DropNumber},
+		{"borrow of more than the limit", borrow("us", gen, 1.5), DropNumber},
+		{"borrow NaN", borrow("us", gen, math.NaN()), DropNumber},
+		{"borrow of an expired generation", borrow("us", gen-1, 0.2), DropExpired},
+		{"loan without lender", loan("", gen, 0.2, 0), DropMalformed},
+		{"loan from an unknown region", loan("mars", gen, 0.2, 0), DropRegion},
+		{"loan of more than the limit", loan("us", gen, 1.5, 0), DropNumber},
+		{"loan of nothing", loan("us", gen, 0, 0), DropNumber},
+		{"loan with more tokens than its cut", loan("us", gen, 0.2, 0.3), DropNumber},
+		{"loan with negative tokens", loan("us", gen, 0.2, -0.1), DropNumber},
+		{"loan of an expired generation", loan("us", gen-1, 0.2, 0.2), DropExpired},
+		{"loan from too far back", loan("us", sc.Epoch(n.now)-maxAge-1, 0.2, 0), DropEpoch},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before, share0 := c.Dropped()[tt.want], c.Share(policy, "hot")
+			if rd := c.Step(n.now, tt.msg); rd.Dropped != tt.want {
+				t.Fatalf("Step(%s).Dropped = %q, want %q", tt.name, rd.Dropped, tt.want)
+			}
+			if got := c.Dropped()[tt.want]; got != before+1 {
+				t.Errorf("Dropped()[%s] = %d, want %d", tt.want, got, before+1)
+			}
+			if got := c.Share(policy, "hot"); got != share0 {
+				t.Errorf("share after a dropped message = %v, want %v", got, share0)
+			}
+		})
+	}
+	// The same loan, well formed and of this generation, is applied.
+	if rd := c.Step(n.now, loan("us", gen, 0.2, 0)); rd.Dropped != "" {
+		t.Fatalf("a good loan was dropped: %q", rd.Dropped)
 	}
 }
 
