@@ -17,7 +17,7 @@
 # (user=u<i>), so no user nears its limit: every answer must be OK, and the
 # script fails on an OVER_LIMIT or an error during saturation.
 #
-# Phases, interleaved round by round:
+# Phases, interleaved round by round (the order reversed every other round):
 #   1. saturation: bench/rlsload, closed loop, RLS_STREAMS calls in flight
 #      over RLS_CONNS connections, ROUNDS x ROUND_SECS per system; the
 #      figure is the median round. Sluice counts only what Redis decided:
@@ -180,13 +180,18 @@ fi
 
 # ---- saturation -----------------------------------------------------------
 
+# order R: the systems in round R's order, reversed every other round, so
+# that no system always runs right after the same one.
+order() {
+  if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
+}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A sat lat50 lat99 satm
 has_sluice=0
 [[ " $RLS_SYSTEMS " == *" sluice_redis "* ]] && has_sluice=1
 if [ $has_sluice = 1 ]; then before_all=$(checks); before_store=$(store_checks); before_opens=$(breaker_opens); fi
 for r in $(seq 1 "$ROUNDS"); do
-  for s in $RLS_SYSTEMS; do
+  for s in $(order "$r"); do
     out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
     res=$(echo "$out" | grep '^RESULT')
@@ -217,7 +222,7 @@ fi
 log "fixed rate: $RLS_RATE calls/s (RATE_FRACTION $RATE_FRACTION of the slower saturation figure unless RLS_RATE is set)"
 if [ $has_sluice = 1 ]; then fixed_all=$(checks); fixed_store=$(store_checks); fi
 for r in $(seq 1 "$ROUNDS"); do
-  for s in $RLS_SYSTEMS; do
+  for s in $(order "$r"); do
     out=$(load "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
     res=$(echo "$out" | grep '^RESULT')
