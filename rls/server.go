@@ -79,7 +79,17 @@ type Config struct {
 	// ShutdownTimeout bounds how long in-flight calls may take to finish
 	// once Serve's context is cancelled; zero is 30 s.
 	ShutdownTimeout time.Duration
+	// StreamWorkers is how many goroutines are kept to run calls; zero is
+	// DefaultStreamWorkers. A call on a new goroutine starts on a small
+	// stack that the decision path outgrows, and growing it copies the
+	// stack on every call; a kept goroutine has grown it once. Calls
+	// beyond the workers each get a new goroutine, as without them.
+	StreamWorkers int
 }
+
+// DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
+// calls in flight from a proxy's usual connection pools.
+const DefaultStreamWorkers = 128
 
 // Server is the rate limit service. Build it with New, serve with Serve.
 type Server struct {
@@ -96,6 +106,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	if cfg.StreamWorkers <= 0 {
+		cfg.StreamWorkers = DefaultStreamWorkers
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	if s.log == nil {
@@ -124,7 +137,7 @@ func (s *Server) now() time.Time {
 // until ctx is cancelled; then health turns NOT_SERVING, new calls are
 // refused and in-flight ones finish (up to ShutdownTimeout).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)))
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
