@@ -22,7 +22,10 @@
 #      over RLS_CONNS connections, ROUNDS x ROUND_SECS per system; the
 #      figure is the median round. Sluice counts only what Redis decided:
 #      its throughput is multiplied by the share of sluice_checks_total
-#      whose source was the store, read from /metrics before and after;
+#      whose source was the store, read from /metrics before and after.
+#      Beside it, the CPU time per call of the system's process and of
+#      redis-server during its rounds (from /proc, warm-up included): a
+#      figure that neighbours on the machine disturb less than throughput;
 #   2. fixed rate: bench/rlsload, open loop at RLS_RATE calls/s (default
 #      RATE_FRACTION, 0.7, of the slower system's saturation figure),
 #      latency from each call's due time; p50 and p99 are the median over
@@ -186,19 +189,29 @@ order() {
   if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-declare -A sat lat50 lat99 satm
+declare -A sat lat50 lat99 satm cpu rcpu
+# cputicks PID: the user and system CPU time PID has used, in clock ticks.
+cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+tck=$(getconf CLK_TCK)
+# per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
+per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
 has_sluice=0
 [[ " $RLS_SYSTEMS " == *" sluice_redis "* ]] && has_sluice=1
 if [ $has_sluice = 1 ]; then before_all=$(checks); before_store=$(store_checks); before_opens=$(breaker_opens); fi
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r"); do
+    pid=$(eval echo "\$pid_$s")
+    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis")
     out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
+    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis")
     res=$(echo "$out" | grep '^RESULT')
+    cpu[$s]="${cpu[$s]:-} $(per_call "$c0" "$c1")"
+    rcpu[$s]="${rcpu[$s]:-} $(per_call "$r0" "$r1")"
     [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] ||
       { echo "$out" >&2; die "$s: not every answer was OK"; }
     sat[$s]="${sat[$s]:-} $(field achieved)"
-    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us)"
+    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$c0" "$c1") us, Redis's $(per_call "$r0" "$r1") us"
   done
 done
 for s in $RLS_SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
@@ -250,6 +263,8 @@ for s in $RLS_SYSTEMS; do
   printf 'BENCH peers_rls_%s_rps %s req/s\n' "$s" "${satm[$s]}"
   printf 'BENCH peers_rls_%s_p50_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat50[$s]}" | median)"
   printf 'BENCH peers_rls_%s_p99_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat99[$s]}" | median)"
+  printf 'BENCH peers_rls_%s_cpu_us_per_call %s us\n' "$s" "$(echo "${cpu[$s]}" | median)"
+  printf 'BENCH peers_rls_%s_redis_cpu_us_per_call %s us\n' "$s" "$(echo "${rcpu[$s]}" | median)"
 done
 printf 'BENCH peers_rls_fixed_rate %s req/s\n' "$RLS_RATE"
 if [ $has_sluice = 1 ]; then

@@ -24,7 +24,8 @@
 //	RESULT offered=5000 achieved=4999.8 requests=50000 ok=50000 over_limit=0 errors=0 unsent=0 p50_us=210 ... svc_p99_us=820
 //
 // requests counts the answered calls (OK or OVER_LIMIT); errors the calls
-// that failed or answered another code. lag is how late each call was sent
+// that failed or answered another code; all_calls every call of the run,
+// warm-up included. lag is how late each call was sent
 // after its due time and svc the time from the actual send.
 package main
 
@@ -160,9 +161,12 @@ type result struct {
 	// requests is ok + overLimit: the calls answered with a decision.
 	requests, ok, overLimit uint64
 	errors                  uint64
-	unsent                  int64
-	elapsed                 time.Duration
-	firstErr                error
+	// all counts every call answered or failed, warm-up included: the
+	// calls a server's CPU time over the whole run paid for.
+	all      uint64
+	unsent   int64
+	elapsed  time.Duration
+	firstErr error
 	// lastDone is when the sender's last measured answer arrived.
 	lastDone time.Time
 }
@@ -187,8 +191,8 @@ func (r *result) report(cfg config) string {
 	}
 	fmt.Fprintf(&b, "service time (from the actual send) p50 %v p99 %v; sender lag p50 %v p99 %v\n",
 		r.svc.Quantile(0.5), r.svc.Quantile(0.99), r.lag.Quantile(0.5), r.lag.Quantile(0.99))
-	fmt.Fprintf(&b, "RESULT offered=%.0f achieved=%.1f requests=%d ok=%d over_limit=%d errors=%d unsent=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d lag_p50_us=%d lag_p99_us=%d svc_p50_us=%d svc_p99_us=%d\n",
-		cfg.rate, achieved, r.requests, r.ok, r.overLimit, r.errors, r.unsent,
+	fmt.Fprintf(&b, "RESULT offered=%.0f achieved=%.1f requests=%d ok=%d over_limit=%d errors=%d unsent=%d all_calls=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d lag_p50_us=%d lag_p99_us=%d svc_p50_us=%d svc_p99_us=%d\n",
+		cfg.rate, achieved, r.requests, r.ok, r.overLimit, r.errors, r.unsent, r.all,
 		us(r.lat.Quantile(0.5)), us(r.lat.Quantile(0.9)), us(r.lat.Quantile(0.99)), us(r.lat.Quantile(0.999)), us(r.lat.Max()),
 		us(r.lag.Quantile(0.5)), us(r.lag.Quantile(0.99)), us(r.svc.Quantile(0.5)), us(r.svc.Quantile(0.99)))
 	return b.String()
@@ -251,6 +255,7 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 				resp, err := client.ShouldRateLimit(cctx, req)
 				cancel()
 				done := time.Now()
+				res.all++
 				if at.Before(measureFrom) {
 					continue
 				}
@@ -291,6 +296,7 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 		total.ok += p.ok
 		total.overLimit += p.overLimit
 		total.errors += p.errors
+		total.all += p.all
 		total.unsent += p.unsent
 		if total.firstErr == nil {
 			total.firstErr = p.firstErr

@@ -90,6 +90,9 @@ func TestDriveCountsAnswersByCode(t *testing.T) {
 			if res.ok == 0 || res.overLimit == 0 {
 				t.Errorf("drive = %d OK, %d OVER_LIMIT; want both counted", res.ok, res.overLimit)
 			}
+			if res.all != res.requests+res.errors {
+				t.Errorf("drive counted %d calls in all, want %d answered + %d failed (no warm-up)", res.all, res.requests, res.errors)
+			}
 			if got := uint64(res.lat.Count()); got != res.requests {
 				t.Errorf("latency histogram holds %d values, want one per answer (%d)", got, res.requests)
 			}
