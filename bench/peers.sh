@@ -380,3 +380,4 @@ done
 if [ -n "$peer_p99" ] && [ "$sluice_p99" != 0 ]; then
   awk -v a="$sluice_p99" -v b="$peer_p99" 'BEGIN { if (b > 0) printf "BENCH peers_sluice_p99_over_best_peer_p99 %.3f ratio\n", a / b }'
 fi
+bash bench/peers_rls.sh # last, the gRPC rate limit services (bench/README.md)

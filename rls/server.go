@@ -79,7 +79,17 @@ type Config struct {
 	// ShutdownTimeout bounds how long in-flight calls may take to finish
 	// once Serve's context is cancelled; zero is 30 s.
 	ShutdownTimeout time.Duration
+	// StreamWorkers is how many goroutines are kept to run calls; zero is
+	// DefaultStreamWorkers. A call on a new goroutine starts on a small
+	// stack that the decision path outgrows, and growing it copies the
+	// stack on every call; a kept goroutine has grown it once. Calls
+	// beyond the workers each get a new goroutine, as without them.
+	StreamWorkers int
 }
+
+// DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
+// calls in flight from a proxy's usual connection pools.
+const DefaultStreamWorkers = 128
 
 // Server is the rate limit service. Build it with New, serve with Serve.
 type Server struct {
@@ -96,6 +106,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	if cfg.StreamWorkers <= 0 {
+		cfg.StreamWorkers = DefaultStreamWorkers
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	if s.log == nil {
@@ -124,7 +137,7 @@ func (s *Server) now() time.Time {
 // until ctx is cancelled; then health turns NOT_SERVING, new calls are
 // refused and in-flight ones finish (up to ShutdownTimeout).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)))
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -181,9 +194,10 @@ func invalidArg(field, format string, args ...any) error {
 	return status.Error(codes.InvalidArgument, field+": "+fmt.Sprintf(format, args...))
 }
 
-// validate checks a request and returns its descriptors; every error is
-// INVALID_ARGUMENT naming the field.
-func validate(req *rlsv3.RateLimitRequest) ([]descriptor, error) {
+// validate checks a request and returns its descriptors, in buf when it
+// is long enough; every error is INVALID_ARGUMENT naming the field. The
+// entries of all descriptors share one allocation.
+func validate(req *rlsv3.RateLimitRequest, buf []descriptor) ([]descriptor, error) {
 	if req.GetDomain() == "" {
 		return nil, invalidArg("domain", "required")
 	}
@@ -201,7 +215,16 @@ func validate(req *rlsv3.RateLimitRequest) ([]descriptor, error) {
 		return nil, invalidArg("hits_addend", "at most %d, got %d", MaxHitsAddend, req.GetHitsAddend())
 	}
 	hits := max(int64(req.GetHitsAddend()), 1)
-	out := make([]descriptor, len(ds))
+	out := buf[:0]
+	if len(ds) > cap(buf) {
+		out = make([]descriptor, 0, len(ds))
+	}
+	out = out[:len(ds)]
+	n := 0
+	for _, d := range ds {
+		n += min(len(d.GetEntries()), quota.MaxDescriptorEntries)
+	}
+	entries := make([]quota.DescriptorEntry, 0, n) // of every descriptor, in turn
 	for i, d := range ds {
 		// Field names are built only for an error: this runs on every call.
 		f := func(rest string) string { return "descriptors[" + strconv.Itoa(i) + "]" + rest }
@@ -228,7 +251,7 @@ func validate(req *rlsv3.RateLimitRequest) ([]descriptor, error) {
 			}
 			out[i].hits = int64(h.GetValue())
 		}
-		out[i].entries = make([]quota.DescriptorEntry, len(es))
+		first := len(entries)
 		for j, e := range es {
 			ef := func(rest string) string { return f(".entries[" + strconv.Itoa(j) + "]" + rest) }
 			if e.GetKey() == "" {
@@ -240,8 +263,9 @@ func validate(req *rlsv3.RateLimitRequest) ([]descriptor, error) {
 			if err := quota.ValidDescriptorText(e.GetValue(), quota.MaxDescriptorValueBytes); err != nil {
 				return nil, invalidArg(ef(".value"), "%v", err)
 			}
-			out[i].entries[j] = quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()}
+			entries = append(entries, quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()})
 		}
+		out[i].entries = entries[first:len(entries):len(entries)]
 	}
 	return out, nil
 }
@@ -250,7 +274,12 @@ func validate(req *rlsv3.RateLimitRequest) ([]descriptor, error) {
 // policy id and the descriptor's entries, joined by control characters
 // that no id, key or value contains.
 func stateName(policy string, entries []quota.DescriptorEntry) string {
+	n := len(policy)
+	for _, e := range entries {
+		n += 2 + len(e.Key) + len(e.Value)
+	}
 	var b strings.Builder
+	b.Grow(n)
 	b.WriteString(policy)
 	for _, e := range entries {
 		b.WriteByte(0x1f)
@@ -275,35 +304,73 @@ type use struct {
 }
 
 // matched is what a request's descriptors matched: the policies each one
-// uses, the engine checks of all of them, which descriptors are
-// unlimited, and whether a policy of limit 0 denies the request.
+// uses, which descriptors are unlimited, and whether a policy of limit 0
+// denies the request. The engine checks of all of them are apart (see
+// match), since they leave for the engine and these need not.
 type matched struct {
 	uses      []use
-	applied   []quota.Applied
 	unlimited []bool
 	denied    bool
 }
 
+// reply is a response with the messages its statuses and headers point
+// to, allocated together: a request of one descriptor is answered in one
+// allocation.
+type reply struct {
+	resp    rlsv3.RateLimitResponse
+	sts     []descStatus
+	one     [1]descStatus
+	onePtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	headers [3]*corev3.HeaderValue
+	hvs     [3]corev3.HeaderValue
+}
+
+// descStatus is one descriptor's status and the messages it points to.
+type descStatus struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+}
+
+// newReply is an OK response with n OK statuses.
+func newReply(n int) *reply {
+	r := &reply{}
+	r.resp.OverallCode = rlsv3.RateLimitResponse_OK
+	r.sts, r.resp.Statuses = r.one[:], r.onePtr[:]
+	if n != 1 {
+		r.sts, r.resp.Statuses = make([]descStatus, n), make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+	}
+	for i := range r.sts {
+		r.sts[i].st.Code = rlsv3.RateLimitResponse_OK
+		r.resp.Statuses[i] = &r.sts[i].st
+	}
+	return r
+}
+
+// Most requests carry this many descriptors or fewer: their matching
+// works in buffers on the stack.
+const fewDescriptors = 4
+
 func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	ds, err := validate(req)
+	var dsBuf [fewDescriptors]descriptor
+	ds, err := validate(req, dsBuf[:])
 	if err != nil {
 		return nil, err
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
-	for i := range resp.Statuses {
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	}
+	r := newReply(len(ds))
 	domain := req.GetDomain()
 	if !s.cfg.Matcher.HasDomain(domain) {
-		return resp, nil // an unknown domain limits nothing
+		return &r.resp, nil // an unknown domain limits nothing
 	}
-	m, err := s.match(domain, ds)
+	var usesBuf [fewDescriptors]use
+	var unlimitedBuf [fewDescriptors]bool
+	m, applied, err := s.match(domain, ds, matched{uses: usesBuf[:0], unlimited: unlimitedBuf[:0]})
 	if err != nil {
 		return nil, err
 	}
 	v := region.StatesVerdict{Allowed: true}
-	if len(m.applied) > 0 {
-		if v, err = s.cfg.Decider.DecideStates(ctx, subjectOf(domain), m.applied); err != nil {
+	if len(applied) > 0 {
+		if v, err = s.cfg.Decider.DecideStates(ctx, subjectOf(domain), applied); err != nil {
 			if ctx.Err() != nil {
 				return nil, status.FromContextError(ctx.Err()).Err()
 			}
@@ -313,13 +380,13 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	allowed := v.Allowed && !m.denied
 	now := s.now()
 	for i := range ds {
-		answer(resp.Statuses[i], i, ds[i], m, v, allowed, now)
+		answer(&r.sts[i], i, ds[i], &m, v, allowed, now)
 	}
 	if !allowed {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		r.resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	resp.ResponseHeadersToAdd = headers(v, allowed, m.uses, now)
-	return resp, nil
+	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now)
+	return &r.resp, nil
 }
 
 // match finds each descriptor's policies, leaves out those that a policy
@@ -327,9 +394,12 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 // per policy and distinct entries (a descriptor sent twice spends twice
 // in one state). When a policy of limit 0 denies the request, the checks
 // spend nothing: the engine only reads the other states, for their figures.
-func (s *Server) match(domain string, ds []descriptor) (matched, error) {
+// It returns what matched, in the buffers of into.uses and into.unlimited
+// when they are large enough, and the checks.
+func (s *Server) match(domain string, ds []descriptor, into matched) (matched, []quota.Applied, error) {
+	m := into
 	var ms []quota.DescriptorMatch
-	var uses []use
+	uses := m.uses[:0]
 	var replaced []string
 	for i, d := range ds {
 		ms = s.cfg.Matcher.AppendMatchDescriptor(ms[:0], domain, d.entries)
@@ -338,7 +408,15 @@ func (s *Server) match(domain string, ds []descriptor) (matched, error) {
 			uses = append(uses, use{desc: i, policy: m.Policy, limit: m.Limit, applied: -1})
 		}
 	}
-	m := matched{unlimited: make([]bool, len(ds))}
+	if cap(m.unlimited) < len(ds) {
+		m.unlimited = make([]bool, len(ds))
+	}
+	m.unlimited = m.unlimited[:len(ds)]
+	clear(m.unlimited)
+	// Every check comes from one use: room for all of them at once.
+	applied := make([]quota.Applied, 0, len(uses))
+	// The uses kept are written over those read, never ahead of them.
+	m.uses = uses[:0]
 	for _, u := range uses {
 		if contains(replaced, u.policy.ID) {
 			continue
@@ -354,32 +432,33 @@ func (s *Server) match(domain string, ds []descriptor) (matched, error) {
 			}
 		default:
 			name := stateName(u.policy.ID, d.entries)
-			for j := range m.applied {
-				if m.applied[j].State == name {
-					m.applied[j].Cost += d.hits
+			for j := range applied {
+				if applied[j].State == name {
+					applied[j].Cost += d.hits
 					u.applied = j
 				}
 			}
 			if u.applied < 0 {
-				if len(m.applied) == quota.MaxPoliciesPerRequest {
-					return matched{}, invalidArg("descriptors", "the descriptors match more than %d limits; send fewer descriptors", quota.MaxPoliciesPerRequest)
+				if len(applied) == quota.MaxPoliciesPerRequest {
+					return matched{}, nil, invalidArg("descriptors", "the descriptors match more than %d limits; send fewer descriptors", quota.MaxPoliciesPerRequest)
 				}
-				u.applied = len(m.applied)
-				m.applied = append(m.applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
+				u.applied = len(applied)
+				applied = append(applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
 			}
 		}
 		m.uses = append(m.uses, u)
 	}
 	if m.denied {
-		for j := range m.applied {
-			m.applied[j].Cost = 0
+		for j := range applied {
+			applied[j].Cost = 0
 		}
 	}
-	return m, nil
+	return m, applied, nil
 }
 
 // answer fills descriptor i's status from its most constraining policy.
-func answer(st *rlsv3.RateLimitResponse_DescriptorStatus, i int, d descriptor, m matched, v region.StatesVerdict, allowed bool, now time.Time) {
+func answer(ds *descStatus, i int, d descriptor, m *matched, v region.StatesVerdict, allowed bool, now time.Time) {
+	st := &ds.st
 	best := -1 // index into m.uses
 	var bestRes region.PolicyResult
 	for k, u := range m.uses {
@@ -405,7 +484,8 @@ func answer(st *rlsv3.RateLimitResponse_DescriptorStatus, i int, d descriptor, m
 		return
 	}
 	u := m.uses[best]
-	st.CurrentLimit = currentLimit(u.policy, u.limit)
+	setLimit(&ds.limit, u.policy, u.limit)
+	st.CurrentLimit = &ds.limit
 	st.LimitRemaining = uint32(min(max(bestRes.Remaining, 0), math.MaxUint32))
 	reset := bestRes.ResetMS
 	if bestRes.Evaluated && !bestRes.Allowed && u.policy.Mode == quota.ModeEnforce && !allowed {
@@ -413,7 +493,8 @@ func answer(st *rlsv3.RateLimitResponse_DescriptorStatus, i int, d descriptor, m
 		st.LimitRemaining = 0
 		reset = max(reset, bestRes.RetryAfterMS)
 	}
-	st.DurationUntilReset = durationpb.New(time.Duration(reset) * time.Millisecond)
+	ds.reset.Seconds, ds.reset.Nanos = reset/1000, int32(reset%1000)*int32(time.Millisecond)
+	st.DurationUntilReset = &ds.reset
 }
 
 // worse reports whether a constrains a descriptor more than b: an
@@ -442,14 +523,18 @@ func contains(ids []string, id string) bool {
 	return false
 }
 
-// headers are the draft-11 fields of the verdict and, when over the
-// limit, Retry-After.
-func headers(v region.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
-	var out []*corev3.HeaderValue
+// addHeaders returns the draft-11 fields of the verdict and, when over the
+// limit, Retry-After, in r's room for them.
+func (r *reply) addHeaders(v region.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
+	out := r.headers[:0]
+	add := func(key, value string) {
+		h := &r.hvs[len(out)]
+		h.Key, h.Value = key, value
+		out = append(out, h)
+	}
 	if v.RateLimitPolicy != "" {
-		out = append(out,
-			&corev3.HeaderValue{Key: "RateLimit-Policy", Value: v.RateLimitPolicy},
-			&corev3.HeaderValue{Key: "RateLimit", Value: v.RateLimit})
+		add("RateLimit-Policy", v.RateLimitPolicy)
+		add("RateLimit", v.RateLimit)
 	}
 	if allowed {
 		return out
@@ -465,7 +550,8 @@ func headers(v region.StatesVerdict, allowed bool, uses []use, now time.Time) []
 		}
 		retry = fmt.Sprint(max(int64((longest+time.Second-1)/time.Second), 1))
 	}
-	return append(out, &corev3.HeaderValue{Key: "Retry-After", Value: retry})
+	add("Retry-After", retry)
+	return out
 }
 
 func windowOf(p *quota.Policy) time.Duration {
@@ -487,19 +573,19 @@ var units = []struct {
 	{rlsv3.RateLimitResponse_RateLimit_YEAR, 365 * 86400},
 }
 
-// currentLimit expresses a policy's limit as the API's requests per unit:
+// setLimit sets out to a policy's limit as the API's requests per unit:
 // a window of exactly one unit as it is; any other limit as its long-run
 // rate in the shortest unit in which that is a whole number, else rounded
 // down in the shortest unit in which it is at least one.
-func currentLimit(p *quota.Policy, l engine.Limit) *rlsv3.RateLimitResponse_RateLimit {
-	out := &rlsv3.RateLimitResponse_RateLimit{Name: p.ID}
+func setLimit(out *rlsv3.RateLimitResponse_RateLimit, p *quota.Policy, l engine.Limit) {
+	out.Name = p.ID
 	perSec := l.Rate
 	if p.DeniesAll() || l.Algorithm.Windowed() {
 		w := p.Window
 		for _, u := range units {
 			if w == u.sec {
 				out.Unit, out.RequestsPerUnit = u.unit, uint32(min(l.Count, math.MaxUint32))
-				return out
+				return
 			}
 		}
 		perSec = l.Count / w
@@ -508,15 +594,14 @@ func currentLimit(p *quota.Policy, l engine.Limit) *rlsv3.RateLimitResponse_Rate
 		n := perSec * u.sec
 		if n >= 1 && math.Abs(n-math.Round(n)) < 1e-9 {
 			out.Unit, out.RequestsPerUnit = u.unit, uint32(min(math.Round(n), math.MaxUint32))
-			return out
+			return
 		}
 	}
 	for _, u := range units {
 		if n := perSec * u.sec; n >= 1 {
 			out.Unit, out.RequestsPerUnit = u.unit, uint32(min(math.Floor(n), math.MaxUint32))
-			return out
+			return
 		}
 	}
 	out.Unit = rlsv3.RateLimitResponse_RateLimit_YEAR
-	return out
 }

@@ -43,6 +43,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-rl/sluice/bench/internal/latency"
 )
 
 type config struct {
@@ -152,7 +154,7 @@ func buildRequests(cfg config) ([][]byte, error) {
 }
 
 type result struct {
-	lat, lag, svc  Histogram
+	lat, lag, svc  latency.Histogram
 	requests       uint64
 	errors, non2xx uint64
 	unsent         int64
@@ -195,7 +197,7 @@ func drive(ctx context.Context, cfg config, reqs [][]byte) *result {
 	// Requests still due after end+grace are not sent: the server fell so
 	// far behind that waiting longer would only measure the backlog.
 	hardStop := end.Add(2 * time.Second)
-	sched := Schedule{Start: start, Rate: cfg.rate}
+	sched := latency.Schedule{Start: start, Rate: cfg.rate}
 	due := int64(-1)
 	if cfg.rate > 0 {
 		due = sched.Due(end.Sub(start))

@@ -1,4 +1,7 @@
-package main
+// Package latency holds what the load generators (bench/loadgen over
+// HTTP, bench/rlsload over gRPC) share: the open-loop send plan whose due
+// times latency is measured from, and the histogram it is recorded in.
+package latency
 
 import (
 	"math"

@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# The gRPC peer comparison: Sluice's rate limit service against
+# envoyproxy/ratelimit's, both answering
+# envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit on loopback,
+# on one redis-server, from the same envoyproxy/ratelimit configuration file,
+# under the same load in the same run. bench/peers.sh runs it last; it runs
+# alone too. See bench/README.md.
+#
+# Systems (RLS_SYSTEMS):
+#   sluice_redis     sluice serve --rls-listen --envoy-config FILE, Redis
+#                    store on database 1
+#   envoy_ratelimit  envoyproxy/ratelimit, GRPC_PORT, Redis backend on
+#                    database 0 (its defaults kept, as in bench/peers.sh)
+# Both load one file: domain bench, a descriptor user with LIMIT (1000)
+# requests per second, which Sluice decides with envoyproxy/ratelimit's own
+# fixed window. Each call names one of USERS (10 000) users in turn
+# (user=u<i>), so no user nears its limit: every answer must be OK, and the
+# script fails on an OVER_LIMIT or an error during saturation.
+#
+# Phases, interleaved round by round (the order reversed every other round):
+#   1. saturation: bench/rlsload, closed loop, RLS_STREAMS calls in flight
+#      over RLS_CONNS connections, ROUNDS x ROUND_SECS per system; the
+#      figure is the median round. Sluice counts only what Redis decided:
+#      its throughput is multiplied by the share of sluice_checks_total
+#      whose source was the store, read from /metrics before and after.
+#      Beside it, the CPU time per call of the system's process and of
+#      redis-server during its rounds (from /proc, warm-up included): a
+#      figure that neighbours on the machine disturb less than throughput;
+#   2. fixed rate: bench/rlsload, open loop at RLS_RATE calls/s (default
+#      RATE_FRACTION, 0.7, of the slower system's saturation figure),
+#      latency from each call's due time; p50 and p99 are the median over
+#      the rounds.
+#
+# Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
+# USERS (10000), LIMIT (1000), RLS_CONNS (4), RLS_STREAMS (50), RLS_RATE
+# (auto), RATE_FRACTION (0.7), RLS_SYSTEMS (both, in the order above),
+# SLUICE_REDIS_FLAGS (more flags for sluice serve), SLUICE_TOOLS (cache of
+# the peers' binaries, default ~/.cache/sluice-tools). Prints
+# `BENCH peers_rls_<name> <value> <unit>` lines last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+ROUND_SECS=${ROUND_SECS:-10}
+FIXED_SECS=${FIXED_SECS:-$ROUND_SECS}
+USERS=${USERS:-10000}
+LIMIT=${LIMIT:-1000}
+RLS_CONNS=${RLS_CONNS:-4}
+RLS_STREAMS=${RLS_STREAMS:-50}
+RLS_RATE=${RLS_RATE:-auto}
+RATE_FRACTION=${RATE_FRACTION:-0.7}
+RLS_SYSTEMS=${RLS_SYSTEMS:-"sluice_redis envoy_ratelimit"}
+TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
+
+# The envoyproxy/ratelimit build is bench/peers.sh's, pinned there once.
+RATELIMIT_MOD=$(sed -n 's/^RATELIMIT_MOD=//p' bench/peers.sh)
+RATELIMIT_VERSION=$(sed -n 's/^RATELIMIT_VERSION=//p' bench/peers.sh)
+
+log() { echo "peers_rls: $*" >&2; }
+die() { echo "peers_rls: $*" >&2; exit 1; }
+
+for tool in go redis-server redis-cli curl; do
+  command -v "$tool" >/dev/null || die "$tool is not installed"
+done
+[ -n "$RATELIMIT_MOD" ] && [ -n "$RATELIMIT_VERSION" ] || die "no RATELIMIT_MOD and RATELIMIT_VERSION in bench/peers.sh"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-peers-rls.XXXXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---- build ----------------------------------------------------------------
+
+ratelimit_dir="$TOOLS/ratelimit@$RATELIMIT_VERSION"
+ratelimit_bin="$ratelimit_dir/service_cmd"
+if [ ! -x "$ratelimit_bin" ]; then
+  log "go install $RATELIMIT_MOD/src/service_cmd@$RATELIMIT_VERSION (once, into $ratelimit_dir)"
+  mkdir -p "$ratelimit_dir"
+  GOBIN="$ratelimit_dir" GOFLAGS=-buildvcs=false go install "$RATELIMIT_MOD/src/service_cmd@$RATELIMIT_VERSION" >&2 ||
+    die "go install of envoyproxy/ratelimit failed"
+fi
+log "building sluice, bench/rlsload"
+go build -o "$work/sluice" ./cmd/sluice
+go build -o "$work/rlsload" ./bench/rlsload
+
+# ---- start ----------------------------------------------------------------
+
+# freeport prints a loopback port nothing listens on, below the kernel's
+# ephemeral range.
+used_ports=" "
+freeport() {
+  local p
+  while :; do
+    p=$((15000 + RANDOM % 17000))
+    case "$used_ports" in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      used_ports="$used_ports$p "
+      echo "$p"
+      return
+    fi
+  done
+}
+
+# start NAME CMD...: run in the background, output to $work/NAME.log.
+start() {
+  local name=$1; shift
+  "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$name=$!"
+}
+
+redis_port=$(freeport)
+start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
+deadline=$((SECONDS + 20))
+until redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; do
+  [ $SECONDS -lt $deadline ] || die "redis-server did not start"
+  sleep 0.1
+done
+
+# envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml;
+# Sluice reads the same file.
+mkdir -p "$work/rl/ratelimit/config"
+config="$work/rl/ratelimit/config/bench.yaml"
+cat >"$config" <<EOF
+domain: bench
+descriptors:
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: $LIMIT
+EOF
+
+echo '[]' >"$work/policies.json" # no policies but the file's
+sh_port=$(freeport); sg_port=$(freeport)
+start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sh_port" --rls-listen "127.0.0.1:$sg_port" \
+  --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+  --store "redis://127.0.0.1:$redis_port/1" ${SLUICE_REDIS_FLAGS:-}
+rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
+start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
+  DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
+  RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
+  BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
+
+declare -A addr
+addr[sluice_redis]="127.0.0.1:$sg_port"
+addr[envoy_ratelimit]="127.0.0.1:$rg_port"
+
+# load SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
+load() {
+  local s=$1; shift
+  "$work/rlsload" -addr "${addr[$s]}" -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
+}
+# field NAME: NAME=value of the RESULT line in $res.
+field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
+
+metric() { # metric NAME_WITH_LABELS: its value on sluice_redis, 0 if absent
+  curl -fsS "http://127.0.0.1:$sh_port/metrics" | awk -v m="$1" '
+    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
+}
+checks() { metric 'sluice_checks_total{'; }
+store_checks() { metric 'sluice_checks_total{decision="allowed",source="store"}'; }
+breaker_opens() { metric 'sluice_breaker_opens_total'; }
+
+for s in $RLS_SYSTEMS; do
+  [ -n "${addr[$s]:-}" ] || die "unknown system $s (want some of: ${!addr[*]})"
+  # Ready when one call is answered OK; 20 s at most.
+  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
+  until res=$(load "$s" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
+    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ]; do
+    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
+    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer OK on ${addr[$s]} within 20 s"; }
+    sleep 0.2
+  done
+  log "$s ready at ${addr[$s]}"
+done
+if [[ " $RLS_SYSTEMS " == *" sluice_redis "* ]]; then
+  [ "$(store_checks)" -gt 0 ] || die "sluice_redis: its first checks were not decided by Redis"
+fi
+
+# ---- saturation -----------------------------------------------------------
+
+# order R: the systems in round R's order, reversed every other round, so
+# that no system always runs right after the same one.
+order() {
+  if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
+}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+declare -A sat lat50 lat99 satm cpu rcpu
+# cputicks PID: the user and system CPU time PID has used, in clock ticks.
+cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+tck=$(getconf CLK_TCK)
+# per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
+per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
+has_sluice=0
+[[ " $RLS_SYSTEMS " == *" sluice_redis "* ]] && has_sluice=1
+if [ $has_sluice = 1 ]; then before_all=$(checks); before_store=$(store_checks); before_opens=$(breaker_opens); fi
+for r in $(seq 1 "$ROUNDS"); do
+  for s in $(order "$r"); do
+    pid=$(eval echo "\$pid_$s")
+    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis")
+    out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
+      { echo "$out" >&2; die "rlsload against $s failed"; }
+    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis")
+    res=$(echo "$out" | grep '^RESULT')
+    cpu[$s]="${cpu[$s]:-} $(per_call "$c0" "$c1")"
+    rcpu[$s]="${rcpu[$s]:-} $(per_call "$r0" "$r1")"
+    [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] ||
+      { echo "$out" >&2; die "$s: not every answer was OK"; }
+    sat[$s]="${sat[$s]:-} $(field achieved)"
+    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$c0" "$c1") us, Redis's $(per_call "$r0" "$r1") us"
+  done
+done
+for s in $RLS_SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
+
+store_share=1 opens=0
+if [ $has_sluice = 1 ]; then
+  all=$(($(checks) - before_all)); store=$(($(store_checks) - before_store)); opens=$(($(breaker_opens) - before_opens))
+  [ "$all" -gt 0 ] || die "sluice_redis counted no checks in /metrics"
+  store_share=$(awk -v a="$store" -v b="$all" 'BEGIN { printf "%.6f", a / b }')
+  log "sluice_redis: $store of $all checks decided by Redis, $opens breaker opens"
+  satm[sluice_redis_total]=${satm[sluice_redis]}
+  satm[sluice_redis]=$(awk -v v="${satm[sluice_redis]}" -v s="$store_share" 'BEGIN { printf "%.2f", v * s }')
+fi
+
+# ---- fixed rate -----------------------------------------------------------
+
+if [ "$RLS_RATE" = auto ]; then
+  slowest=$(for s in $RLS_SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | sort -g | head -1)
+  RLS_RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
+fi
+log "fixed rate: $RLS_RATE calls/s (RATE_FRACTION $RATE_FRACTION of the slower saturation figure unless RLS_RATE is set)"
+if [ $has_sluice = 1 ]; then fixed_all=$(checks); fixed_store=$(store_checks); fi
+for r in $(seq 1 "$ROUNDS"); do
+  for s in $(order "$r"); do
+    out=$(load "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
+      { echo "$out" >&2; die "rlsload against $s failed"; }
+    res=$(echo "$out" | grep '^RESULT')
+    [ "$(field over_limit)" = 0 ] || { echo "$out" >&2; die "$s: OVER_LIMIT answers at $RLS_RATE/s"; }
+    [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) errors at $RLS_RATE/s ($(echo "$out" | grep -m1 '^first error'))"
+    awk -v a="$(field achieved)" -v r="$RLS_RATE" 'BEGIN { exit !(a < 0.95 * r) }' &&
+      log "warning: $s achieved $(field achieved)/s of $RLS_RATE/s offered: its latency figures measure a backlog"
+    lat50[$s]="${lat50[$s]:-} $(field p50_us)"
+    lat99[$s]="${lat99[$s]:-} $(field p99_us)"
+    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
+  done
+done
+fixed_share=1
+if [ $has_sluice = 1 ]; then
+  all=$(($(checks) - fixed_all)); store=$(($(store_checks) - fixed_store))
+  fixed_share=$(awk -v a="$store" -v b="$all" 'BEGIN { printf "%.6f", (b > 0 ? a / b : 0) }')
+  log "sluice_redis at $RLS_RATE/s: $store of $all checks decided by Redis; after the run:"
+  curl -fsS "http://127.0.0.1:$sh_port/metrics" | grep -E '^sluice_(checks_total|breaker|store_|degraded|rls_)' >&2 || true
+fi
+
+# ---- report ---------------------------------------------------------------
+
+echo "---- peers_rls: gRPC ShouldRateLimit, saturation (median of $ROUNDS x ${ROUND_SECS}s, $RLS_STREAMS streams over $RLS_CONNS connections) and p50/p99 at $RLS_RATE/s (open loop) ----"
+for s in $RLS_SYSTEMS; do
+  printf 'BENCH peers_rls_%s_rps %s req/s\n' "$s" "${satm[$s]}"
+  printf 'BENCH peers_rls_%s_p50_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat50[$s]}" | median)"
+  printf 'BENCH peers_rls_%s_p99_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat99[$s]}" | median)"
+  printf 'BENCH peers_rls_%s_cpu_us_per_call %s us\n' "$s" "$(echo "${cpu[$s]}" | median)"
+  printf 'BENCH peers_rls_%s_redis_cpu_us_per_call %s us\n' "$s" "$(echo "${rcpu[$s]}" | median)"
+done
+printf 'BENCH peers_rls_fixed_rate %s req/s\n' "$RLS_RATE"
+if [ $has_sluice = 1 ]; then
+  printf 'BENCH peers_rls_sluice_redis_all_sources_rps %s req/s\n' "${satm[sluice_redis_total]}"
+  printf 'BENCH peers_rls_sluice_redis_store_share %s %%\n' "$(awk -v s="$store_share" 'BEGIN { printf "%.3f", s * 100 }')"
+  printf 'BENCH peers_rls_sluice_redis_breaker_opens %s count\n' "$opens"
+  printf 'BENCH peers_rls_sluice_redis_store_share_at_fixed_rate %s %%\n' "$(awk -v s="$fixed_share" 'BEGIN { printf "%.3f", s * 100 }')"
+fi
+if [ -n "${satm[sluice_redis]:-}" ] && [ -n "${satm[envoy_ratelimit]:-}" ]; then
+  awk -v a="${satm[sluice_redis]}" -v b="${satm[envoy_ratelimit]}" \
+    'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_redis_over_envoy_ratelimit %.3f ratio\n", a / b }'
+fi

@@ -1,0 +1,310 @@
+// Command rlsload drives Envoy's rate limit service,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over gRPC, at
+// a fixed offered rate (open loop) or as fast as its streams allow (closed
+// loop, -rate 0), and prints the achieved rate, latency quantiles and the
+// count of OK, OVER_LIMIT and failed calls.
+//
+// -streams calls are in flight at most, spread over -conns connections
+// (HTTP/2, so several streams share one connection). Every request names
+// -domain and one descriptor of -entries, whose values may hold the
+// placeholder {user}, replaced by u0 .. u(N-1) in turn so that the load
+// spreads over -users subjects.
+//
+// In open-loop mode request i is due at start + i/rate and its latency is
+// measured from that due time, as bench/loadgen does (see its
+// documentation): a server that stalls is charged for every call held back
+// behind it, and when a stream sat idle until the due time latency starts
+// at its wake-up instead, the generator's timer slack not being the
+// server's.
+//
+//	rlsload -addr 127.0.0.1:8081 -domain bench -entries 'user={user}' -rate 5000 -duration 10s
+//
+// The last line is machine-readable:
+//
+//	RESULT offered=5000 achieved=4999.8 requests=50000 ok=50000 over_limit=0 errors=0 unsent=0 p50_us=210 ... svc_p99_us=820
+//
+// requests counts the answered calls (OK or OVER_LIMIT); errors the calls
+// that failed or answered another code; all_calls every call of the run,
+// warm-up included. lag is how late each call was sent
+// after its due time and svc the time from the actual send.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluice-rl/sluice/bench/internal/latency"
+)
+
+type config struct {
+	addr     string
+	domain   string
+	entries  []entry
+	users    int
+	rate     float64
+	duration time.Duration
+	warmup   time.Duration
+	conns    int
+	streams  int
+	timeout  time.Duration
+}
+
+// entry is one descriptor entry; {user} in Value is replaced.
+type entry struct{ Key, Value string }
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "rlsload:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		cfg     config
+		entries string
+	)
+	flag.StringVar(&cfg.addr, "addr", "", "the rate limit service, host:port (plaintext gRPC)")
+	flag.StringVar(&cfg.domain, "domain", "bench", "domain of every request")
+	flag.StringVar(&entries, "entries", "user={user}", "the descriptor's entries, key=value[,key=value...]; {user} in a value is replaced")
+	flag.IntVar(&cfg.users, "users", 10000, "distinct values of {user}, used in turn")
+	flag.Float64Var(&cfg.rate, "rate", 0, "offered calls per second; 0 calls back to back on every stream (closed loop)")
+	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time")
+	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "time at the same load before measuring")
+	flag.IntVar(&cfg.conns, "conns", 4, "connections")
+	flag.IntVar(&cfg.streams, "streams", 50, "calls in flight at most (one sender each), spread over the connections")
+	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "per-call deadline; a call past it counts as an error")
+	flag.Parse()
+	var err error
+	if cfg.entries, err = parseEntries(entries); err != nil {
+		return fmt.Errorf("-entries: %w", err)
+	}
+	switch {
+	case cfg.addr == "":
+		return errors.New("-addr: required")
+	case cfg.domain == "":
+		return errors.New("-domain: required")
+	case cfg.users < 1:
+		return errors.New("-users: must be at least 1")
+	case cfg.rate < 0:
+		return errors.New("-rate: must not be negative")
+	case cfg.conns < 1:
+		return errors.New("-conns: must be at least 1")
+	case cfg.streams < cfg.conns:
+		return fmt.Errorf("-streams: must be at least -conns (%d)", cfg.conns)
+	case cfg.duration <= 0:
+		return errors.New("-duration: must be positive")
+	}
+	clients := make([]rlsv3.RateLimitServiceClient, cfg.conns)
+	for i := range clients {
+		cc, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return fmt.Errorf("-addr: %w", err)
+		}
+		defer cc.Close()
+		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res := drive(ctx, cfg, clients, buildRequests(cfg))
+	fmt.Print(res.report(cfg))
+	if res.requests == 0 {
+		return errors.New("no call answered")
+	}
+	return nil
+}
+
+// parseEntries reads key=value[,key=value...].
+func parseEntries(s string) ([]entry, error) {
+	var out []entry
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("want key=value[,key=value...], got %q", s)
+		}
+		out = append(out, entry{Key: k, Value: v})
+	}
+	return out, nil
+}
+
+// buildRequests renders one request per user. A request is only read
+// while it is sent, so senders share them.
+func buildRequests(cfg config) []*rlsv3.RateLimitRequest {
+	out := make([]*rlsv3.RateLimitRequest, cfg.users)
+	for i := range out {
+		user := "u" + strconv.Itoa(i)
+		d := &rlv3.RateLimitDescriptor{}
+		for _, e := range cfg.entries {
+			d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: e.Key, Value: strings.ReplaceAll(e.Value, "{user}", user)})
+		}
+		out[i] = &rlsv3.RateLimitRequest{Domain: cfg.domain, Descriptors: []*rlv3.RateLimitDescriptor{d}}
+	}
+	return out
+}
+
+type result struct {
+	lat, lag, svc latency.Histogram
+	// requests is ok + overLimit: the calls answered with a decision.
+	requests, ok, overLimit uint64
+	errors                  uint64
+	// all counts every call answered or failed, warm-up included: the
+	// calls a server's CPU time over the whole run paid for.
+	all      uint64
+	unsent   int64
+	elapsed  time.Duration
+	firstErr error
+	// lastDone is when the sender's last measured answer arrived.
+	lastDone time.Time
+}
+
+func (r *result) report(cfg config) string {
+	us := func(d time.Duration) int64 { return d.Microseconds() }
+	achieved := 0.0
+	if r.elapsed > 0 {
+		achieved = float64(r.requests) / r.elapsed.Seconds()
+	}
+	var b strings.Builder
+	mode := fmt.Sprintf("open loop at %.0f/s", cfg.rate)
+	if cfg.rate == 0 {
+		mode = "closed loop"
+	}
+	fmt.Fprintf(&b, "ShouldRateLimit %s domain %s, %d streams over %d connections, %s: %d answers (%.0f/s): %d OK, %d OVER_LIMIT; %d errors, %d not sent\n",
+		cfg.addr, cfg.domain, cfg.streams, cfg.conns, mode, r.requests, achieved, r.ok, r.overLimit, r.errors, r.unsent)
+	fmt.Fprintf(&b, "latency p50 %v p90 %v p99 %v p99.9 %v max %v\n",
+		r.lat.Quantile(0.5), r.lat.Quantile(0.9), r.lat.Quantile(0.99), r.lat.Quantile(0.999), r.lat.Max())
+	if r.firstErr != nil {
+		fmt.Fprintf(&b, "first error: %v\n", r.firstErr)
+	}
+	fmt.Fprintf(&b, "service time (from the actual send) p50 %v p99 %v; sender lag p50 %v p99 %v\n",
+		r.svc.Quantile(0.5), r.svc.Quantile(0.99), r.lag.Quantile(0.5), r.lag.Quantile(0.99))
+	fmt.Fprintf(&b, "RESULT offered=%.0f achieved=%.1f requests=%d ok=%d over_limit=%d errors=%d unsent=%d all_calls=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d lag_p50_us=%d lag_p99_us=%d svc_p50_us=%d svc_p99_us=%d\n",
+		cfg.rate, achieved, r.requests, r.ok, r.overLimit, r.errors, r.unsent, r.all,
+		us(r.lat.Quantile(0.5)), us(r.lat.Quantile(0.9)), us(r.lat.Quantile(0.99)), us(r.lat.Quantile(0.999)), us(r.lat.Max()),
+		us(r.lag.Quantile(0.5)), us(r.lag.Quantile(0.99)), us(r.svc.Quantile(0.5)), us(r.svc.Quantile(0.99)))
+	return b.String()
+}
+
+// drive runs the senders, sender w on connection w mod len(clients), and
+// merges what they measured.
+func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest) *result {
+	start := time.Now()
+	measureFrom := start.Add(cfg.warmup)
+	end := measureFrom.Add(cfg.duration)
+	// Calls still due after end+grace are not sent: the server fell so far
+	// behind that waiting longer would only measure the backlog.
+	hardStop := end.Add(2 * time.Second)
+	sched := latency.Schedule{Start: start, Rate: cfg.rate}
+	due := int64(-1)
+	if cfg.rate > 0 {
+		due = sched.Due(end.Sub(start))
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	parts := make([]result, cfg.streams)
+	for w := range parts {
+		res, client, user := &parts[w], clients[w%len(clients)], w*len(reqs)/cfg.streams
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				// at is the call's due time; from is where its latency
+				// starts: at, unless the sender sat idle before it.
+				var at, from time.Time
+				if cfg.rate > 0 {
+					i := next.Add(1) - 1
+					if i >= due {
+						return
+					}
+					at = sched.At(i)
+					if wait := time.Until(at); wait > 0 {
+						time.Sleep(wait)
+						from = time.Now()
+					} else if time.Now().After(hardStop) {
+						res.unsent++
+						continue
+					}
+				} else {
+					at = time.Now()
+					if !at.Before(end) {
+						return
+					}
+				}
+				if from.IsZero() {
+					from = at
+				}
+				req := reqs[user]
+				if user++; user == len(reqs) {
+					user = 0
+				}
+				sent := time.Now()
+				cctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+				resp, err := client.ShouldRateLimit(cctx, req)
+				cancel()
+				done := time.Now()
+				res.all++
+				if at.Before(measureFrom) {
+					continue
+				}
+				res.lastDone = done
+				if err == nil {
+					switch resp.GetOverallCode() {
+					case rlsv3.RateLimitResponse_OK:
+						res.ok++
+					case rlsv3.RateLimitResponse_OVER_LIMIT:
+						res.overLimit++
+					default:
+						err = fmt.Errorf("overall_code %v", resp.GetOverallCode())
+					}
+				}
+				if err != nil {
+					res.errors++
+					if res.firstErr == nil {
+						res.firstErr = err
+					}
+					continue
+				}
+				res.requests++
+				res.lat.Record(done.Sub(from))
+				res.lag.Record(sent.Sub(at))
+				res.svc.Record(done.Sub(sent))
+			}
+		}()
+	}
+	wg.Wait()
+	total := &result{}
+	var last time.Time
+	for i := range parts {
+		p := &parts[i]
+		total.lat.Merge(&p.lat)
+		total.lag.Merge(&p.lag)
+		total.svc.Merge(&p.svc)
+		total.requests += p.requests
+		total.ok += p.ok
+		total.overLimit += p.overLimit
+		total.errors += p.errors
+		total.all += p.all
+		total.unsent += p.unsent
+		if total.firstErr == nil {
+			total.firstErr = p.firstErr
+		}
+		if p.lastDone.After(last) {
+			last = p.lastDone
+		}
+	}
+	total.elapsed = last.Sub(measureFrom)
+	return total
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"net"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestParseEntries(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []entry
+		wantErr bool
+	}{
+		{"user={user}", []entry{{"user", "{user}"}}, false},
+		{"remote_address=10.0.0.1,path=/v1/{user}", []entry{{"remote_address", "10.0.0.1"}, {"path", "/v1/{user}"}}, false},
+		{"key=", []entry{{"key", ""}}, false},
+		{"user", nil, true},
+		{"=v", nil, true},
+		{"a=1,", nil, true},
+	}
+	for _, tt := range tests {
+		got, err := parseEntries(tt.in)
+		if (err != nil) != tt.wantErr || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("parseEntries(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+// overOddUsers answers OVER_LIMIT to users whose name ends in an odd
+// digit and OK to the rest, and remembers the descriptor values it saw.
+type overOddUsers struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (s *overOddUsers) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	e := req.GetDescriptors()[0].GetEntries()[0]
+	s.mu.Lock()
+	s.seen[req.GetDomain()+" "+e.GetKey()+"="+e.GetValue()]++
+	s.mu.Unlock()
+	code := rlsv3.RateLimitResponse_OK
+	if strings.IndexByte("13579", e.GetValue()[len(e.GetValue())-1]) >= 0 {
+		code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	return &rlsv3.RateLimitResponse{OverallCode: code}, nil
+}
+
+func TestDriveCountsAnswersByCode(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &overOddUsers{seen: map[string]int{}}
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	clients := []rlsv3.RateLimitServiceClient{rlsv3.NewRateLimitServiceClient(cc)}
+
+	for _, tt := range []struct {
+		name string
+		rate float64
+	}{{"closed loop", 0}, {"open loop", 2000}} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config{addr: ln.Addr().String(), domain: "bench", entries: []entry{{"user", "{user}"}}, users: 10,
+				rate: tt.rate, duration: 200 * time.Millisecond, conns: 1, streams: 2, timeout: 5 * time.Second}
+			srv.mu.Lock()
+			clear(srv.seen)
+			srv.mu.Unlock()
+			res := drive(context.Background(), cfg, clients, buildRequests(cfg))
+			if res.errors != 0 || res.requests == 0 || res.ok+res.overLimit != res.requests {
+				t.Fatalf("drive = %d requests, %d OK, %d OVER_LIMIT, %d errors (%v); want some, all answered OK or OVER_LIMIT",
+					res.requests, res.ok, res.overLimit, res.errors, res.firstErr)
+			}
+			if res.ok == 0 || res.overLimit == 0 {
+				t.Errorf("drive = %d OK, %d OVER_LIMIT; want both counted", res.ok, res.overLimit)
+			}
+			if res.all != res.requests+res.errors {
+				t.Errorf("drive counted %d calls in all, want %d answered + %d failed (no warm-up)", res.all, res.requests, res.errors)
+			}
+			if got := uint64(res.lat.Count()); got != res.requests {
+				t.Errorf("latency histogram holds %d values, want one per answer (%d)", got, res.requests)
+			}
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			if len(srv.seen) != cfg.users {
+				t.Errorf("server saw %d distinct descriptors %v, want the %d users", len(srv.seen), srv.seen, cfg.users)
+			}
+			if srv.seen["bench user=u0"] == 0 || srv.seen["bench user=u9"] == 0 {
+				t.Errorf("server saw %v, want domain bench and user=u0 .. u9", srv.seen)
+			}
+			if line := res.report(cfg); !strings.Contains(line, "RESULT ") || !strings.Contains(line, " over_limit=") {
+				t.Errorf("report = %q, want a RESULT line with over_limit=", line)
+			}
+		})
+	}
+}
