@@ -144,7 +144,7 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 		d.log.Warn("gossip in development mode: unencrypted and unauthenticated, bound to loopback only", "listen", g.Addr())
 	}
 	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
-		Limit: d.globalLimit, Quota: d.globalQuota, NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
+		Limit: d.globalLimit, Quota: d.globalQuota, Bucket: d.globalBucket, NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
 	if d.redis != nil {
 		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
 	}
@@ -211,6 +211,19 @@ func (d *Daemon) globalLimit(id string) (float64, bool) {
 		return l.Count / l.Window.Seconds(), true
 	}
 	return 0, false
+}
+
+// globalBucket reports whether a global policy is a token bucket holding
+// at least one second of its rate, whose loans may hand over tokens
+// (globalshare.CoreConfig.Bucket); the simulator answers the same for its
+// policy.
+func (d *Daemon) globalBucket(id string) bool {
+	p, ok := d.reg.Get(id)
+	if !ok || p.Scope != quota.ScopeGlobal {
+		return false
+	}
+	l := p.Limit()
+	return l.Algorithm == engine.TokenBucket && l.Rate > 0 && l.Burst >= l.Rate
 }
 
 // globalQuota is the window of a global quota: a scope: global

@@ -295,3 +295,24 @@ func TestGarbageOnGossipPortKeepsServing(t *testing.T) {
 		t.Errorf("GET /v1/regions after garbage = %+v", st)
 	}
 }
+
+// TestGlobalBucket: loans hand over tokens only for global token buckets
+// that hold at least a second of their rate, the rule the simulator's
+// coordinator follows for its own policy.
+func TestGlobalBucket(t *testing.T) {
+	tb := func(id string, rate, burst float64, scope string) quota.Policy {
+		return quota.Policy{ID: id, Algorithm: "token_bucket", RatePerSec: rate, Burst: burst, Mode: quota.ModeEnforce, Scope: scope}
+	}
+	pols := []quota.Policy{
+		tb("second-of-burst", 10, 10, quota.ScopeGlobal),
+		tb("thin-burst", 10, 5, quota.ScopeGlobal),
+		tb("regional", 10, 20, ""),
+		{ID: "window", Algorithm: "fixed_window", Count: 100, Window: 60, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal},
+	}
+	h := newHarness(t, func(c *Config) { c.Policies = pols })
+	for id, want := range map[string]bool{"second-of-burst": true, "thin-burst": false, "regional": false, "window": false, "missing": false} {
+		if got := h.d.globalBucket(id); got != want {
+			t.Errorf("globalBucket(%q) = %v, want %v", id, got, want)
+		}
+	}
+}

@@ -115,6 +115,9 @@ type Config struct {
 	// the simulator's rate time constant). Borrowing is off when
 	// Share.BorrowEvery is zero.
 	BorrowTick time.Duration
+	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
+	// tokens as well as rate. Nil: rate only.
+	Bucket func(policy string) bool
 	// Clock drives the timers; nil means real time.
 	Clock      Clock
 	Logger     *slog.Logger
@@ -209,7 +212,7 @@ func New(cfg Config) (*Coordinator, error) {
 	m := newMetrics(cfg.Registerer)
 	core, err := newCore(CoreConfig{Share: cfg.Share, Region: cfg.Gossip.Region(), Node: cfg.Gossip.Name(),
 		Limit: cfg.Limit, Quota: cfg.Quota, NodeLocalStore: cfg.NodeLocalStore,
-		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick}, cfg.Gossip.Members(), m)
+		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick, Bucket: cfg.Bucket}, cfg.Gossip.Members(), m)
 	if err != nil {
 		return nil, err
 	}
