@@ -77,8 +77,8 @@ GUBERNATOR_VERSION=v2.13.0
 RATELIMIT_MOD=github.com/envoyproxy/ratelimit
 RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
 
-log() { echo "peers: $*" >&2; }
-die() { echo "peers: $*" >&2; exit 1; }
+BENCH_NAME=peers
+. bench/lib.sh
 
 [ "$SATURATION" = 1 ] || [ "$RATE" != auto ] || die "SATURATION=0 needs a RATE"
 
@@ -86,28 +86,8 @@ for tool in go wrk redis-server redis-cli curl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-peers.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
 # ---- build ----------------------------------------------------------------
 
-# install MODULE/CMD VERSION NAME: go install into $TOOLS/NAME@VERSION once.
-install_tool() {
-  local pkg=$1 version=$2 name=$3 dir="$TOOLS/$3@$2"
-  local bin="$dir/$(basename "$pkg")"
-  if [ ! -x "$bin" ]; then
-    log "go install $pkg@$version (once, into $dir)"
-    mkdir -p "$dir"
-    GOBIN="$dir" GOFLAGS=-buildvcs=false go install "$pkg@$version" >&2 || die "go install $pkg@$version failed"
-  fi
-  echo "$bin"
-}
 gubernator_bin=$(install_tool "$GUBERNATOR_MOD/cmd/gubernator" "$GUBERNATOR_VERSION" gubernator)
 ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
 log "building sluice, bench/loadgen, bench/trivial"
@@ -116,30 +96,6 @@ go build -o "$work/loadgen" ./bench/loadgen
 go build -o "$work/trivial" ./bench/trivial
 
 # ---- start ----------------------------------------------------------------
-
-# freeport prints a loopback port nothing listens on, below the kernel's
-# ephemeral range (32768 up), where outgoing connections take theirs.
-used_ports=" "
-freeport() {
-  local p
-  while :; do
-    p=$((15000 + RANDOM % 17000))
-    case "$used_ports" in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      used_ports="$used_ports$p "
-      echo "$p"
-      return
-    fi
-  done
-}
-
-# start NAME CMD...: run in the background, output to $work/NAME.log.
-start() {
-  local name=$1; shift
-  "$@" >"$work/$name.log" 2>&1 &
-  pids+=($!)
-  eval "pid_$name=$!"
-}
 
 # wait_http NAME URL [CURL ARGS...]: until URL answers 2xx, 20 s at most.
 wait_http() {
@@ -153,13 +109,7 @@ wait_http() {
   done
 }
 
-redis_port=$(freeport)
-start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
-deadline=$((SECONDS + 20))
-until redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; do
-  [ $SECONDS -lt $deadline ] || die "redis-server did not start"
-  sleep 0.1
-done
+start_redis
 
 cat >"$work/policies.json" <<'EOF'
 [{"id": "bench", "match": {"routes": ["/bench"]}, "algorithm": "token_bucket",
@@ -222,10 +172,7 @@ done
 
 # ---- saturation -----------------------------------------------------------
 
-metric() { # metric NAME_WITH_LABELS: its value on sluice_redis, 0 if absent
-  curl -fsS "http://127.0.0.1:$sr_port/metrics" | awk -v m="$1" '
-    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
-}
+metric() { metric_at "$sr_port" "$1"; } # its value on sluice_redis, 0 if absent
 redis_checks() { metric 'sluice_checks_total{'; }
 redis_store_checks() { metric 'sluice_checks_total{decision="allowed",source="store"}'; }
 redis_breaker_opens() { metric 'sluice_breaker_opens_total'; }
@@ -248,7 +195,6 @@ for r in $(seq 1 "$sat_rounds"); do
 done
 after_all=$(redis_checks); after_store=$(redis_store_checks); after_opens=$(redis_breaker_opens)
 
-median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A satm
 if [ "$SATURATION" = 1 ]; then
   for s in $SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
@@ -275,8 +221,6 @@ if [ "$RATE" = auto ]; then
   RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
 fi
 log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
-# cputicks PID: the process's user + system CPU time so far, in clock ticks.
-cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 ticks=$(getconf CLK_TCK)
 declare -A on_redis=([sluice_redis]=1 [envoy_ratelimit]=1)
 for r in $(seq 1 "$ROUNDS"); do

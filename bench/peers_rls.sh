@@ -56,70 +56,24 @@ TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 RATELIMIT_MOD=$(sed -n 's/^RATELIMIT_MOD=//p' bench/peers.sh)
 RATELIMIT_VERSION=$(sed -n 's/^RATELIMIT_VERSION=//p' bench/peers.sh)
 
-log() { echo "peers_rls: $*" >&2; }
-die() { echo "peers_rls: $*" >&2; exit 1; }
+BENCH_NAME=peers_rls
+. bench/lib.sh
 
 for tool in go redis-server redis-cli curl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
 [ -n "$RATELIMIT_MOD" ] && [ -n "$RATELIMIT_VERSION" ] || die "no RATELIMIT_MOD and RATELIMIT_VERSION in bench/peers.sh"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-peers-rls.XXXXXX")
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
 # ---- build ----------------------------------------------------------------
 
-ratelimit_dir="$TOOLS/ratelimit@$RATELIMIT_VERSION"
-ratelimit_bin="$ratelimit_dir/service_cmd"
-if [ ! -x "$ratelimit_bin" ]; then
-  log "go install $RATELIMIT_MOD/src/service_cmd@$RATELIMIT_VERSION (once, into $ratelimit_dir)"
-  mkdir -p "$ratelimit_dir"
-  GOBIN="$ratelimit_dir" GOFLAGS=-buildvcs=false go install "$RATELIMIT_MOD/src/service_cmd@$RATELIMIT_VERSION" >&2 ||
-    die "go install of envoyproxy/ratelimit failed"
-fi
+ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
 log "building sluice, bench/rlsload"
 go build -o "$work/sluice" ./cmd/sluice
 go build -o "$work/rlsload" ./bench/rlsload
 
 # ---- start ----------------------------------------------------------------
 
-# freeport prints a loopback port nothing listens on, below the kernel's
-# ephemeral range.
-used_ports=" "
-freeport() {
-  local p
-  while :; do
-    p=$((15000 + RANDOM % 17000))
-    case "$used_ports" in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      used_ports="$used_ports$p "
-      echo "$p"
-      return
-    fi
-  done
-}
-
-# start NAME CMD...: run in the background, output to $work/NAME.log.
-start() {
-  local name=$1; shift
-  "$@" >"$work/$name.log" 2>&1 &
-  pids+=($!)
-  eval "pid_$name=$!"
-}
-
-redis_port=$(freeport)
-start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
-deadline=$((SECONDS + 20))
-until redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; do
-  [ $SECONDS -lt $deadline ] || die "redis-server did not start"
-  sleep 0.1
-done
+start_redis
 
 # envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml;
 # Sluice reads the same file.
@@ -157,10 +111,7 @@ load() {
 # field NAME: NAME=value of the RESULT line in $res.
 field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 
-metric() { # metric NAME_WITH_LABELS: its value on sluice_redis, 0 if absent
-  curl -fsS "http://127.0.0.1:$sh_port/metrics" | awk -v m="$1" '
-    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
-}
+metric() { metric_at "$sh_port" "$1"; } # its value on sluice_redis, 0 if absent
 checks() { metric 'sluice_checks_total{'; }
 store_checks() { metric 'sluice_checks_total{decision="allowed",source="store"}'; }
 breaker_opens() { metric 'sluice_breaker_opens_total'; }
@@ -188,10 +139,7 @@ fi
 order() {
   if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
 }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 declare -A sat lat50 lat99 satm cpu rcpu
-# cputicks PID: the user and system CPU time PID has used, in clock ticks.
-cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 tck=$(getconf CLK_TCK)
 # per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
 per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }

@@ -1,0 +1,80 @@
+# Functions shared by bench/peers.sh and bench/peers_rls.sh; sourced, not
+# run. The sourcing script sets BENCH_NAME (the prefix of its log lines)
+# and TOOLS (the cache of the peers' binaries) first.
+
+log() { echo "$BENCH_NAME: $*" >&2; }
+die() { echo "$BENCH_NAME: $*" >&2; exit 1; }
+
+# The background processes (start) and the scratch directory $work go
+# when the script exits.
+work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-$BENCH_NAME.XXXXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# install_tool MODULE/CMD VERSION NAME: go install into $TOOLS/NAME@VERSION
+# once; prints the binary's path.
+install_tool() {
+  local pkg=$1 version=$2 name=$3 dir="$TOOLS/$3@$2"
+  local bin="$dir/$(basename "$pkg")"
+  if [ ! -x "$bin" ]; then
+    log "go install $pkg@$version (once, into $dir)"
+    mkdir -p "$dir"
+    GOBIN="$dir" GOFLAGS=-buildvcs=false go install "$pkg@$version" >&2 || die "go install $pkg@$version failed"
+  fi
+  echo "$bin"
+}
+
+# freeport prints a loopback port nothing listens on, below the kernel's
+# ephemeral range (32768 up), where outgoing connections take theirs.
+used_ports=" "
+freeport() {
+  local p
+  while :; do
+    p=$((15000 + RANDOM % 17000))
+    case "$used_ports" in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      used_ports="$used_ports$p "
+      echo "$p"
+      return
+    fi
+  done
+}
+
+# start NAME CMD...: run in the background, output to $work/NAME.log, its
+# pid in $pid_NAME.
+start() {
+  local name=$1; shift
+  "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  eval "pid_$name=$!"
+}
+
+# start_redis: a fresh redis-server on $redis_port (pid_redis), answering
+# PING within 20 s.
+start_redis() {
+  redis_port=$(freeport)
+  start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
+  local deadline=$((SECONDS + 20))
+  until redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; do
+    [ $SECONDS -lt $deadline ] || die "redis-server did not start"
+    sleep 0.1
+  done
+}
+
+# metric_at PORT NAME_WITH_LABELS: the sum of the series of a daemon's
+# /metrics that start with NAME_WITH_LABELS, 0 if none.
+metric_at() {
+  curl -fsS "http://127.0.0.1:$1/metrics" | awk -v m="$2" '
+    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
+}
+
+# median: of the numbers on standard input, separated by spaces or lines.
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# cputicks PID: the process's user + system CPU time so far, in clock ticks.
+cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
