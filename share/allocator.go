@@ -45,6 +45,7 @@ type Allocator struct {
 	bursts          map[Key]burst   // tokens received with loans
 	effCut, effNext *Table          // cut and next with the loans overlay
 	dead            map[string]bool // membership: regions declared dead
+	live            map[string]bool // membership: regions with a node answering probes (SetLive)
 }
 
 type keyState struct {
@@ -74,6 +75,7 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		accepted:  map[loanID]bool{},
 		bursts:    map[Key]burst{},
 		dead:      map[string]bool{},
+		live:      map[string]bool{},
 		gen:       epoch,
 	}
 	a.SetMembers(epoch, members)
@@ -237,7 +239,17 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 		if missed[i] < k && !dead {
 			reachable++
 		}
-		downI[i] = got[i] == nil && (missed[i] > k || dead)
+		// Reclaiming is a raise for the others, so silence alone is
+		// trusted less while membership still sees a node of the region
+		// alive: reports lost at random (one in ten, say) then go missing
+		// K+1 times in a row often enough over many region pairs to hand
+		// out a share still in use, where 2K+2 in a row practically never
+		// does. Cutting (reachable, above) keeps the short fuse.
+		silence := k
+		if a.live[r] {
+			silence = 2*k + 1
+		}
+		downI[i] = got[i] == nil && (missed[i] > silence || dead)
 	}
 	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k && !(a.dead[a.regions[0]] && got[0] == nil))
 	a.isolated = !quorum
@@ -464,6 +476,19 @@ func (a *Allocator) Shares(key Key) []float64 {
 
 // Keys returns the number of coordinated keys.
 func (a *Allocator) Keys() int { return len(a.keys) }
+
+// SetLive records the regions membership sees with at least one node
+// alive and answering its probes. Rebalance reclaims such a region's share only after 2K+2 missed
+// reports rather than K+1 (see PartitionIntervals); membership
+// declaring it dead (SetDead) still reclaims at once.
+func (a *Allocator) SetLive(live []string) {
+	clear(a.live)
+	for _, r := range live {
+		if r != a.self {
+			a.live[r] = true
+		}
+	}
+}
 
 // SetDead records the regions membership has declared dead at now (every
 // node of the region failed its probes and its suspicion timed out; a

@@ -248,6 +248,42 @@ func TestCrashedRegionIsReclaimed(t *testing.T) {
 	}
 }
 
+// TestSilentLiveRegionKeepsItsShareLonger: reports of a region that
+// membership still sees alive must go missing 2K+2 times in a row before
+// the others hand its share out, against K+1 for a region membership
+// knows nothing alive of (TestCrashedRegionIsReclaimed).
+func TestSilentLiveRegionKeepsItsShareLonger(t *testing.T) {
+	c := newCluster(t, 5)
+	offered := map[string]float64{"r0": 600, "r1": 600, "r2": 600, "r3": 600, "r4": 600}
+	for range 3 {
+		c.step(offered)
+	}
+	for _, name := range c.names {
+		c.allocs[name].SetLive(c.names)
+	}
+	c.deliver = func(from, to string) bool { return from != "r4" }
+	k := c.cfg.PartitionIntervals
+	othersShare := func() float64 {
+		at := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + c.cfg.RaiseDelay)
+		var sum float64
+		for _, name := range c.names[:4] {
+			sum += c.allocs[name].Table(at).Share(c.key.Policy, c.key.Subject)
+		}
+		return sum
+	}
+	before := othersShare()
+	for range 2*k + 1 {
+		c.step(offered)
+	}
+	if got := othersShare(); math.Abs(got-before) > 1e-9 {
+		t.Errorf("after %d missed reports of a live region the others hold %v, want %v as before", 2*k+1, got, before)
+	}
+	c.step(offered)
+	if got, want := othersShare(), 1-c.cfg.safe(5); math.Abs(got-want) > 1e-9 {
+		t.Errorf("after %d missed reports the others hold %v, want %v", 2*k+2, got, want)
+	}
+}
+
 func TestMembershipChangeRedistributes(t *testing.T) {
 	c := newCluster(t, 3)
 	offered := map[string]float64{"r0": 900, "r1": 900, "r2": 900}

@@ -595,29 +595,39 @@ func (c *Core) Status(live map[string][]string) Status {
 	return st
 }
 
-// deadRegions are the other regions membership has declared dead: every
-// node of theirs it knows is dead (a crash or a partition), none is live, and
-// not all of them left gracefully (a leave is SetMembers' business).
-func (c *Core) deadRegions() []string {
-	live, dead := map[string]bool{}, map[string]bool{}
+// regionStates are the other regions membership has declared dead (every
+// node of theirs it knows is dead: a crash or a partition; none is live;
+// not all of them left gracefully, which is SetMembers' business) and
+// those with a node alive and not even suspected. A crashed region's
+// nodes turn suspect within a probe or two, long before the suspicion
+// times out into dead, so only a region whose nodes still answer probes
+// while its reports go missing (loss on the way) counts as alive.
+func (c *Core) regionStates() (dead, alive []string) {
+	liveSet, deadSet, aliveSet := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range c.members {
 		if m.Region == "" || m.Region == c.self {
 			continue
 		}
-		if m.State.Live() {
-			live[m.Region] = true
-		} else if m.State == gossip.StateDead {
-			dead[m.Region] = true
+		switch {
+		case m.State == gossip.StateAlive:
+			aliveSet[m.Region] = true
+			liveSet[m.Region] = true
+		case m.State.Live():
+			liveSet[m.Region] = true
+		case m.State == gossip.StateDead:
+			deadSet[m.Region] = true
 		}
 	}
-	var out []string
-	for r := range dead {
-		if !live[r] {
-			out = append(out, r)
+	for r := range deadSet {
+		if !liveSet[r] {
+			dead = append(dead, r)
 		}
 	}
-	slices.Sort(out)
-	return out
+	for r := range aliveSet {
+		alive = append(alive, r)
+	}
+	slices.Sort(dead)
+	return dead, alive
 }
 
 // checkMembership tells the allocator when membership declares a region
@@ -626,7 +636,8 @@ func (c *Core) deadRegions() []string {
 // after K+1 missed reports: share.Allocator.SetDead. The cut table is
 // published at once and the raised one RaiseDelay later.
 func (c *Core) checkMembership(now time.Time) {
-	dead := c.deadRegions()
+	dead, alive := c.regionStates()
+	c.alloc.SetLive(alive)
 	if !slices.Equal(dead, c.dead) {
 		c.dead = dead
 		c.alloc.SetDead(now, dead)

@@ -667,19 +667,24 @@ func TestCoreTakeoverAfterCrash(t *testing.T) {
 	sc := testShareConfig()
 	sc.Settle = 250 * time.Millisecond // region.ShareConfig(1 s)
 	sc.RaiseDelay = 100 * time.Millisecond
+	// Silence reclaims after K+1 missed reports a region whose nodes are
+	// suspected, after 2K+2 one whose nodes still answer every probe.
 	reclaim := time.Duration(sc.PartitionIntervals+1)*sc.Interval + sc.Settle + sc.RaiseDelay
+	reclaimAlive := time.Duration(2*sc.PartitionIntervals+2)*sc.Interval + sc.Settle + sc.RaiseDelay
 	for _, tt := range []struct {
-		name   string
-		delay  time.Duration // gossip delivery delay
-		crash  time.Duration // into the interval: r3's report of the last one is sent at Settle/3
-		detect time.Duration // membership declares r3 dead this long after the crash
+		name    string
+		delay   time.Duration // gossip delivery delay
+		crash   time.Duration // into the interval: r3's report of the last one is sent at Settle/3
+		suspect time.Duration // membership suspects r3's nodes this long after the crash
+		detect  time.Duration // membership declares r3 dead this long after the crash
 	}{
-		{"crash at the boundary, slow detection", 20 * time.Millisecond, 0, 8 * time.Second},
-		{"crash after the report, slow detection", 20 * time.Millisecond, 200 * time.Millisecond, 8 * time.Second},
-		{"crash late in the interval, slow detection", 20 * time.Millisecond, 900 * time.Millisecond, 8 * time.Second},
-		{"slow gossip, slow detection", 140 * time.Millisecond, 500 * time.Millisecond, 8 * time.Second},
-		{"fast detection", 20 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second},
-		{"slow gossip, fast detection", 140 * time.Millisecond, 0, 1500 * time.Millisecond},
+		{"crash at the boundary, slow detection", 20 * time.Millisecond, 0, 1500 * time.Millisecond, 8 * time.Second},
+		{"crash after the report, slow detection", 20 * time.Millisecond, 200 * time.Millisecond, 1500 * time.Millisecond, 8 * time.Second},
+		{"crash late in the interval, slow detection", 20 * time.Millisecond, 900 * time.Millisecond, 1500 * time.Millisecond, 8 * time.Second},
+		{"slow gossip, slow detection", 140 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond, 8 * time.Second},
+		{"fast detection", 20 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second},
+		{"slow gossip, fast detection", 140 * time.Millisecond, 0, time.Second, 1500 * time.Millisecond},
+		{"never suspected, slower detection", 20 * time.Millisecond, 500 * time.Millisecond, 12 * time.Second, 12 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newCoreNetCollect(t, sc, 0, "r1-0", "r1-1", "r2-0", "r2-1", "r3-0", "r3-1")
@@ -695,10 +700,13 @@ func TestCoreTakeoverAfterCrash(t *testing.T) {
 			n.node("r3-0").down, n.node("r3-1").down = true, true
 			n.rate = map[string]float64{"r1-0": 50, "r1-1": 50, "r2-0": 50, "r2-1": 50}
 			var took time.Duration
-			n.run(crash.Add(reclaim+2*sc.Interval), 10*time.Millisecond, func() {
+			n.run(crash.Add(reclaimAlive+2*sc.Interval), 10*time.Millisecond, func() {
 				since := n.now.Sub(crash)
-				if since >= tt.detect {
+				switch {
+				case since >= tt.detect:
 					n.node("r3-0").state, n.node("r3-1").state = gossip.StateDead, gossip.StateDead
+				case since >= tt.suspect:
+					n.node("r3-0").state, n.node("r3-1").state = gossip.StateSuspect, gossip.StateSuspect
 				}
 				s := n.shares("r1-0", "r1-1", "r2-0", "r2-1")
 				if total := max(s[0], s[1]) + max(s[2], s[3]); total > 1+1e-9 {
@@ -708,7 +716,14 @@ func TestCoreTakeoverAfterCrash(t *testing.T) {
 					took = since
 				}
 			})
-			bound := min(reclaim, tt.detect+sc.RaiseDelay) + 20*time.Millisecond // two ticks
+			silent := reclaim
+			if tt.suspect >= time.Duration(sc.PartitionIntervals+1)*sc.Interval {
+				silent = reclaimAlive
+			}
+			bound := min(silent, tt.detect+sc.RaiseDelay) + 20*time.Millisecond // two ticks
+			if silent == reclaimAlive && took != 0 && took < reclaim+sc.Interval {
+				t.Errorf("r1+r2 took the share of a region answering every probe %v after its crash, before 2K+2 missed reports", took)
+			}
 			if took == 0 || took > bound {
 				t.Errorf("r1+r2 hold r3's share %v after the crash (0: never), want within %v (r1, r2 at %.3f)",
 					took, bound, n.shares("r1-0", "r2-0"))
