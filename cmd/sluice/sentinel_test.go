@@ -19,8 +19,10 @@ func TestServeOnRedisSentinel(t *testing.T) {
 	sd := redistest.StartSentinel(t)
 	store := "redis-sentinel://" + redistest.MasterName + "@" + strings.Join(sd.Addrs(), ",")
 	empty := writeFile(t, "policies.json", "[]")
-	a := startDaemon(t, bin, "--store", store, "--policies", empty)
-	b := startDaemon(t, bin, "--store", store, "--policies", empty)
+	// Exact shared admissions are asserted: a deadline far above the 5 ms
+	// default keeps a loaded test machine from deciding on the fallback.
+	a := startDaemon(t, bin, "--store", store, "--policies", empty, "--store-timeout", "250ms")
+	b := startDaemon(t, bin, "--store", store, "--policies", empty, "--store-timeout", "250ms")
 
 	for _, d := range []*daemon{a, b} {
 		r := d.do("GET", "/readyz", "")

@@ -181,7 +181,10 @@ func TestServeEndToEnd(t *testing.T) {
 	for _, name := range []string{"memory", "redis"} {
 		t.Run(name, func(t *testing.T) {
 			empty := writeFile(t, "policies.json", "[]")
-			d := startDaemon(t, bin, "--store", stores[name](t), "--policies", empty, "--data-dir", t.TempDir())
+			// The decisions asserted are the store's: a deadline far above
+			// the 5 ms default keeps a loaded test machine from turning
+			// them into fallback ones (deadlines have their own tests).
+			d := startDaemon(t, bin, "--store", stores[name](t), "--policies", empty, "--data-dir", t.TempDir(), "--store-timeout", "250ms")
 			if r := d.admin("GET", "/v1/policies", ""); r.status != 200 || !strings.Contains(r.body, `"policies":[]`) {
 				t.Fatalf("policies = %d %s, want none", r.status, r.body)
 			}
@@ -269,8 +272,10 @@ func TestServeSharedPolicies(t *testing.T) {
 	bin := buildSluice(t)
 	store := "redis://" + redistest.Start(t).Addr()
 	empty := writeFile(t, "policies.json", "[]")
-	a := startDaemon(t, bin, "--store", store, "--policies", empty)
-	b := startDaemon(t, bin, "--store", store, "--policies", empty)
+	// Shared state is asserted, so a deadline far above the default keeps
+	// a loaded test machine from deciding on the fallback.
+	a := startDaemon(t, bin, "--store", store, "--policies", empty, "--store-timeout", "250ms")
+	b := startDaemon(t, bin, "--store", store, "--policies", empty, "--store-timeout", "250ms")
 
 	waitVersion := func(d *daemon, id string, want int) time.Duration {
 		t.Helper()
