@@ -160,10 +160,17 @@ func (e *ValidationError) err() error {
 	return e
 }
 
+// IDPattern is what ids of policies and overrides, and tiers, look like.
+const IDPattern = `^[a-z0-9][a-z0-9._-]{0,63}$`
+
 var (
-	idPattern     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	idPattern     = regexp.MustCompile(IDPattern)
 	methodPattern = regexp.MustCompile(`^[A-Z]{1,32}$`)
 )
+
+// ValidID reports whether s matches IDPattern: a policy or override id, or
+// a tier.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
 
 // ParsePolicy decodes one policy document strictly (unknown fields, trailing
 // data and wrong types are errors), fills in defaults (see Normalize) and

@@ -145,8 +145,8 @@ func (d *Daemon) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	tier := q.Get("tier")
-	if tier != "" && !tierPattern.MatchString(tier) {
-		d.fail(w, r, invalid("tier", "must match ^[a-z0-9][a-z0-9._-]{0,63}$, got %q", clipStr(tier)))
+	if tier != "" && !quota.ValidID(tier) {
+		d.fail(w, r, invalid("tier", "must match %s, got %q", quota.IDPattern, clipStr(tier)))
 		return
 	}
 	ps := d.reg.List(tier)
@@ -398,8 +398,8 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	tier := q.Get("tier")
-	if tier != "" && !tierPattern.MatchString(tier) {
-		d.fail(w, r, invalid("tier", "must match ^[a-z0-9][a-z0-9._-]{0,63}$"))
+	if tier != "" && !quota.ValidID(tier) {
+		d.fail(w, r, invalid("tier", "must match %s", quota.IDPattern))
 		return
 	}
 	if tier == "" {

@@ -160,7 +160,6 @@ type verdict struct {
 }
 
 var (
-	tierPattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 	methodPattern = regexp.MustCompile(`^[A-Za-z]{1,32}$`)
 )
 
@@ -232,8 +231,8 @@ func (in *CheckRequest) target(prefix string) (target, *Problem) {
 		return target{}, invalid(at(""), "%v", err)
 	}
 	if in.Tier != "" {
-		if !tierPattern.MatchString(in.Tier) {
-			return target{}, invalid(at("tier"), "must match ^[a-z0-9][a-z0-9._-]{0,63}$, got %q", clipStr(in.Tier))
+		if !quota.ValidID(in.Tier) {
+			return target{}, invalid(at("tier"), "must match %s, got %q", quota.IDPattern, clipStr(in.Tier))
 		}
 		id.Tier = in.Tier
 	}
