@@ -95,8 +95,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	if err := json.Unmarshal(data, &doc); err != nil {
 		t.Fatalf("openapi.json: %v", err)
 	}
-	for name, v := range map[string]any{"GlobalQuota": GlobalQuota{}, "QuotaStat": globalshare.QuotaStat{},
-		"Override": quota.Override{}, "Decision": Decision{}, "ExemptResult": ExemptResult{}} {
+	same := func(name string, props map[string]json.RawMessage, v any) {
 		var want []string
 		for f := range reflect.TypeOf(v).Fields() {
 			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag != "" && tag != "-" {
@@ -104,7 +103,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 			}
 		}
 		var got []string
-		for p := range doc.Components.Schemas[name].Properties {
+		for p := range props {
 			got = append(got, p)
 		}
 		sort.Strings(want)
@@ -113,4 +112,15 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 			t.Errorf("schema %s documents %v, want the fields of %T: %v", name, got, v, want)
 		}
 	}
+	for name, v := range map[string]any{"GlobalQuota": GlobalQuota{}, "QuotaStat": globalshare.QuotaStat{},
+		"Override": quota.Override{}, "Decision": Decision{}, "ExemptResult": ExemptResult{}, "Policy": quota.Policy{}} {
+		same(name, doc.Components.Schemas[name].Properties, v)
+	}
+	var match struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if err := json.Unmarshal(doc.Components.Schemas["Policy"].Properties["match"], &match); err != nil {
+		t.Fatalf("Policy.match: %v", err)
+	}
+	same("Policy.match", match.Properties, quota.Match{})
 }
