@@ -395,6 +395,21 @@ func (r *Registry) appendMatch(dst []Applied, ex []Exemption, q Query, wantExemp
 	return dst, ex
 }
 
+// SubjectLimit is the limit of policy p for subject as a check applies
+// it: an override in force for the pair replaces p's limit (override names
+// it), and an unlimited one exempts the subject (exempt is not nil; the
+// policy is then not decided at all).
+func (r *Registry) SubjectLimit(p *Policy, subject string) (l engine.Limit, override string, exempt *Exemption) {
+	v := r.view.Load()
+	if o, ok := v.overrides[ovKey{subject, p.ID}]; ok && r.now().Before(o.expires) {
+		if o.exempt {
+			return engine.Limit{}, "", &Exemption{Policy: p, Override: o.id, ExpiresAt: o.expires}
+		}
+		return o.limit, o.id, nil
+	}
+	return p.Limit(), "", nil
+}
+
 func upperASCII(s string) string {
 	for i := 0; i < len(s); i++ {
 		if 'a' <= s[i] && s[i] <= 'z' {

@@ -285,7 +285,7 @@ type Usage struct {
 	Subject  string         `json:"subject"`
 	Tier     string         `json:"tier"`
 	Policies []PolicyResult `json:"policies"`
-	// Exempt lists, with ?route=, the policies that match the route but
+	// Exempt lists the policies (with ?route=, those matching the route)
 	// that the subject is exempt from (an unlimited override in force);
 	// they are not in Policies and their state is not read.
 	Exempt []ExemptResult `json:"exempt,omitempty"`
@@ -448,12 +448,19 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Exempt = exemptResults(exempt)
 	} else {
+		var exempt []quota.Exemption
 		for _, p := range d.reg.List(tier) {
 			if p.IsDescriptorPolicy() {
 				continue // counted per descriptor, not per subject
 			}
-			add(&p, p.Limit(), "")
+			l, override, ex := d.reg.SubjectLimit(&p, subject)
+			if ex != nil {
+				exempt = append(exempt, *ex)
+				continue
+			}
+			add(&p, l, override)
 		}
+		out.Exempt = exemptResults(exempt)
 	}
 	results, p := d.peek(r, subject, checks)
 	if p != nil {

@@ -229,3 +229,34 @@ func TestExemptionSync(t *testing.T) {
 	}
 	eventually(t, "b to limit tenant-7 again", 10*time.Second, func() bool { return !exempt(b) })
 }
+
+// TestUsageAppliesOverrides: the usage report of a subject, with or
+// without ?route=, shows the limit an override gives it and lists the
+// policies it is exempt from, as its checks apply them.
+func TestUsageAppliesOverrides(t *testing.T) {
+	h := newHarness(t, nil)
+	h.putPolicy("a", `{"algorithm":"token_bucket","rate_per_sec":0.001,"burst":3,"mode":"enforce"}`)
+	h.putPolicy("b", `{"algorithm":"token_bucket","rate_per_sec":0.001,"burst":10,"mode":"enforce"}`)
+	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Second).Format(time.RFC3339)
+	for _, body := range []string{
+		fmt.Sprintf(`{"id":"more","subject":"user:7","policy":"a","burst":50,"rate_per_sec":0.001,"expires_at":%q}`, exp),
+		fmt.Sprintf(`{"id":"free","subject":"user:7","policy":"b","unlimited":true,"expires_at":%q}`, exp),
+	} {
+		if r := h.admin("POST", "/v1/overrides", body); r.status != 201 {
+			t.Fatalf("POST override = %d %s", r.status, r.body)
+		}
+	}
+	for _, path := range []string{"/v1/keys/user:7/usage", "/v1/keys/user:7/usage?route=/x"} {
+		r := h.admin("GET", path, "")
+		var u Usage
+		if err := json.Unmarshal(r.body, &u); err != nil || r.status != 200 {
+			t.Fatalf("GET %s = %d %s", path, r.status, r.body)
+		}
+		if len(u.Policies) != 1 || u.Policies[0].ID != "a" || u.Policies[0].Limit != 50 || u.Policies[0].Override != "more" {
+			t.Errorf("GET %s policies = %+v, want a at the override's 50 by more", path, u.Policies)
+		}
+		if len(u.Exempt) != 1 || u.Exempt[0].ID != "b" || u.Exempt[0].Override != "free" {
+			t.Errorf("GET %s exempt = %+v, want b by free", path, u.Exempt)
+		}
+	}
+}
