@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/quota"
@@ -276,4 +278,53 @@ func BenchmarkHTTPAuthzRejected(b *testing.B) {
 		return r, nil
 	})
 	runHTTPBenchStatus(b, d.Handler(), reqs, http.StatusTooManyRequests)
+}
+
+// BenchmarkServerCheck is BenchmarkHTTPCheck through the data-plane
+// server's handler as Serve installs it, request conversion included, as
+// a gateway's check goes (without the network).
+func BenchmarkServerCheck(b *testing.B) {
+	runServerBench(b, newBenchDaemon(b), func(user string, r *fasthttp.Request) {
+		r.Header.SetMethod("POST")
+		r.SetRequestURI("/v1/check")
+		r.Header.SetHost("sluice")
+		r.Header.SetContentType("application/json")
+		r.SetBodyString(`{"user":"` + user + `","route":"/bench","method":"GET"}`)
+	})
+}
+
+// BenchmarkServerAuthz is BenchmarkHTTPAuthz through the data-plane
+// server's handler, as BenchmarkServerCheck: user i calls from its own
+// address.
+func BenchmarkServerAuthz(b *testing.B) {
+	runServerBench(b, newBenchDaemon(b), func(user string, r *fasthttp.Request) {
+		r.Header.SetMethod("GET")
+		r.SetRequestURI("/v1/authz")
+		r.Header.SetHost("sluice")
+		r.Header.Set("X-Original-URI", "/bench")
+		r.Header.Set("X-Original-Method", "GET")
+	})
+}
+
+func runServerBench(b *testing.B, d *Daemon, build func(user string, r *fasthttp.Request)) {
+	h := fastHandler(d.Handler())
+	reqs := make([]*fasthttp.Request, benchUsers)
+	addrs := make([]net.Addr, benchUsers)
+	for i := range reqs {
+		reqs[i] = new(fasthttp.Request)
+		build("u"+strconv.Itoa(i), reqs[i])
+		addrs[i] = &net.TCPAddr{IP: net.IPv4(10, 0, byte(i/256), byte(i%256)), Port: 40000}
+	}
+	var ctx fasthttp.RequestCtx
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Response.Reset()
+		ctx.Init(reqs[i], addrs[i], nil)
+		i = (i + 1) % len(reqs)
+		h(&ctx)
+		if s := ctx.Response.StatusCode(); s != http.StatusOK {
+			b.Fatalf("status %d: %s", s, ctx.Response.Body())
+		}
+	}
 }

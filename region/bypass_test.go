@@ -266,12 +266,12 @@ func TestAuthzForwardedHeaderPair(t *testing.T) {
 // instead of replacing it: refused, naming it, never half-believed.
 func TestAuthzRepeatedTargetHeader(t *testing.T) {
 	h := loginHarness(t, nil)
-	req, err := http.NewRequest("GET", h.srv.URL+"/v1/authz", nil)
+	req, err := http.NewRequest("GET", h.url+"/v1/authz", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header = http.Header{"X-Original-Method": {"POST"}, "X-Original-Uri": {"/elsewhere", "/login"}}
-	res, err := h.srv.Client().Do(req)
+	res, err := h.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

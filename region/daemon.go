@@ -729,17 +729,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 	defer d.close()
 	g, gctx := errgroup.WithContext(ctx)
-	servers := []*http.Server{d.httpServer(d.Handler())}
-	lns := []net.Listener{ln}
+	fs := d.fastServer(d.Handler())
+	d.log.Info("listening", "addr", ln.Addr().String(), "admin", aln == nil)
+	g.Go(func() error { return fs.Serve(ln) })
+	var servers []*http.Server
 	if aln != nil {
-		servers = append(servers, d.httpServer(d.AdminHandler()))
-		lns = append(lns, aln)
-	}
-	for i, s := range servers {
-		s, l := s, lns[i]
-		d.log.Info("listening", "addr", l.Addr().String(), "admin", i == 1 || aln == nil)
+		s := d.httpServer(d.AdminHandler())
+		servers = append(servers, s)
+		d.log.Info("listening", "addr", aln.Addr().String(), "admin", true)
 		g.Go(func() error {
-			if err := s.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(aln); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -766,6 +765,10 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), d.cfg.ShutdownTimeout)
 		defer cancel()
 		var errs []error
+		if err := fs.ShutdownWithContext(sctx); err != nil {
+			errs = append(errs, err)
+		}
+		ln.Close() // Shutdown does nothing to a Serve that has not begun
 		for _, s := range servers {
 			if err := s.Shutdown(sctx); err != nil {
 				errs = append(errs, err)

@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -20,9 +20,10 @@ import (
 const testToken = "test-admin-token"
 
 type harness struct {
-	t   *testing.T
-	d   *Daemon
-	srv *httptest.Server
+	t      *testing.T
+	d      *Daemon
+	url    string // the data-plane listener, served as Serve serves it
+	client *http.Client
 }
 
 func newHarness(t *testing.T, mutate func(*Config)) *harness {
@@ -38,9 +39,35 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	srv := httptest.NewServer(d.Handler())
-	t.Cleanup(func() { srv.Close(); d.close() })
-	return &harness{t: t, d: d, srv: srv}
+	t.Cleanup(d.close)
+	url := serveData(t, d)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &harness{t: t, d: d, url: url, client: &http.Client{Transport: tr}}
+}
+
+// serveData serves d's data-plane routes on the server Serve uses for
+// them, on a loopback port, and returns its base URL: tests through it go
+// through the request conversion gateways go through.
+func serveData(t testing.TB, d *Daemon) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := d.fastServer(d.Handler())
+	done := make(chan error, 1)
+	go func() { done <- fs.Serve(ln) }()
+	t.Cleanup(func() {
+		if err := fs.Shutdown(); err != nil {
+			t.Errorf("shutting the data-plane server down: %v", err)
+		}
+		ln.Close() // Shutdown does nothing to a Serve that has not begun
+		if err := <-done; err != nil {
+			t.Errorf("data-plane server: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
 }
 
 type resp struct {
@@ -60,7 +87,7 @@ func (r resp) json(t *testing.T) map[string]any {
 
 func (h *harness) do(method, path, body string, hdr ...string) resp {
 	h.t.Helper()
-	req, err := http.NewRequest(method, h.srv.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -70,7 +97,7 @@ func (h *harness) do(method, path, body string, hdr ...string) resp {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	res, err := h.srv.Client().Do(req)
+	res, err := h.client.Do(req)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -149,10 +149,9 @@ func TestBodyTooLargeClosesConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.close)
-	srv := httptest.NewServer(d.Handler())
-	t.Cleanup(srv.Close)
+	url := serveData(t, d)
 	body := `{"user":"u","route":"/` + strings.Repeat("a", 1100) + `"}`
-	resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(body))
+	resp, err := http.Post(url+"/v1/check", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestProfilerOnAdminListenerOnly(t *testing.T) {
 		{"admin listener, a profile", admin.URL, "/debug/pprof/cmdline", testToken, 200},
 		{"admin listener without token", admin.URL, "/debug/pprof/", "", 401},
 		{"admin listener, wrong token", admin.URL, "/debug/pprof/", "nope", 403},
-		{"public listener", h.srv.URL, "/debug/pprof/", testToken, 404},
+		{"public listener", h.url, "/debug/pprof/", testToken, 404},
 	}
 	for _, tc := range tests {
 		if got := get(tc.base, tc.path, tc.token); got != tc.want {

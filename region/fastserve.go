@@ -1,0 +1,230 @@
+package region
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The data-plane listener, where gateways ask once per request, is served
+// by fasthttp. net/http's server spends, on every request, a goroutine and
+// extra read syscalls watching whether the client went away, which costs
+// more than deciding the request itself; fasthttp serves a keep-alive
+// connection with one read and one write per request. The handlers stay
+// net/http handlers, shared with the admin listener and the tests: each
+// request is converted to an *http.Request (every string copied, so that
+// nothing a handler keeps points into fasthttp's reused buffers) and the
+// answer written through a small http.ResponseWriter.
+
+// fastServer serves h on the data-plane listener with the limits of
+// httpServer: header size, read and idle timeouts.
+func (d *Daemon) fastServer(h http.Handler) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:      fastHandler(h),
+		ErrorHandler: d.fastError,
+		ReadTimeout:  30 * time.Second,
+		IdleTimeout:  2 * time.Minute,
+		// The request line and headers must fit the read buffer, as
+		// net/http's MaxHeaderBytes bounds them.
+		ReadBufferSize: 64 << 10,
+		// fasthttp reads a body whole before the handler runs. Bodies past
+		// MaxBodyBytes are refused by the handlers with their problem and
+		// the connection closed; up to four times that is read so that the
+		// client, still writing, gets the answer instead of a reset, and
+		// beyond it fastError answers at once.
+		MaxRequestBodySize:    int(max(4*d.cfg.MaxBodyBytes, 64<<10)),
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		// Paths reach the handlers as the client wrote them, as with
+		// net/http: ServeMux redirects unclean paths, and /v1/authz/<path>
+		// limits the path it was given.
+		DisablePreParseMultipartForm: true,
+		Logger:                       fastLogger{d},
+		CloseOnShutdown:              true,
+	}
+}
+
+// fastLogger sends fasthttp's own messages (connection errors) to the
+// daemon's log at warning level, as httpServer's ErrorLog does.
+type fastLogger struct{ d *Daemon }
+
+func (l fastLogger) Printf(format string, args ...any) {
+	l.d.log.Warn("http server", "msg", fmt.Sprintf(format, args...))
+}
+
+// fastError answers a request fasthttp could not read as a problem, as the
+// handlers answer theirs; fasthttp closes the connection after it.
+func (d *Daemon) fastError(ctx *fasthttp.RequestCtx, err error) {
+	p := newProblem(http.StatusBadRequest, ProblemInvalid, "malformed HTTP request")
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		p = newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", d.cfg.MaxBodyBytes))
+	case errors.As(err, &small):
+		p = newProblem(http.StatusRequestHeaderFieldsTooLarge, ProblemInvalid, "the request headers are too large")
+	case isTimeout(err):
+		p = newProblem(http.StatusRequestTimeout, ProblemInvalid, "the request was not read in time")
+	}
+	w := &fastWriter{ctx: ctx, header: http.Header{}}
+	writeProblem(w, nil, p)
+	ctx.SetConnectionClose()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// fastHandler converts each request for h.
+func fastHandler(h http.Handler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		r, err := stdRequest(ctx)
+		if err != nil {
+			w := &fastWriter{ctx: ctx, header: http.Header{}}
+			writeProblem(w, nil, newProblem(http.StatusBadRequest, ProblemInvalid, "malformed request target"))
+			return
+		}
+		w := writers.Get().(*fastWriter)
+		w.ctx = ctx
+		h.ServeHTTP(w, r)
+		if w.status == 0 {
+			w.WriteHeader(http.StatusOK)
+		}
+		w.reset()
+		writers.Put(w)
+	}
+}
+
+var writers = sync.Pool{New: func() any { return &fastWriter{header: http.Header{}} }}
+
+// stdRequest is the *http.Request net/http's server would hand a handler
+// for the request in ctx: the method, the target as sent (RequestURI and
+// its parsed URL), Host apart from the header, the other headers in their
+// canonical form, the body, the peer's address.
+func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
+	uri := string(ctx.RequestURI())
+	u, err := url.ParseRequestURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	body := ctx.PostBody()
+	r := &http.Request{
+		Method:        string(ctx.Method()),
+		URL:           u,
+		RequestURI:    uri,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        make(http.Header, 4),
+		Host:          string(ctx.Host()),
+		RemoteAddr:    ctx.RemoteAddr().String(),
+		ContentLength: int64(len(body)),
+		Body:          http.NoBody,
+	}
+	if !ctx.Request.Header.IsHTTP11() {
+		r.Proto, r.ProtoMinor = "HTTP/1.0", 0
+	}
+	if len(body) > 0 {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	// One backing array for the values of headers seen once, and the
+	// common names without a copy: most requests then cost no allocation
+	// per header beyond its value.
+	vals := make([]string, 0, ctx.Request.Header.Len())
+	for k, v := range ctx.Request.Header.All() {
+		key, ok := headerNames[string(k)]
+		if !ok {
+			key = string(k)
+		}
+		switch key {
+		case "Host", "Transfer-Encoding":
+			continue // r.Host; the body arrives de-chunked
+		}
+		if prev, ok := r.Header[key]; ok {
+			r.Header[key] = append(prev[:len(prev):len(prev)], string(v))
+			continue
+		}
+		vals = append(vals, string(v))
+		r.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	return r, nil // a nil context is context.Background
+}
+
+// headerNames are the header names gateways commonly send, in canonical
+// form, so that converting them copies nothing.
+var headerNames = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Accept", "Accept-Encoding", "Authorization", "Connection", "Content-Length",
+		"Content-Type", "Cookie", "Forwarded", "Host", "Transfer-Encoding", "User-Agent", "X-Api-Key",
+		"X-Envoy-Expected-Rq-Timeout-Ms", "X-Envoy-Internal", "X-Forwarded-For", "X-Forwarded-Host",
+		"X-Forwarded-Method", "X-Forwarded-Proto", "X-Forwarded-Uri", "X-Original-Method", "X-Original-Uri",
+		"X-Original-Url", "X-Real-Ip", "X-Request-Id", "X-Sluice-Tier"} {
+		m[k] = k
+	}
+	return m
+}()
+
+// fastWriter is the http.ResponseWriter of a converted request: headers
+// go to fasthttp's response at WriteHeader, the body into its buffer.
+type fastWriter struct {
+	ctx    *fasthttp.RequestCtx
+	header http.Header
+	status int
+	wrote  bool
+}
+
+func (w *fastWriter) Header() http.Header { return w.header }
+
+func (w *fastWriter) WriteHeader(code int) {
+	if w.status != 0 {
+		return
+	}
+	w.status = code
+	if code == http.StatusRequestEntityTooLarge {
+		// As net/http does after http.MaxBytesReader gave up on a body.
+		w.ctx.SetConnectionClose()
+	}
+	rh := &w.ctx.Response.Header
+	for k, vs := range w.header {
+		switch k {
+		case "Content-Length":
+			continue // fasthttp counts the body it sends
+		case "Connection":
+			if len(vs) > 0 && strings.EqualFold(vs[0], "close") {
+				w.ctx.SetConnectionClose()
+			}
+			continue
+		}
+		for _, v := range vs {
+			rh.Add(k, v)
+		}
+	}
+	w.ctx.SetStatusCode(code)
+}
+
+func (w *fastWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.wrote && len(b) > 0 {
+		w.wrote = true
+		if len(w.ctx.Response.Header.ContentType()) == 0 {
+			w.ctx.Response.Header.SetContentType(http.DetectContentType(b))
+		}
+	}
+	return w.ctx.Write(b)
+}
+
+func (w *fastWriter) reset() {
+	clear(w.header)
+	w.ctx, w.status, w.wrote = nil, 0, false
+}
