@@ -307,7 +307,7 @@ func BenchmarkServerAuthz(b *testing.B) {
 }
 
 func runServerBench(b *testing.B, d *Daemon, build func(user string, r *fasthttp.Request)) {
-	h := fastHandler(d.Handler())
+	h := d.fastHandler(d.Handler())
 	reqs := make([]*fasthttp.Request, benchUsers)
 	addrs := make([]net.Addr, benchUsers)
 	for i := range reqs {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -29,7 +28,7 @@ import (
 // httpServer: header size, read and idle timeouts.
 func (d *Daemon) fastServer(h http.Handler) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:      fastHandler(h),
+		Handler:      d.fastHandler(h),
 		ErrorHandler: d.fastError,
 		ReadTimeout:  30 * time.Second,
 		IdleTimeout:  2 * time.Minute,
@@ -84,8 +83,11 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// fastHandler converts each request for h.
-func fastHandler(h http.Handler) fasthttp.RequestHandler {
+// fastHandler converts each request for h, the data-plane mux. POST
+// /v1/check, the call gateways make most, goes straight to its handler as
+// the mux would route it (the same pattern, panics recovered the same way).
+func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
+	check := d.recoverer(http.HandlerFunc(d.handleCheck))
 	return func(ctx *fasthttp.RequestCtx) {
 		r, err := stdRequest(ctx)
 		if err != nil {
@@ -95,7 +97,12 @@ func fastHandler(h http.Handler) fasthttp.RequestHandler {
 		}
 		w := writers.Get().(*fastWriter)
 		w.ctx = ctx
-		h.ServeHTTP(w, r)
+		if r.Method == http.MethodPost && r.URL.RawPath == "" && r.URL.Path == "/v1/check" {
+			r.Pattern = "POST /v1/check"
+			check.ServeHTTP(w, r)
+		} else {
+			h.ServeHTTP(w, r)
+		}
 		if w.status == 0 {
 			w.WriteHeader(http.StatusOK)
 		}
@@ -117,8 +124,19 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 		return nil, err
 	}
 	body := ctx.PostBody()
+	var method string
+	switch m := ctx.Method(); string(m) { // no copy for the common ones
+	case http.MethodGet:
+		method = http.MethodGet
+	case http.MethodPost:
+		method = http.MethodPost
+	case http.MethodHead:
+		method = http.MethodHead
+	default:
+		method = string(m)
+	}
 	r := &http.Request{
-		Method:        string(ctx.Method()),
+		Method:        method,
 		URL:           u,
 		RequestURI:    uri,
 		Proto:         "HTTP/1.1",
@@ -134,7 +152,9 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 		r.Proto, r.ProtoMinor = "HTTP/1.0", 0
 	}
 	if len(body) > 0 {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		rb := new(bodyReader)
+		rb.Reset(body)
+		r.Body = rb
 	}
 	// One backing array for the values of headers seen once, and the
 	// common names without a copy: most requests then cost no allocation
@@ -158,6 +178,11 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 	}
 	return r, nil // a nil context is context.Background
 }
+
+// bodyReader is a request body read from fasthttp's buffer.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 // headerNames are the header names gateways commonly send, in canonical
 // form, so that converting them copies nothing.

@@ -95,6 +95,9 @@ func TestDataPlaneServerAnswersAsNetHTTP(t *testing.T) {
 	reqs := []struct{ name, raw string }{
 		{"check", post("/v1/check", "application/json", check)},
 		{"check with query", post("/v1/check?x=1", "application/json", check)},
+		{"check, escaped path", post("/v1/%63heck", "application/json", check)},
+		{"check, absolute form", post("http://sluice/v1/check", "application/json", check)},
+		{"check, double slash", post("//v1/check", "application/json", check)},
 		{"check, JSON with parameters", post("/v1/check", "application/json; charset=utf-8", check)},
 		{"check, wrong type", post("/v1/check", "text/plain", check)},
 		{"check, bad JSON", post("/v1/check", "application/json", `{"user":`)},
