@@ -220,6 +220,7 @@ func (c *Core) Start(now time.Time, members []gossip.Member, saved *Saved, usage
 	c.alloc = alloc
 	c.started = true
 	c.b.init(now)
+	c.b.gen, c.b.actorGen = alloc.Generation(), c.isActor()
 	if saved != nil {
 		c.restore(now, *saved)
 	}
@@ -292,8 +293,9 @@ func (c *Core) Tick(now time.Time, usage map[engine.UsageKey]engine.Usage, membe
 	c.checkMembership(now)
 	if !c.balanced {
 		// Until the first rebalance every key runs at 1/n of the live
-		// regions; n changes as the node joins.
-		c.view = &view{t: share.NewTable(c.defaultShare(), c.restored)}
+		// regions (n changes as the node joins), with the start
+		// generation's loans on top.
+		c.publishStart(now)
 	}
 	c.borrowTick(now)
 	for !now.Before(c.deadline()) {
