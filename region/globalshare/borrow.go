@@ -308,12 +308,7 @@ func (c *Core) shortage(now time.Time) {
 		// rather than at the first rejection a look later.
 		u := c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}]
 		limit, _ := c.cfg.Limit(k.Policy)
-		refill := c.Share(k.Policy, k.Subject) * limit
-		tok, seen := c.b.tokens[k]
-		if !seen {
-			tok = refill // idle until now: a full bucket, one second of refill
-		}
-		tok = max(tok+refill*dt-float64(u.Admitted)*nodes, 0)
+		tok := max(c.b.tokens[k]+c.Share(k.Policy, k.Subject)*limit*dt-float64(u.Admitted)*nodes, 0)
 		c.borrow(now, k, float64(u.Demand)/dt*nodes, tok)
 	}
 	if c.b.actorGen && c.alloc.Pending() > 0 {
@@ -335,8 +330,8 @@ func (c *Core) shortage(now time.Time) {
 // was offered u.Demand units by this node over dt seconds, clearly more
 // (beyond NoiseZ Poisson standard deviations) than its share refills.
 func (c *Core) surging(k share.Key, u engine.Usage, dt float64, nodes float64) bool {
-	if !(dt > 0) {
-		return false
+	if _, ok := c.b.tokens[k]; !ok || !(dt > 0) {
+		return false // no bucket estimate: the key was idle
 	}
 	limit, ok := c.cfg.Limit(k.Policy)
 	if !ok || !(limit > 0) {

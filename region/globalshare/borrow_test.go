@@ -329,16 +329,24 @@ func TestCoreAsksOnSurge(t *testing.T) {
 	n.rate = map[string]float64{"eu-1": 90, "us-1": 5, "ap-1": 5}
 	n.run(n.now.Add(3*sc.Interval+time.Second), 10*time.Millisecond, nil)
 	us := n.node("us-1")
-	// us goes quiet (nothing rejected since long), then its traffic
-	// surges right after a borrow tick, so that only a look can ask before
-	// the next one.
-	delete(n.rate, "us-1") // us-1's usage is scripted below
-	n.run(n.now.Add(2*us.core.quiet()), 10*time.Millisecond, nil)
+	// us runs well under its share (nothing rejected since long), then its
+	// traffic surges right after a borrow tick, so that only a look can
+	// ask before the next one.
+	delete(n.rate, "us-1") // us-1's usage is scripted from here on
+	uk := engine.UsageKey{Subject: "hot", Policy: policy}
+	quiet := func(until time.Time) {
+		for n.now.Before(until) {
+			n.run(n.now.Add(10*time.Millisecond), 10*time.Millisecond, nil)
+			if n.now.Sub(sc.EpochStart(0))%(250*time.Millisecond) == 0 { // 4 units/s
+				n.send(us, us.core.Tick(n.now, map[engine.UsageKey]engine.Usage{uk: {Demand: 1, Admitted: 1}}, nil))
+			}
+		}
+	}
+	quiet(n.now.Add(2 * us.core.quiet()))
 	for us.core.b.nextTick.Sub(n.now) < us.core.cfg.BorrowTick-10*time.Millisecond {
-		n.run(n.now.Add(10*time.Millisecond), 10*time.Millisecond, nil)
+		quiet(n.now.Add(10 * time.Millisecond))
 	}
 	surge := n.now
-	uk := engine.UsageKey{Subject: "hot", Policy: policy}
 	var asked time.Time
 	var req share.BorrowRequest
 	within := us.core.checkEvery() + 20*time.Millisecond
