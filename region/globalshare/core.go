@@ -454,7 +454,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 	case gossip.KindBorrow:
 		r := m.Borrow
 		switch {
-		case r.Region == "":
+		case r.Region == "" || r.Policy == "":
 			return DropMalformed
 		case !c.knownRegion(r.Region):
 			return DropRegion
@@ -468,7 +468,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 	case gossip.KindLoan:
 		l := m.Loan
 		switch {
-		case l.Lender == "" || l.Borrower == "":
+		case l.Lender == "" || l.Borrower == "" || l.Policy == "":
 			return DropMalformed
 		case !c.knownRegion(l.Lender) || !c.knownRegion(l.Borrower):
 			return DropRegion
