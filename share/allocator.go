@@ -76,13 +76,27 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		bursts:    map[Key]burst{},
 		dead:      map[string]bool{},
 		live:      map[string]bool{},
-		gen:       epoch,
+		gen:       startGeneration(epoch),
 	}
 	a.SetMembers(epoch, members)
 	a.next = NewTable(a.defaultShare(), nil)
 	a.prev, a.cut = a.next, a.next
 	a.refresh()
 	return a, nil
+}
+
+// startGeneration is the generation of an allocator created in epoch,
+// before its first Rebalance: the epoch before it. No Rebalance of this
+// allocator produces it (the first is of epoch or later), so a loan of
+// the start generation can never be taken for one of the first rebalanced
+// generation; and regions started in the same epoch, all still at the
+// default 1/n, share it and may lend to each other until their first
+// rebalance, which ends it for all of them at the same boundary.
+func startGeneration(epoch uint64) uint64 {
+	if epoch == 0 {
+		return 0
+	}
+	return epoch - 1
 }
 
 // Regions returns the known regions, sorted.

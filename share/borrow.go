@@ -1,6 +1,9 @@
 package share
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Borrowing (share-algorithms.md §3 step 6) moves unused share to a region
 // whose bucket is about to empty, between two rebalances, without waiting
@@ -109,11 +112,21 @@ func LendAmount(cfg Config, share, limit, rate, want float64) float64 {
 	if !(limit > 0) || !(want > 0) {
 		return 0
 	}
+	return lendFrom(cfg, share, cfg.CapFactor*rate/limit, want)
+}
+
+// lendFrom is what a lender of share that keeps keep (both fractions of
+// L_global) lends against want: Config.LendFraction of the rest, at most
+// want.
+func lendFrom(cfg Config, share, keep, want float64) float64 {
+	if !(want > 0) {
+		return 0
+	}
 	// A lender keeps at least MinShare, which the engine enforces for a
 	// share of zero anyway: lending it too would let the borrower's share
 	// and the lender's floor add up to more than the whole limit.
-	slack := share - max(cfg.CapFactor*rate/limit, MinShare)
-	if slack <= 0 {
+	slack := share - max(keep, MinShare)
+	if !(slack > 0) {
 		return 0
 	}
 	return min(want, cfg.LendFraction*slack)
@@ -161,6 +174,42 @@ type Use struct {
 	// a lender hands over the part its cut takes away (Loan.Tokens). Zero
 	// when the estimate cannot be trusted (the region rejected lately).
 	Tokens float64
+	// Span is the time Rate was counted over. With it, a lender whose Rate
+	// is within Config.NoiseZ Poisson standard deviations of its smoothed
+	// demand keeps headroom over that demand instead (lendKeep). Zero: Rate
+	// is taken as it is.
+	Span time.Duration
+}
+
+// lendKeepZ is how many Poisson standard deviations of its interval count
+// a lender keeps above its smoothed demand (lendKeep): 2, about 6% at 100
+// units/s.
+const lendKeepZ = 2
+
+// lendKeep is the share (a fraction of L_global) a lender keeps for its
+// own traffic of key k: CapFactor × u.Rate, as LendAmount, or less when
+// u.Rate is within Config.NoiseZ Poisson standard deviations of the
+// lender's smoothed demand D: the rate is then counting noise around D,
+// and the lender keeps an upper bound of its mean rate over the interval,
+// D + lendKeepZ·√(D·T)/T (T = Interval). A rate counted over a quarter
+// second from a few dozen arrivals is ±20%, and 1.2 times it made a lender
+// keep up to 1.4·D: the share kept beyond its use was refill wasted, and
+// its bucket (one second of that share) tokens stranded, while the borrower
+// rejected. The lender's bucket absorbs its own short-term noise. Never
+// more than CapFactor × u.Rate: a region whose traffic is leaving, still
+// within the noise of a demand that lags it, lends as much as before.
+func (a *Allocator) lendKeep(k Key, u Use, limit float64) float64 {
+	keep := a.cfg.CapFactor * u.Rate / limit
+	d, ok := a.demand[k]
+	span := u.Span.Seconds()
+	if !ok || !(d > 0) || !(span > 0) || !(a.cfg.NoiseZ > 0) || !(u.Rate >= 0) {
+		return keep
+	}
+	if math.Abs(u.Rate-d) > a.cfg.NoiseZ*math.Sqrt(d*span)/span {
+		return keep // a real change of the lender's own traffic
+	}
+	t := a.cfg.Interval.Seconds()
+	return min(keep, (d+lendKeepZ*math.Sqrt(d*t)/t)/limit)
 }
 
 // Lend answers a peer's request at now; u is this region's use of the key
@@ -198,7 +247,7 @@ func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit float64, u Use)
 // about to expire (last).
 func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit float64, u Use, last bool) (Loan, bool) {
 	s := a.share(now, req.Key)
-	amt := LendAmount(a.cfg, s, limit, u.Rate, req.Want)
+	amt := lendFrom(a.cfg, s, a.lendKeep(req.Key, u, limit), req.Want)
 	if !(amt > 0) || (amt < req.Want && amt < s/2 && !last) || amt < minLoan {
 		return Loan{}, false
 	}
@@ -337,6 +386,32 @@ func (a *Allocator) BurstsUntil() time.Time {
 	}
 	return t
 }
+
+// Overlay returns, per key, what this generation's loans and the tokens
+// received with them add to this region's share at now (negative for a
+// lender): what Table adds to the base shares. An owner that enforces base
+// shares of its own before the first Rebalance (1/n of the regions it sees
+// live) adds it to them, so that loans of the start generation are
+// enforced like any other.
+func (a *Allocator) Overlay(now time.Time) map[Key]float64 {
+	a.expireBursts(now)
+	if len(a.loans) == 0 && len(a.bursts) == 0 {
+		return nil
+	}
+	out := make(map[Key]float64, len(a.loans)+len(a.bursts))
+	for k, v := range a.loans {
+		out[k] = v
+	}
+	for k, b := range a.bursts {
+		out[k] += b.share
+	}
+	return out
+}
+
+// Generation returns the generation loans and borrow requests of this
+// region carry: the epoch of the last Rebalance, or before the first the
+// start generation (NewAllocator).
+func (a *Allocator) Generation() uint64 { return a.gen }
 
 // Loans returns this region's net loan of key in the current generation
 // (+ borrowed, − lent), a fraction of L_global.

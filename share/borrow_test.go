@@ -254,3 +254,100 @@ func TestTokensEndAtTheRebalance(t *testing.T) {
 		}
 	}
 }
+
+// A lender whose quarter-second rate is within counting noise of its
+// smoothed demand keeps an upper bound of that demand, not CapFactor times
+// the noisy count; a rate beyond the noise, or one counted over an unknown
+// span, is taken as it is (CapFactor × rate); and a lender never keeps more
+// than CapFactor × its rate, so one whose traffic is leaving lends as much
+// as LendAmount says.
+func TestLenderKeepsItsDemand(t *testing.T) {
+	const span = 250 * time.Millisecond
+	c := newCluster(t, 3) // for its settings
+	ts := c.cfg.Interval.Seconds()
+	demandKeep := (100 + lendKeepZ*math.Sqrt(100*ts)/ts) / c.limit
+	tests := []struct {
+		name string
+		use  Use
+		keep float64 // fraction of L the lender keeps
+	}{
+		{"noisy count above the demand", Use{Rate: 130, Span: span}, demandKeep},
+		{"noisy count at the demand", Use{Rate: 100, Span: span}, demandKeep},
+		{"count below the demand", Use{Rate: 70, Span: span}, c.cfg.CapFactor * 70 / c.limit},
+		{"a real fall", Use{Rate: 20, Span: span}, c.cfg.CapFactor * 20 / c.limit},
+		{"a real rise", Use{Rate: 200, Span: span}, c.cfg.CapFactor * 200 / c.limit},
+		{"no span", Use{Rate: 130}, c.cfg.CapFactor * 130 / c.limit},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster(t, 3)
+			for range 3 {
+				c.step(map[string]float64{"r0": 100, "r1": 100, "r2": 100})
+			}
+			now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+			b, l := c.allocs["r1"], c.allocs["r0"]
+			s := l.Table(now).Share(c.key.Policy, c.key.Subject)
+			req, ok := b.Borrow(now, c.key, c.limit, 3000, 0)
+			if !ok {
+				t.Fatal("Borrow: no request with an empty bucket")
+			}
+			loan, ok := l.Lend(now, req, c.limit, tt.use)
+			want := min(req.Want, s-tt.keep)
+			if want < req.Want && want < s/2 {
+				// Less than half its share: the request waits for more.
+				if ok {
+					t.Fatalf("Lend(%+v) lent %v at once, want the request kept pending (keeps %v of %v)", tt.use, loan.Amount, tt.keep, s)
+				}
+				return
+			}
+			if !ok {
+				t.Fatal("Lend: a lender with slack did not lend")
+			}
+			if math.Abs(loan.Amount-want) > 1e-9 {
+				t.Errorf("Lend(%+v).Amount = %v, want %v (keeps %v of %v)", tt.use, loan.Amount, want, tt.keep, s)
+			}
+			if got := l.Table(now).Share(c.key.Policy, c.key.Subject); math.Abs(got-(s-loan.Amount)) > 1e-9 {
+				t.Errorf("lender's share after the loan = %v, want %v", got, s-loan.Amount)
+			}
+		})
+	}
+}
+
+// Before its first Rebalance an allocator is in the start generation, the
+// epoch before the one it was created in: allocators created together lend
+// to each other in it (Overlay shows the loan), their first Rebalance ends
+// it, and a request of the start generation is not served after it.
+func TestStartGeneration(t *testing.T) {
+	c := newCluster(t, 3)
+	b, l := c.allocs["r1"], c.allocs["r0"]
+	if got := l.Generation(); got != c.epoch-1 {
+		t.Fatalf("Generation() before the first rebalance = %d, want %d", got, c.epoch-1)
+	}
+	now := c.cfg.EpochStart(c.epoch).Add(3 * time.Second)
+	req, ok := b.Borrow(now, c.key, c.limit, 900, 0)
+	if !ok || req.Epoch != c.epoch-1 {
+		t.Fatalf("Borrow in the start generation = %+v, %v; want a request of epoch %d", req, ok, c.epoch-1)
+	}
+	loan, ok := l.Lend(now, req, c.limit, Use{Rate: 100})
+	if !ok || !b.Accept(now, loan) {
+		t.Fatalf("no loan in the start generation: %+v", loan)
+	}
+	if got := b.Overlay(now)[c.key]; math.Abs(got-loan.Amount) > 1e-12 {
+		t.Errorf("borrower's Overlay = %v, want %v", got, loan.Amount)
+	}
+	if got := l.Overlay(now)[c.key]; math.Abs(got+loan.Amount) > 1e-12 {
+		t.Errorf("lender's Overlay = %v, want %v", got, -loan.Amount)
+	}
+	if got := c.enforced(now, c.key); got > 1+1e-9 {
+		t.Errorf("Σ enforced with the loan = %v, want ≤ 1", got)
+	}
+	c.step(map[string]float64{"r0": 100, "r1": 900, "r2": 100})
+	after := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+	if l.Generation() != c.epoch || len(b.Overlay(after)) != 0 || len(l.Overlay(after)) != 0 {
+		t.Errorf("after the first rebalance: generation %d (want %d), overlays %v and %v (want none)",
+			l.Generation(), c.epoch, b.Overlay(after), l.Overlay(after))
+	}
+	if _, ok := l.Lend(after, req, c.limit, Use{Rate: 100}); ok {
+		t.Error("a request of the start generation was served after the first rebalance")
+	}
+}

@@ -105,6 +105,7 @@ type borrowState struct {
 	nextTick  time.Time
 	nextCheck time.Time               // next look for a shortage between two ticks
 	rates     map[share.Key]float64   // region's offered rate, units/s
+	rateSpan  time.Duration           // what rates were counted over
 	highs     map[share.Key]float64   // upper confidence bound of rates
 	rejected  map[share.Key]time.Time // last tick with a rejection
 	onset     map[share.Key]time.Time // first rejection after a quiet spell
@@ -151,6 +152,10 @@ func (c *Core) drain() map[engine.UsageKey]engine.Usage {
 
 // publish makes the current shares the ones Share returns.
 func (c *Core) publish(now time.Time) {
+	if !c.balanced {
+		c.publishStart(now)
+		return
+	}
 	v := &view{t: c.alloc.Table(now)}
 	if len(c.b.cut) > 0 {
 		v.cut = maps.Clone(c.b.cut)
@@ -164,6 +169,55 @@ func (c *Core) publish(now time.Time) {
 	}
 	c.view = v
 }
+
+// publishStart is publish before the first rebalance: every key at 1/n of
+// the live regions (or its restored share), with the loans of the start
+// generation and another node's mirrored cuts on top.
+func (c *Core) publishStart(now time.Time) {
+	v := &view{t: share.NewTable(c.defaultShare(), c.restored)}
+	if c.alloc != nil {
+		ov := c.alloc.Overlay(now)
+		if len(ov) > 0 || len(c.b.cut) > 0 {
+			v.cut = maps.Clone(c.b.cut)
+			if v.cut == nil {
+				v.cut = map[share.Key]float64{}
+			}
+			for k, d := range ov {
+				v.cut[k] -= d // a cut is subtracted; a loan adds
+			}
+		}
+	}
+	c.view = v
+}
+
+// startGen reports whether this region may borrow and lend before its
+// first rebalance, in the start generation (share.NewAllocator): only while
+// the 1/n it enforces is the allocator's default too (no restored shares,
+// no dead region, the allocator's regions exactly those live), so that what
+// a lender cuts from is what it enforces. Regions started together (a new
+// cluster) then move share inside the first interval instead of waiting
+// up to two for their first rebalance; a region that joins a running
+// cluster is in another generation than its peers, whose requests and
+// loans it ignores, as they ignore its.
+func (c *Core) startGen() bool {
+	if c.balanced || c.alloc == nil || c.restored != nil || len(c.dead) > 0 {
+		return false
+	}
+	regions := c.alloc.Regions()
+	if len(regions) != len(c.live) {
+		return false
+	}
+	for _, r := range regions {
+		if _, ok := c.live[r]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// canBorrow reports whether this node asks and lends for its region now:
+// it is the acting node, in a rebalanced generation or the start one.
+func (c *Core) canBorrow() bool { return (c.balanced || c.startGen()) && c.isActor() }
 
 // expireCuts ends the generation's mirrored loans before a rebalance: like
 // the lender's own loans their expiry is a raise, so the shares enforced
@@ -205,7 +259,7 @@ func (c *Core) borrowTick(now time.Time) {
 	c.b.nextTick = now.Add(c.cfg.BorrowTick)
 	c.b.nextCheck = now.Add(c.checkEvery())
 	c.measure(now)
-	if !c.balanced || !c.isActor() {
+	if !c.canBorrow() {
 		return
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(c.b.rates), compareKeys) {
@@ -226,15 +280,19 @@ func (c *Core) checkEvery() time.Duration { return min(c.cfg.BorrowTick, 100*tim
 // checkEvery) and an empty bucket; the per-key limit of one request per
 // BorrowEvery still holds.
 func (c *Core) shortage(now time.Time) {
-	if !c.balanced || !c.isActor() {
+	if !c.canBorrow() {
 		return
 	}
 	dt := now.Sub(c.b.fastAt).Seconds()
 	nodes := float64(max(1, len(c.live[c.self])))
-	var short []share.Key
+	var short, surge []share.Key
 	for k, u := range c.b.fast {
-		if u.Demand > u.Admitted {
-			short = append(short, share.Key{Policy: k.Policy, Subject: k.Subject})
+		key := share.Key{Policy: k.Policy, Subject: k.Subject}
+		switch {
+		case u.Demand > u.Admitted:
+			short = append(short, key)
+		case c.surging(key, u, dt, nodes):
+			surge = append(surge, key)
 		}
 	}
 	slices.SortFunc(short, compareKeys)
@@ -242,6 +300,16 @@ func (c *Core) shortage(now time.Time) {
 		u := c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}]
 		c.rejectedAt(now, k)
 		c.borrow(now, k, float64(u.Demand)/dt*nodes, 0)
+	}
+	slices.SortFunc(surge, compareKeys)
+	for _, k := range surge {
+		// Not rejecting yet, but offered far more than the share refills:
+		// ask now, with the bucket estimate drained by what was admitted,
+		// rather than at the first rejection a look later.
+		u := c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}]
+		limit, _ := c.cfg.Limit(k.Policy)
+		tok := max(c.b.tokens[k]+c.Share(k.Policy, k.Subject)*limit*dt-float64(u.Admitted)*nodes, 0)
+		c.borrow(now, k, float64(u.Demand)/dt*nodes, tok)
 	}
 	if c.b.actorGen && c.alloc.Pending() > 0 {
 		// A request waiting for slack is served as soon as the key's
@@ -251,11 +319,26 @@ func (c *Core) shortage(now time.Time) {
 			limit, u := c.lendUse(k)
 			n := float64(c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}].Demand)
 			if expect := u.Rate / nodes * dt; expect-n > max(c.cfg.Share.NoiseZ, 1)*math.Sqrt(expect)+1 {
-				u.Rate = n / dt * nodes
+				u.Rate, u.Span = n/dt*nodes, now.Sub(c.b.fastAt)
 			}
 			return limit, u
 		})
 	}
+}
+
+// surging reports whether key k, not rejected since the last borrow tick,
+// was offered u.Demand units by this node over dt seconds, clearly more
+// (beyond NoiseZ Poisson standard deviations) than its share refills.
+func (c *Core) surging(k share.Key, u engine.Usage, dt float64, nodes float64) bool {
+	if _, ok := c.b.tokens[k]; !ok || !(dt > 0) {
+		return false // no bucket estimate: the key was idle
+	}
+	limit, ok := c.cfg.Limit(k.Policy)
+	if !ok || !(limit > 0) {
+		return false
+	}
+	expect := c.Share(k.Policy, k.Subject) * limit * dt / nodes
+	return float64(u.Demand)-expect > max(c.cfg.Share.NoiseZ, 1)*math.Sqrt(expect)+1
 }
 
 // serve lends what it can to the pending requests.
@@ -277,8 +360,12 @@ func (c *Core) borrow(now time.Time, k share.Key, rate, tokens float64) {
 		return
 	}
 	if req, ok := c.alloc.Borrow(now, k, limit, rate, tokens); ok {
+		// At the onset of a shortage, or before any rejection at all (a
+		// surge seen coming), a central bucket would still hold tokens.
 		on, ok := c.b.onset[k]
-		req.Burst = ok && now.Sub(on) <= c.cfg.Share.BorrowEvery && c.bucket(k.Policy)
+		last, rejected := c.b.rejected[k]
+		onset := ok && now.Sub(on) <= c.cfg.Share.BorrowEvery || !rejected || now.Sub(last) > c.quiet()
+		req.Burst = onset && c.bucket(k.Policy)
 		c.m.borrow.WithLabelValues("requested").Inc()
 		c.rd.Borrows = append(c.rd.Borrows, req)
 	}
@@ -325,6 +412,7 @@ func (c *Core) measure(now time.Time) {
 		tokens[key] = tok
 	}
 	c.b.rates, c.b.tokens = rates, tokens
+	c.b.rateSpan = now.Sub(c.b.fastAt)
 	c.b.fast = map[engine.UsageKey]engine.Usage{}
 	c.b.fastAt = now
 }
@@ -337,7 +425,7 @@ func (c *Core) lendUse(k share.Key) (float64, share.Use) {
 }
 
 func (c *Core) use(k share.Key) share.Use {
-	u := share.Use{Rate: c.b.rates[k], Tokens: c.b.tokens[k]}
+	u := share.Use{Rate: c.b.rates[k], Tokens: c.b.tokens[k], Span: c.b.rateSpan}
 	if t, ok := c.b.rejected[k]; ok && c.b.fastAt.Sub(t) <= c.quiet() || !c.bucket(k.Policy) {
 		u.Tokens = 0 // the estimate is a guess since the bucket ran dry, or no bucket at all
 	}
@@ -347,8 +435,8 @@ func (c *Core) use(k share.Key) share.Use {
 // borrowRequest answers another region's request on the region's acting
 // node: a loan (its own share cut first) or a pending request.
 func (c *Core) borrowRequest(now time.Time, r share.BorrowRequest) {
-	if !c.balanced || !c.isActor() || !c.b.actorGen {
-		return // no generation yet, or not this node's to answer
+	if !c.canBorrow() || !c.b.actorGen {
+		return // no generation to lend in, or not this node's to answer
 	}
 	limit, ok := c.cfg.Limit(r.Policy)
 	if !ok {
@@ -363,7 +451,7 @@ func (c *Core) borrowRequest(now time.Time, r share.BorrowRequest) {
 // loan applies a loan sent by node from: borrowed if this region is the
 // borrower, mirrored as a cut if another node of this region lent it.
 func (c *Core) loan(now time.Time, from string, l share.Loan) {
-	if !c.balanced {
+	if !c.balanced && !c.startGen() {
 		return
 	}
 	switch {

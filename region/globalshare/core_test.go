@@ -483,7 +483,11 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 		{"borrow of more than the limit", borrow("us", gen, 1.5), DropNumber},
 		{"borrow NaN", borrow("us", gen, math.NaN()), DropNumber},
 		{"borrow of an expired generation", borrow("us", gen-1, 0.2), DropExpired},
+		{"borrow without policy", func() gossip.Message { m := borrow("us", gen, 0.2); m.Borrow.Policy = ""; return m }(), DropMalformed},
 		{"loan without lender", loan("", gen, 0.2, 0), DropMalformed},
+		{"loan without borrower", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = ""; return m }(), DropMalformed},
+		{"loan without policy", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Policy = ""; return m }(), DropMalformed},
+		{"loan to an unknown region", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = "mars"; return m }(), DropRegion},
 		{"loan from an unknown region", loan("mars", gen, 0.2, 0), DropRegion},
 		{"loan of more than the limit", loan("us", gen, 1.5, 0), DropNumber},
 		{"loan of nothing", loan("us", gen, 0, 0), DropNumber},
@@ -729,5 +733,67 @@ func TestCoreTakeoverAfterCrash(t *testing.T) {
 					took, bound, n.shares("r1-0", "r2-0"))
 			}
 		})
+	}
+}
+
+// TestCoreRepeatsReportsAfterLoss: a region sends each report twice for K
+// epochs after it starts and for K epochs after a report of a region
+// membership sees live went missing, and once otherwise; the receiver
+// files the copies as one report.
+func TestCoreRepeatsReportsAfterLoss(t *testing.T) {
+	sc := testShareConfig()
+	k := uint64(sc.PartitionIntervals)
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 60, "us-1": 30, "ap-1": 10}
+	start := sc.Epoch(n.now)
+	copies := func(from, to int) map[uint64]int { // eu's reports per epoch in n.log[from:to]
+		out := map[uint64]int{}
+		for _, rd := range n.log[from:to] {
+			for _, r := range rd.Reports {
+				if r.Region == "eu" {
+					out[r.Epoch]++
+				}
+			}
+		}
+		return out
+	}
+	n.run(sc.EpochStart(start+k+4), 10*time.Millisecond, nil)
+	got := copies(0, len(n.log))
+	for e := start; e < start+k+3; e++ {
+		want := 1
+		if e <= start+k {
+			want = 2
+		}
+		if got[e] != want {
+			t.Errorf("eu sent %d copies of its report of epoch %d (start %d), want %d", got[e], e, start, want)
+		}
+	}
+	if rs := n.node("us-1").core.reports[start+k+2]; len(rs) != 2 {
+		t.Errorf("us filed %d reports of epoch %d, want 2 (one per other region)", len(rs), start+k+2)
+	}
+
+	// us's report of one epoch never reaches eu: eu repeats its own for K
+	// epochs after that rebalance.
+	lost := sc.Epoch(n.now) // reported in the next interval
+	seen := len(n.log)
+	n.run(sc.EpochStart(lost+k+4), 10*time.Millisecond, func() {
+		keep := n.inFlite[:0]
+		for _, f := range n.inFlite {
+			if f.msg.Kind == gossip.KindReport && f.msg.Report.Region == "us" && f.msg.Report.Epoch == lost && f.to.region == "eu" {
+				continue
+			}
+			keep = append(keep, f)
+		}
+		n.inFlite = keep
+	})
+	got = copies(seen, len(n.log))
+	for e := lost; e < lost+k+3; e++ {
+		want := 1
+		if e > lost && e <= lost+k {
+			want = 2
+		}
+		if got[e] != want {
+			t.Errorf("after us's report of epoch %d was lost: eu sent %d copies of its report of epoch %d, want %d", lost, got[e], e, want)
+		}
 	}
 }
