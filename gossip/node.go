@@ -59,6 +59,11 @@ type Member struct {
 	// at some instant after it. Zero until one is. Only members of other
 	// regions are pinged (Config.ContactEvery).
 	Contact time.Time `json:"contact,omitzero"`
+	// Unanswered is when this node last sent the member a ping that went
+	// unanswered (zero if none): with Contact, fresh evidence that the
+	// member is out of reach, rather than this node having been too busy
+	// to ask.
+	Unanswered time.Time `json:"unanswered,omitzero"`
 
 	leaving bool      // announced a graceful leave
 	since   time.Time // when the state last changed
@@ -90,6 +95,7 @@ type Node struct {
 	mu      sync.Mutex
 	members map[string]Member
 	contact map[string]time.Time // node → send time of its last answered ping
+	failed  map[string]time.Time // node → send time of its last unanswered ping
 	pinging map[string]bool      // nodes with a ping in flight
 
 	hmu       sync.RWMutex
@@ -118,6 +124,7 @@ func New(cfg Config) (*Node, error) {
 		queue:        make(chan []byte, cfg.QueueSize),
 		members:      map[string]Member{},
 		contact:      map[string]time.Time{},
+		failed:       map[string]time.Time{},
 		pinging:      map[string]bool{},
 		reportSeen:   map[string]uint64{},
 		rejectLogged: map[string]time.Time{},
@@ -665,7 +672,7 @@ func (n *Node) Members() []Member {
 	n.mu.Lock()
 	out := make([]Member, 0, len(n.members))
 	for _, m := range n.members {
-		m.Contact = n.contact[m.Node]
+		m.Contact, m.Unanswered = n.contact[m.Node], n.failed[m.Node]
 		out = append(out, m)
 	}
 	n.mu.Unlock()
@@ -820,7 +827,8 @@ func (n *Node) ContactLag() time.Duration { return n.cfg.ContactEvery + n.pingTi
 // each Config.ContactEvery, through memberlist's Ping (one UDP packet and
 // its ack, within the preset's probe timeout, through the same transport as
 // the failure detector, faults included), and records the send time of
-// each answered ping as the node's Contact. A node whose last ping is
+// each answered ping as the node's Contact, of each unanswered one as its
+// Unanswered. A node whose last ping is
 // still unanswered is not pinged again until it is answered or times out,
 // so at most one ping per node is in flight. The pings run on goroutines
 // of wg and stop with ctx.
@@ -836,15 +844,16 @@ func (n *Node) contactLoop(ctx context.Context, wg *sync.WaitGroup) {
 		for _, m := range n.pingTargets() {
 			addr, err := net.ResolveUDPAddr("udp", m.Addr)
 			if err != nil {
-				n.donePing(m.Node, time.Time{})
+				n.donePing(m.Node, time.Time{}, false)
 				continue
 			}
 			wg.Go(func() {
 				sent := n.cfg.Now()
-				if _, err := n.ml.Ping(m.Node, addr); err != nil || ctx.Err() != nil {
-					sent = time.Time{}
+				_, err := n.ml.Ping(m.Node, addr)
+				if ctx.Err() != nil {
+					sent = time.Time{} // stopped, not unanswered
 				}
-				n.donePing(m.Node, sent)
+				n.donePing(m.Node, sent, err == nil)
 			})
 		}
 	}
@@ -869,12 +878,17 @@ func (n *Node) pingTargets() []Member {
 	return out
 }
 
-// donePing records the end of a ping to node: answered if sent is set.
-func (n *Node) donePing(node string, sent time.Time) {
+// donePing records the end of a ping to node sent at sent (zero: none
+// was sent).
+func (n *Node) donePing(node string, sent time.Time, answered bool) {
 	n.mu.Lock()
 	delete(n.pinging, node)
-	if !sent.IsZero() && sent.After(n.contact[node]) {
-		n.contact[node] = sent
+	to := n.failed
+	if answered {
+		to = n.contact
+	}
+	if !sent.IsZero() && sent.After(to[node]) {
+		to[node] = sent
 	}
 	n.mu.Unlock()
 }

@@ -63,6 +63,8 @@ type region struct {
 	wake    int64                            // next Tick (virtual ns): the adapter's timer
 	dead    []bool                           // membership: regions declared dead, by index
 	bootAt  int64                            // when the daemon (and its pings) last started
+	told    bool                             // the core has been given dead as it is
+	pinged  int64                            // the ping round (contact_every) its members were last given at
 	stepped bool                             // the core ran at this tick (CheckShares)
 	// saved is what the region's store holds of its shares (Ready.Save);
 	// it survives a crash, as the regional Redis would.
@@ -236,21 +238,22 @@ func (s *sim) members(r *region, t int64) []gossip.Member {
 		}
 		out[i] = gossip.Member{Node: q.node, Region: q.name, State: st}
 		if q != r {
-			out[i].Contact = s.contact(r, q, t)
+			out[i].Contact, out[i].Unanswered = s.contact(r, q, t)
 		}
 	}
 	return out
 }
 
-// contact is when region r last sent q a ping that was answered, on r's
-// clock, as the gossip layer's pings give it: r pings every ContactEvery
-// (from time 0 of the run) and a ping is answered at once unless q is
-// crashed or a partition separates them; zero before r's first answered
-// ping since its daemon started, and always without pings.
-func (s *sim) contact(r, q *region, t int64) time.Time {
+// contact is when region r last sent q a ping that was answered, and the
+// last that went unanswered, on r's clock, as the gossip layer's pings
+// give them: r pings every ContactEvery (from time 0 of the run), and a
+// ping is answered at once unless q is crashed or a partition separates
+// them, when it is given up PingTimeout after it was sent. Zero before r's
+// first such ping since its daemon started, and always without pings.
+func (s *sim) contact(r, q *region, t int64) (answered, unanswered time.Time) {
 	g := s.sc.Gossip
 	if g.NoMembership || g.NoContact {
-		return time.Time{}
+		return time.Time{}, time.Time{}
 	}
 	last := t // the last instant r could reach q, up to t
 	rel := time.Duration(t - startNS)
@@ -265,11 +268,16 @@ func (s *sim) contact(r, q *region, t int64) time.Time {
 		}
 	}
 	every := g.ContactEvery.D().Nanoseconds()
-	ping := startNS + (last-startNS)/every*every
-	if ping < r.bootAt {
-		return time.Time{}
+	round := func(at int64) int64 { return startNS + (at-startNS)/every*every }
+	if ping := round(last); ping >= r.bootAt {
+		answered = r.local(ping)
 	}
-	return r.local(ping)
+	if last < t {
+		if ping := round(t - g.PingTimeout.D().Nanoseconds()); ping > last && ping >= r.bootAt {
+			unanswered = r.local(ping)
+		}
+	}
+	return answered, unanswered
 }
 
 // limitOf is the coordinator's Config.Limit: L of the simulated policy.
@@ -314,7 +322,8 @@ func (s *sim) boot(r *region) error {
 	r.inbox = r.inbox[:0]
 	r.usage = map[engine.UsageKey]engine.Usage{}
 	r.wake = s.now
-	r.stepped = true
+	r.told, r.stepped = true, true
+	r.pinged = (s.now - startNS) / s.sc.Gossip.ContactEvery.D().Nanoseconds()
 	return nil
 }
 
@@ -433,7 +442,14 @@ func (s *sim) tick(r *region, t int64) {
 			usage = r.usage
 			r.usage = map[engine.UsageKey]engine.Usage{}
 		}
-		s.do(r, t, r.core.Tick(local, usage, s.members(r, t)))
+		// Contact moves only with each round of pings, verdicts only
+		// when membership changes: pass the members then, as the
+		// daemon's view changes.
+		var members []gossip.Member
+		if round := (t - startNS) / s.sc.Gossip.ContactEvery.D().Nanoseconds(); !r.told || round != r.pinged {
+			members, r.told, r.pinged = s.members(r, t), true, round
+		}
+		s.do(r, t, r.core.Tick(local, usage, members))
 		r.stepped = true
 		next := r.core.Next().UnixNano() - r.skew
 		if next <= t {
@@ -543,7 +559,9 @@ func (s *sim) membership(t int64) {
 					}
 				}
 			}
-			r.dead[i] = gone
+			if r.dead[i] != gone {
+				r.dead[i], r.told = gone, false
+			}
 		}
 	}
 }

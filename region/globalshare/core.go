@@ -59,6 +59,8 @@ type Core struct {
 	dead      []string             // regions reclaimed: out of contact for Hold
 	silent    []string             // regions out of contact for Silence
 	deadSince map[string]time.Time // region → when this core first saw it dead (no Contact known)
+	lastTick  time.Time            // the last Tick
+	resumed   time.Time            // the first Tick after a pause of this node (see regionStates)
 
 	b borrowState
 	q quotaState
@@ -311,6 +313,10 @@ func (c *Core) Tick(now time.Time, usage map[engine.UsageKey]engine.Usage, membe
 	c.countQuotas(now, usage)
 	addUsage(c.b.acc, usage)
 	addUsage(c.b.fast, usage)
+	if !c.lastTick.IsZero() && now.Sub(c.lastTick) > 2*c.PollEvery() {
+		c.resumed = now // this node was paused: its pings' failures since are suspect
+	}
+	c.lastTick = now
 	c.checkMembership(now)
 	if !c.balanced {
 		// Until the first rebalance every key runs at 1/n of the live
@@ -634,14 +640,24 @@ func (c *Core) Hold() time.Duration {
 // loss).
 //
 // Contact is the send time of the last answered ping to any of the
-// region's nodes (gossip.Member.Contact). A region none of whose nodes has
-// a Contact yet (an owner that pings nothing, or a node not pinged yet)
-// counts as out of contact from the first Tick at which membership showed
-// every node of it dead: the same rule, timed by membership's verdict
-// instead of the pings, which keeps its bound only while both sides'
-// verdicts come within Hold − Silence of each other.
+// region's nodes (gossip.Member.Contact). Being out of contact also takes
+// fresh evidence: a ping sent after that contact and left unanswered
+// (Member.Unanswered) within the last 2·ContactLag + PollEvery, the
+// longest between two failures while the pings run, and sent after this
+// node's last pause (a gap of more than 2·PollEvery between two Ticks). A
+// node that was too busy to ping, or to hear the answers, sees its
+// contacts age without such evidence and decides nothing until its pings
+// run again; a node cut off has it all along. (A pause during a partition
+// delays the cut by as much; the node admits nothing while paused.)
+//
+// A region none of whose nodes has a Contact yet (an owner that pings
+// nothing, or a node not pinged yet) counts as out of contact from the
+// first Tick at which membership showed every node of it dead: the same
+// rule, timed by membership's verdict instead of the pings, which keeps
+// its bound only while both sides' verdicts come within Hold − Silence of
+// each other.
 func (c *Core) regionStates(now time.Time) (silent, gone, alive []string) {
-	contact := map[string]time.Time{}
+	contact, failed := map[string]time.Time{}, map[string]time.Time{}
 	known, live, dead, up := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range c.members {
 		if m.Region == "" || m.Region == c.self || m.State == gossip.StateLeft {
@@ -651,6 +667,9 @@ func (c *Core) regionStates(now time.Time) (silent, gone, alive []string) {
 		known[r] = true
 		if m.Contact.After(contact[r]) {
 			contact[r] = m.Contact
+		}
+		if m.Unanswered.After(failed[r]) {
+			failed[r] = m.Unanswered
 		}
 		switch {
 		case m.State == gossip.StateAlive:
@@ -666,20 +685,26 @@ func (c *Core) regionStates(now time.Time) (silent, gone, alive []string) {
 			delete(c.deadSince, r)
 		}
 	}
-	hold := c.Hold()
+	hold, fresh := c.Hold(), 2*c.cfg.ContactLag+c.PollEvery()
 	for _, r := range slices.Sorted(maps.Keys(known)) {
-		since := contact[r]
-		if since.IsZero() && dead[r] && !live[r] {
+		since, evidence := contact[r], false
+		switch {
+		case !since.IsZero():
+			// A ping sent before this node's last pause may have been
+			// given up only because the node could not hear its answer.
+			evidence = failed[r].After(since) && now.Sub(failed[r]) <= fresh && !failed[r].Before(c.resumed)
+		case dead[r] && !live[r]:
 			if _, ok := c.deadSince[r]; !ok {
 				c.deadSince[r] = now
 			}
-			since = c.deadSince[r]
+			since, evidence = c.deadSince[r], true
 		}
-		out := !since.IsZero() && now.Sub(since) >= c.cfg.Silence
+		// Once out, a region stays out until its contact is fresh again.
+		out := now.Sub(since) >= c.cfg.Silence && (evidence || slices.Contains(c.silent, r))
 		if out {
 			silent = append(silent, r)
 		}
-		if !since.IsZero() && now.Sub(since) >= hold {
+		if now.Sub(since) >= hold && (evidence || slices.Contains(c.dead, r)) {
 			gone = append(gone, r)
 		}
 		if up[r] && !out {

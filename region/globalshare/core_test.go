@@ -26,12 +26,16 @@ type coreNet struct {
 	// cut, if set, drops every message between the two regions.
 	cut func(from, to string) bool
 	// contactEvery, if set, feeds every member of another region a
-	// Contact as the gossip layer's pings would (every contactEvery, with
-	// instant answers): the last multiple of it at which the viewer could
-	// reach the member, neither down nor cut off. Zero feeds none, as an
-	// owner that only passes membership's verdicts.
+	// Contact and an Unanswered as the gossip layer's pings would (every
+	// contactEvery, answered at once or given up a period later): the
+	// last multiple of it at which the viewer could reach the member,
+	// neither down nor cut off, and the last ping given up since. Zero
+	// feeds none, as an owner that only passes membership's verdicts.
 	contactEvery time.Duration
 	contact      map[[2]string]time.Time
+	// paused, if set, says whose pings are not running (their process too
+	// busy): their contacts age, with no ping given up either.
+	paused func(viewer string) bool
 	// verdict, if set, is membership's verdict instead of cut: whether
 	// viewer's membership shows region dead.
 	verdict func(viewer, region string) bool
@@ -201,9 +205,16 @@ func (n *coreNet) view(nd *coreNode) []gossip.Member {
 			ms[i].State = gossip.StateDead
 		}
 		if n.contactEvery > 0 && ms[i].Region != nd.region {
+			// Pings are answered at once or given up a period later.
 			k := [2]string{nd.name, ms[i].Node}
-			if !cut && !n.node(ms[i].Node).down {
+			switch {
+			case n.paused != nil && n.paused(nd.name):
+			case !cut && !n.node(ms[i].Node).down:
 				n.contact[k] = n.now.Truncate(n.contactEvery)
+			default:
+				if failed := n.now.Add(-n.contactEvery).Truncate(n.contactEvery); failed.After(n.contact[k]) {
+					ms[i].Unanswered = failed
+				}
 			}
 			ms[i].Contact = n.contact[k]
 		}
@@ -362,6 +373,26 @@ func TestCorePartitionSlowMinorityVerdict(t *testing.T) {
 	if reclaimed == 0 || reclaimed > hold+n.contactEvery+sc.Interval {
 		t.Errorf("eu+us reclaimed ap's share %v into the partition (0: never), want within Hold %v and the rebalance after it", reclaimed, hold)
 	}
+}
+
+// TestCorePausedPingsDecideNothing: when a node's pings stop running (its
+// process paused) its contacts age without any ping given up; it must not
+// take that for a partition: no cut to Safe, no reclaim.
+func TestCorePausedPingsDecideNothing(t *testing.T) {
+	sc := testShareConfig()
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 60}
+	n.run(n.now.Add(5*sc.Interval), 10*time.Millisecond, nil)
+	n.run(n.now.Truncate(sc.Interval).Add(sc.Interval+sc.Settle+2*sc.RaiseDelay), 10*time.Millisecond, nil)
+	before := n.shares("eu-1", "us-1", "ap-1")
+	pause := n.now
+	hold := n.node("ap-1").core.Hold()
+	n.paused = func(viewer string) bool { return viewer == "ap-1" }
+	n.run(pause.Add(2*hold), 10*time.Millisecond, func() {
+		if s := n.shares("eu-1", "us-1", "ap-1"); s[2] < before[2]-1e-9 || s[0]+s[1] > before[0]+before[1]+1e-9 {
+			t.Fatalf("%v into ap's pause: shares eu, us, ap %.3f, were %.3f: want no cut and no reclaim", n.now.Sub(pause), s, before)
+		}
+	})
 }
 
 // TestCorePartitionedRegionCuts: a region cut off from the other two is
