@@ -828,10 +828,9 @@ func (n *Node) ContactLag() time.Duration { return n.cfg.ContactEvery + n.pingTi
 // its ack, within the preset's probe timeout, through the same transport as
 // the failure detector, faults included), and records the send time of
 // each answered ping as the node's Contact, of each unanswered one as its
-// Unanswered. A node whose last ping is
-// still unanswered is not pinged again until it is answered or times out,
-// so at most one ping per node is in flight. The pings run on goroutines
-// of wg and stop with ctx.
+// Unanswered. A node whose last ping is still unanswered is not pinged
+// again until it is answered or given up, so at most one ping per node is
+// in flight. The pings run on goroutines of wg and stop with ctx.
 func (n *Node) contactLoop(ctx context.Context, wg *sync.WaitGroup) {
 	t := time.NewTicker(n.cfg.ContactEvery)
 	defer t.Stop()
