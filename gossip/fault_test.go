@@ -119,8 +119,8 @@ func TestContactFollowsReachability(t *testing.T) {
 			time.Since(contact(us, "eu-2")) < 200*time.Millisecond && live(eu, "eu-2")
 	})
 
-	cut := time.Now()
 	fn.Partition([]string{"us"}, []string{"eu", "us"})
+	cut := time.Now() // a ping stamped before this and answered was sent before the cut
 	waitFor(t, 10*time.Second, "contact to go stale on both sides", func() bool {
 		return time.Since(contact(eu, "us-1")) > 300*time.Millisecond && time.Since(contact(us, "eu-1")) > 300*time.Millisecond
 	})
