@@ -80,6 +80,12 @@ type Config struct {
 	// known here, and its counters are not checked against the clock: the
 	// receiver ignores counters of policies it does not enforce).
 	QuotaWindow func(policy string) (time.Duration, bool)
+	// ContactEvery is how often this node pings one node of every other
+	// region, through memberlist's own ping, to measure when it was last in
+	// contact with each (Member.Contact). Default Interval/40 (250 ms at a
+	// 10 s interval). The coordinator cuts and reclaims shares from these
+	// times; see region/globalshare.
+	ContactEvery time.Duration
 	// Now is the clock received messages are judged by; nil is time.Now.
 	// Tests that drive the allocation on a virtual clock pass theirs.
 	Now func() time.Time
@@ -116,7 +122,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gossip: BindPort %d out of range", c.BindPort)
 	case c.AdvertisePort < 0 || c.AdvertisePort > 65535:
 		return fmt.Errorf("gossip: AdvertisePort %d out of range", c.AdvertisePort)
-	case c.Interval < 0, c.QueueSize < 0, c.MaxMessageSize < 0, c.LeaveTimeout < 0, c.DeadNodeReclaim < 0, c.ClockTolerance < 0:
+	case c.Interval < 0, c.ContactEvery < 0, c.QueueSize < 0, c.MaxMessageSize < 0, c.LeaveTimeout < 0, c.DeadNodeReclaim < 0, c.ClockTolerance < 0:
 		return errors.New("gossip: durations and sizes must not be negative")
 	case c.MaxMessageSize > 20<<20:
 		return errors.New("gossip: MaxMessageSize above memberlist's 20 MiB stream limit")
@@ -151,6 +157,9 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	if c.Interval == 0 {
 		c.Interval = DefaultInterval
+	}
+	if c.ContactEvery == 0 {
+		c.ContactEvery = c.Interval / 40
 	}
 	if c.QueueSize == 0 {
 		c.QueueSize = DefaultQueueSize

@@ -81,3 +81,67 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 		t.Error("the report sent at loss 1 arrived")
 	}
 }
+
+// TestContactFollowsReachability: every node pings the nodes of the other
+// regions and reports the send time of the last answered ping as
+// Member.Contact; a partition stops it advancing (the last answered ping
+// was sent before the cut), healing starts it again, and a node of the
+// same region is never pinged.
+func TestContactFollowsReachability(t *testing.T) {
+	t.Parallel()
+	fn := NewFaultNet(2)
+	fn.Detect = 600 * time.Millisecond
+	start := func(name, region string, join ...string) *Node {
+		n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: keyA, Preset: PresetLocal,
+			Join: join, Registerer: prometheus.NewRegistry(), LeaveTimeout: 500 * time.Millisecond,
+			Logger: testLogger(name), ContactEvery: 20 * time.Millisecond, Faults: fn})
+		if err != nil {
+			t.Fatalf("New(%s) = %v", name, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = n.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return n
+	}
+	eu := start("eu-1", "eu")
+	eu2 := start("eu-2", "eu", eu.Addr())
+	us := start("us-1", "us", eu.Addr())
+	if got, want := eu.ContactLag(), 20*time.Millisecond+fn.Detect/10; got != want {
+		t.Errorf("ContactLag() = %v, want the ping period plus the probe timeout, %v", got, want)
+	}
+	contact := func(n *Node, name string) time.Time {
+		m, _ := memberState(n, name)
+		return m.Contact
+	}
+	waitFor(t, 10*time.Second, "contact both ways", func() bool {
+		return time.Since(contact(eu, "us-1")) < 200*time.Millisecond && time.Since(contact(us, "eu-1")) < 200*time.Millisecond &&
+			time.Since(contact(us, "eu-2")) < 200*time.Millisecond && live(eu, "eu-2")
+	})
+
+	fn.Partition([]string{"us"}, []string{"eu", "us"})
+	cut := time.Now() // a ping stamped before this and answered was sent before the cut
+	waitFor(t, 10*time.Second, "contact to go stale on both sides", func() bool {
+		return time.Since(contact(eu, "us-1")) > 300*time.Millisecond && time.Since(contact(us, "eu-1")) > 300*time.Millisecond
+	})
+	for _, c := range []struct {
+		n    *Node
+		peer string
+	}{{eu, "us-1"}, {us, "eu-1"}, {us, "eu-2"}} {
+		if got := contact(c.n, c.peer); !got.Before(cut) {
+			t.Errorf("%s's contact with %s = %v, want before the cut at %v", c.n.Name(), c.peer, got, cut)
+		}
+	}
+
+	healed := time.Now()
+	fn.Heal()
+	waitFor(t, 10*time.Second, "contact after healing", func() bool {
+		return contact(eu, "us-1").After(healed) && contact(us, "eu-1").After(healed)
+	})
+	if got := contact(eu, "eu-2"); !got.IsZero() {
+		t.Errorf("eu-1's contact with eu-2, of its own region, = %v, want zero (never pinged)", got)
+	}
+	if got := contact(eu2, "eu-1"); !got.IsZero() {
+		t.Errorf("eu-2's contact with eu-1, of its own region, = %v, want zero (never pinged)", got)
+	}
+}

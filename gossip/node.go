@@ -54,6 +54,17 @@ type Member struct {
 	PolicyRevision uint64 `json:"policy_revision,omitempty"`
 	PolicyHash     string `json:"policy_hash,omitempty"`
 
+	// Contact is when this node last sent a ping to the member that was
+	// answered (on this node's clock, Config.Now): the member was reachable
+	// at some instant after it. Zero until one is. Only members of other
+	// regions are pinged (Config.ContactEvery).
+	Contact time.Time `json:"contact,omitzero"`
+	// Unanswered is when this node last sent the member a ping that went
+	// unanswered (zero if none): with Contact, fresh evidence that the
+	// member is out of reach, rather than this node having been too busy
+	// to ask.
+	Unanswered time.Time `json:"unanswered,omitzero"`
+
 	leaving bool      // announced a graceful leave
 	since   time.Time // when the state last changed
 }
@@ -79,8 +90,13 @@ type Node struct {
 	run         atomic.Bool
 	down        atomic.Bool
 
+	pingTimeout time.Duration // memberlist's ProbeTimeout, which bounds Ping
+
 	mu      sync.Mutex
 	members map[string]Member
+	contact map[string]time.Time // node → send time of its last answered ping
+	failed  map[string]time.Time // node → send time of its last unanswered ping
+	pinging map[string]bool      // nodes with a ping in flight
 
 	hmu       sync.RWMutex
 	onMessage []func(Message)
@@ -107,6 +123,9 @@ func New(cfg Config) (*Node, error) {
 		cfg:          cfg,
 		queue:        make(chan []byte, cfg.QueueSize),
 		members:      map[string]Member{},
+		contact:      map[string]time.Time{},
+		failed:       map[string]time.Time{},
+		pinging:      map[string]bool{},
 		reportSeen:   map[string]uint64{},
 		rejectLogged: map[string]time.Time{},
 		metrics:      newMetrics(cfg.Registerer),
@@ -130,6 +149,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	n.pingTimeout = mc.ProbeTimeout
 	n.bq = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: n.numLive}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -204,6 +224,7 @@ func (n *Node) Run(ctx context.Context) error {
 	defer n.stop(true)
 	var wg sync.WaitGroup
 	wg.Go(func() { n.decodeLoop(ctx) })
+	wg.Go(func() { n.contactLoop(ctx, &wg) })
 	defer wg.Wait()
 	n.joinLoop(ctx)
 	return nil
@@ -651,6 +672,7 @@ func (n *Node) Members() []Member {
 	n.mu.Lock()
 	out := make([]Member, 0, len(n.members))
 	for _, m := range n.members {
+		m.Contact, m.Unanswered = n.contact[m.Node], n.failed[m.Node]
 		out = append(out, m)
 	}
 	n.mu.Unlock()
@@ -794,6 +816,80 @@ func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	n.members[m.Node] = m
 	n.mu.Unlock()
 	n.metrics.members.Set(float64(n.numLive()))
+}
+
+// ContactLag bounds how old a reachable member's Contact may be: the ping
+// period (Config.ContactEvery) plus the longest a ping waits for its
+// answer (memberlist's probe timeout).
+func (n *Node) ContactLag() time.Duration { return n.cfg.ContactEvery + n.pingTimeout }
+
+// contactLoop pings every known, not departed node of the other regions
+// each Config.ContactEvery, through memberlist's Ping (one UDP packet and
+// its ack, within the preset's probe timeout, through the same transport as
+// the failure detector, faults included), and records the send time of
+// each answered ping as the node's Contact, of each unanswered one as its
+// Unanswered. A node whose last ping is still unanswered is not pinged
+// again until it is answered or given up, so at most one ping per node is
+// in flight. The pings run on goroutines of wg and stop with ctx.
+func (n *Node) contactLoop(ctx context.Context, wg *sync.WaitGroup) {
+	t := time.NewTicker(n.cfg.ContactEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, m := range n.pingTargets() {
+			addr, err := net.ResolveUDPAddr("udp", m.Addr)
+			if err != nil {
+				n.donePing(m.Node, time.Time{}, false)
+				continue
+			}
+			wg.Go(func() {
+				sent := n.cfg.Now()
+				_, err := n.ml.Ping(m.Node, addr)
+				if ctx.Err() != nil {
+					sent = time.Time{} // stopped, not unanswered
+				}
+				n.donePing(m.Node, sent, err == nil)
+			})
+		}
+	}
+}
+
+// pingTargets returns the members of other regions to ping now (those not
+// known to have left and without a ping in flight), marking them in flight.
+func (n *Node) pingTargets() []Member {
+	if n.down.Load() {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []Member
+	for _, m := range n.members {
+		if m.Region == n.cfg.Region || m.Region == "" || m.State == StateLeft || n.pinging[m.Node] {
+			continue
+		}
+		n.pinging[m.Node] = true
+		out = append(out, m)
+	}
+	return out
+}
+
+// donePing records the end of a ping to node sent at sent (zero: none
+// was sent).
+func (n *Node) donePing(node string, sent time.Time, answered bool) {
+	n.mu.Lock()
+	delete(n.pinging, node)
+	to := n.failed
+	if answered {
+		to = n.contact
+	}
+	if !sent.IsZero() && sent.After(to[node]) {
+		to[node] = sent
+	}
+	n.mu.Unlock()
 }
 
 // delegate implements memberlist.Delegate; every method returns at once.

@@ -44,7 +44,8 @@ type Allocator struct {
 	lendSeq         uint64
 	bursts          map[Key]burst   // tokens received with loans
 	effCut, effNext *Table          // cut and next with the loans overlay
-	dead            map[string]bool // membership: regions declared dead
+	dead            map[string]bool // regions whose shares were reclaimed (SetDead)
+	silent          map[string]bool // regions out of contact (SetSilent)
 	live            map[string]bool // membership: regions with a node answering probes (SetLive)
 }
 
@@ -75,6 +76,7 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		accepted:  map[loanID]bool{},
 		bursts:    map[Key]burst{},
 		dead:      map[string]bool{},
+		silent:    map[string]bool{},
 		live:      map[string]bool{},
 		gen:       startGeneration(epoch),
 	}
@@ -250,7 +252,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 			missed[i] = epoch - h
 		}
 		dead := a.dead[r] && got[i] == nil
-		if missed[i] < k && !dead {
+		if missed[i] < k && !dead && !(a.silent[r] && got[i] == nil) {
 			reachable++
 		}
 		// Reclaiming is a raise for the others, so silence alone is
@@ -265,7 +267,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 		}
 		downI[i] = got[i] == nil && (missed[i] > silence || dead)
 	}
-	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k && !(a.dead[a.regions[0]] && got[0] == nil))
+	quorum := 2*reachable > n || (2*reachable == n && missed[0] < k && !((a.dead[a.regions[0]] || a.silent[a.regions[0]]) && got[0] == nil))
 	a.isolated = !quorum
 	a.down = 0
 	if quorum {
@@ -504,24 +506,78 @@ func (a *Allocator) SetLive(live []string) {
 	}
 }
 
-// SetDead records the regions membership has declared dead at now (every
-// node of the region failed its probes and its suspicion timed out; a
-// memberlist "dead", not a graceful leave, which is SetMembers' business).
-// dead replaces the previous set.
+// SetSilent records the regions this region has been out of contact with
+// for at least the coordinator's silence (no answered ping for that long:
+// a crash or a partition, or a link too slow to answer); silent replaces
+// the previous set. When the regions still in contact (this one included)
+// are not a majority, this region is isolated and falls back to
+// Config.Safe at once, a cut; it reports whether it did. A silent region
+// also counts as unreachable for the quorum of the next Rebalance, so the
+// fallback holds until its reports and contact are back. Silence never
+// reclaims anything: that is SetDead's, later.
+func (a *Allocator) SetSilent(now time.Time, silent []string) bool {
+	clear(a.silent)
+	for _, r := range silent {
+		if _, ok := a.index[r]; ok && r != a.self {
+			a.silent[r] = true
+		}
+	}
+	if a.isolated || a.majority(a.silent) {
+		return false
+	}
+	a.isolate(now)
+	return true
+}
+
+// majority reports whether the known regions outside gone (this one
+// included) are a majority; exactly half is one if it holds the first
+// region in sorted order, so that of two halves only one is.
+func (a *Allocator) majority(gone map[string]bool) bool {
+	n := len(a.regions)
+	live := 0
+	for _, r := range a.regions {
+		if !gone[r] {
+			live++
+		}
+	}
+	return 2*live > n || (2*live == n && !gone[a.regions[0]])
+}
+
+// isolate falls back to Config.Safe for every key at once, loans given up.
+func (a *Allocator) isolate(now time.Time) {
+	a.isolated = true
+	safe := a.cfg.safe(len(a.regions))
+	shares := make(map[Key]float64, len(a.next.shares))
+	for k, v := range a.next.shares {
+		shares[k] = max(min(v, safe), MinShare)
+	}
+	for k, v := range a.loans {
+		if v > 0 {
+			delete(a.loans, k) // a borrowed share would lift us above Safe
+		}
+	}
+	clear(a.bursts)
+	clear(a.pending)
+	a.pendList = a.pendList[:0]
+	a.install(now, &Table{shares: shares, def: min(a.next.def, safe)})
+}
+
+// SetDead records the regions whose shares may be reclaimed at now; dead
+// replaces the previous set. The caller must only name a region that has
+// been unable to admit above Config.Safe since before now: the
+// coordinator names those it has been out of contact with for its hold,
+// by which time a region cut off from the majority has cut itself
+// (SetSilent on its side); see region/globalshare.
 //
 // A newly dead region is treated as Down at once instead of after K+1
 // missed reports: its share of every coordinated key above Config.Safe is
 // spread over the live regions in proportion to their shares, which every
-// region computes alike from the same last shares; raises take effect
-// Config.RaiseDelay later. Symmetrically, when the regions membership still
-// counts alive (this one included) are not a majority, this region is
-// isolated and falls back to Config.Safe at once, a cut. A partition looks
-// like death to membership on both sides at about the same time, so the
-// isolated side has cut before the majority raises as long as the
-// difference between the two sides' detection times stays below
-// RaiseDelay; reports missing for K epochs remain the fallback when it
-// does not. A region declared alive again counts from the next Rebalance:
-// coming back is a raise, and raises wait for the reports.
+// region computes alike from the same last shares. The raise applies at
+// once, because the wait that made it safe has already passed; raises
+// still pending from the last Rebalance keep their RaiseDelay. When the
+// regions left are not a majority this region is isolated instead (as
+// SetSilent). A region declared alive again counts from the next
+// Rebalance: coming back is a raise, and raises wait for the reports.
 func (a *Allocator) SetDead(now time.Time, dead []string) {
 	set := make(map[string]bool, len(dead))
 	newly := false
@@ -535,31 +591,20 @@ func (a *Allocator) SetDead(now time.Time, dead []string) {
 	if !newly {
 		return
 	}
-	n := len(a.regions)
-	live := n - len(set)
-	safe := a.cfg.safe(n)
-	if !(2*live > n || (2*live == n && !set[a.regions[0]])) {
-		a.isolated = true
-		shares := make(map[Key]float64, len(a.next.shares))
-		for k, v := range a.next.shares {
-			shares[k] = max(min(v, safe), MinShare)
+	if !a.majority(set) {
+		if !a.isolated {
+			a.isolate(now)
 		}
-		for k, v := range a.loans {
-			if v > 0 {
-				delete(a.loans, k) // a borrowed share would lift us above Safe
-			}
-		}
-		clear(a.bursts)
-		clear(a.pending)
-		a.pendList = a.pendList[:0]
-		a.install(now, &Table{shares: shares, def: min(a.next.def, safe)})
 		return
 	}
 	if a.isolated {
 		return // reclaim only with a majority
 	}
+	n := len(a.regions)
+	live := n - len(set)
+	safe := a.cfg.safe(n)
 	self := a.index[a.self]
-	shares := make(map[Key]float64, len(a.keys))
+	gain := make(map[Key]float64, len(a.keys))
 	for key, ks := range a.keys {
 		var freed, liveSum float64
 		for i, r := range a.regions {
@@ -571,19 +616,44 @@ func (a *Allocator) SetDead(now time.Time, dead []string) {
 				liveSum += ks.shares[i]
 			}
 		}
+		if freed <= 0 {
+			continue
+		}
 		for i, r := range a.regions {
-			if freed > 0 && !set[r] {
-				if liveSum > 0 {
-					ks.shares[i] += freed * ks.shares[i] / liveSum
-				} else {
-					ks.shares[i] += freed / float64(live)
-				}
+			if set[r] {
+				continue
+			}
+			add := freed / float64(live)
+			if liveSum > 0 {
+				add = freed * ks.shares[i] / liveSum
+			}
+			ks.shares[i] += add
+			if i == self {
+				gain[key] = add
 			}
 		}
-		shares[key] = max(ks.shares[self], MinShare)
 	}
 	a.down = max(a.down, len(set))
-	a.install(now, &Table{shares: shares, def: a.defaultShare()})
+	def := a.defaultShare()
+	a.next = withGain(a.next, gain, def)
+	a.cut = withGain(a.cut, gain, max(a.cut.def, def))
+	a.refresh()
+}
+
+// withGain is t with gain added to its keys' shares and def as default.
+func withGain(t *Table, gain map[Key]float64, def float64) *Table {
+	m := make(map[Key]float64, len(t.shares)+len(gain))
+	for k, v := range t.shares {
+		m[k] = v
+	}
+	for k, g := range gain {
+		s, ok := m[k]
+		if !ok {
+			s = t.def
+		}
+		m[k] = max(s+g, MinShare)
+	}
+	return &Table{shares: m, def: def}
 }
 
 // Dead returns the regions SetDead last recorded, sorted.

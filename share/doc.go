@@ -52,9 +52,11 @@
 // Config.BorrowHorizon asks its peers for a loan (BorrowRequest); a lender
 // cuts its own share first, then answers (Loan); loans expire at the next
 // Rebalance, so Σ shares ≤ L_global holds with loans in flight or lost
-// (borrow.go). SetDead takes memberlist's verdict: a dead region is
-// reclaimed at once, and a region that sees no majority alive falls back to
-// Safe at once; missing reports remain the fallback.
+// (borrow.go). SetSilent takes the regions out of contact: a region that
+// has lost contact with a majority falls back to Safe at once; SetDead
+// takes those out of contact long enough that they have surely cut, and
+// reclaims their shares at once. The coordinator (region/globalshare)
+// times both; missing reports remain the fallback.
 //
 // # Quotas
 //

@@ -140,12 +140,28 @@ type Gossip struct {
 	Partitions []Partition `json:"partitions,omitempty"`
 	Crashes    []Crash     `json:"crashes,omitempty"`
 	// Detect is how long membership (memberlist) takes to declare an
-	// unreachable region dead, on both sides of a partition and for a
-	// crashed region (default 5s, about memberlist's LAN preset; its WAN
-	// preset takes ~25s). NoMembership turns the membership signal off,
-	// leaving only missing reports.
-	Detect       Duration `json:"detect,omitempty"`
-	NoMembership bool     `json:"no_membership,omitempty"`
+	// unreachable region dead: a crashed region, and the smaller side of a
+	// partition as the larger side sees it (default 5s, about memberlist's
+	// LAN preset, whose suspicion of a node is confirmed by the others'
+	// probes; its WAN preset takes ~25s). DetectIsolated is how long the
+	// smaller side takes to declare the larger one dead (default 4 ×
+	// Detect): its suspicions have no confirmers, so memberlist's Lifeguard
+	// waits up to SuspicionMaxTimeoutMult (6) times as long, and slows the
+	// probes of a node whose probes fail. NoMembership turns the membership
+	// signal off, verdicts and pings, leaving only missing reports.
+	Detect         Duration `json:"detect,omitempty"`
+	DetectIsolated Duration `json:"detect_isolated,omitempty"`
+	NoMembership   bool     `json:"no_membership,omitempty"`
+	// ContactEvery is how often every region pings every other (the gossip
+	// layer's gossip.Config.ContactEvery; default Interval/40) and
+	// PingTimeout how long a ping waits for its answer (memberlist's probe
+	// timeout; default Detect/10, 500ms, the LAN preset's). A ping is answered at once
+	// unless a crash or a partition is in the way. NoContact turns the
+	// pings off, leaving membership's verdicts (an owner that feeds only
+	// those).
+	ContactEvery Duration `json:"contact_every,omitempty"`
+	PingTimeout  Duration `json:"ping_timeout,omitempty"`
+	NoContact    bool     `json:"no_contact,omitempty"`
 }
 
 // Partition cuts Regions (indices) off from the rest from Start to End.
@@ -266,6 +282,12 @@ func (s Scenario) validateFaults() error {
 		return fmt.Errorf("scenario %s: gossip.skew must not be negative", s.Name)
 	case g.Detect < 0:
 		return fmt.Errorf("scenario %s: gossip.detect must not be negative", s.Name)
+	case g.DetectIsolated < 0:
+		return fmt.Errorf("scenario %s: gossip.detect_isolated must not be negative", s.Name)
+	case g.ContactEvery < 0:
+		return fmt.Errorf("scenario %s: gossip.contact_every must not be negative", s.Name)
+	case g.PingTimeout < 0:
+		return fmt.Errorf("scenario %s: gossip.ping_timeout must not be negative", s.Name)
 	}
 	region := func(field string, r int) error {
 		if r < 0 || r >= s.Regions {

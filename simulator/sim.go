@@ -62,7 +62,9 @@ type region struct {
 	usage   map[engine.UsageKey]engine.Usage // since the core's last Tick
 	wake    int64                            // next Tick (virtual ns): the adapter's timer
 	dead    []bool                           // membership: regions declared dead, by index
+	bootAt  int64                            // when the daemon (and its pings) last started
 	told    bool                             // the core has been given dead as it is
+	pinged  int64                            // the ping round (contact_every) its members were last given at
 	stepped bool                             // the core ran at this tick (CheckShares)
 	// saved is what the region's store holds of its shares (Ready.Save);
 	// it survives a crash, as the regional Redis would.
@@ -146,6 +148,15 @@ func (sc Scenario) withDefaults() Scenario {
 	if sc.Gossip.Detect == 0 {
 		sc.Gossip.Detect = Duration(5 * time.Second)
 	}
+	if sc.Gossip.DetectIsolated == 0 {
+		sc.Gossip.DetectIsolated = 4 * sc.Gossip.Detect
+	}
+	if sc.Gossip.ContactEvery == 0 {
+		sc.Gossip.ContactEvery = sc.Share.Interval / 40
+	}
+	if sc.Gossip.PingTimeout == 0 {
+		sc.Gossip.PingTimeout = sc.Gossip.Detect / 10
+	}
 	return sc
 }
 
@@ -215,9 +226,10 @@ func newSim(sc Scenario, opt Options) (*sim, error) {
 // local is region r's clock at virtual time t.
 func (r *region) local(t int64) time.Time { return time.Unix(0, t+r.skew) }
 
-// members is the membership as region r sees it: every region's one node,
-// alive unless r's membership has declared that region dead.
-func (s *sim) members(r *region) []gossip.Member {
+// members is the membership as region r sees it at t: every region's one
+// node, alive unless r's membership has declared that region dead, with
+// the Contact r's pings give it (contact).
+func (s *sim) members(r *region, t int64) []gossip.Member {
 	out := make([]gossip.Member, len(s.regions))
 	for i, q := range s.regions {
 		st := gossip.StateAlive
@@ -225,8 +237,47 @@ func (s *sim) members(r *region) []gossip.Member {
 			st = gossip.StateDead
 		}
 		out[i] = gossip.Member{Node: q.node, Region: q.name, State: st}
+		if q != r {
+			out[i].Contact, out[i].Unanswered = s.contact(r, q, t)
+		}
 	}
 	return out
+}
+
+// contact is when region r last sent q a ping that was answered, and the
+// last that went unanswered, on r's clock, as the gossip layer's pings
+// give them: r pings every ContactEvery (from time 0 of the run), and a
+// ping is answered at once unless q is crashed or a partition separates
+// them, when it is given up PingTimeout after it was sent. Zero before r's
+// first such ping since its daemon started, and always without pings.
+func (s *sim) contact(r, q *region, t int64) (answered, unanswered time.Time) {
+	g := s.sc.Gossip
+	if g.NoMembership || g.NoContact {
+		return time.Time{}, time.Time{}
+	}
+	last := t // the last instant r could reach q, up to t
+	rel := time.Duration(t - startNS)
+	for _, c := range g.Crashes {
+		if c.Region == q.idx && rel >= c.At.D() && !(c.Restart > c.At && rel >= c.Restart.D()) {
+			last = min(last, startNS+c.At.D().Nanoseconds()-1)
+		}
+	}
+	for _, p := range g.Partitions {
+		if rel >= p.Start.D() && rel < p.End.D() && slices.Contains(p.Regions, r.idx) != slices.Contains(p.Regions, q.idx) {
+			last = min(last, startNS+p.Start.D().Nanoseconds()-1)
+		}
+	}
+	every := g.ContactEvery.D().Nanoseconds()
+	round := func(at int64) int64 { return startNS + (at-startNS)/every*every }
+	if ping := round(last); ping >= r.bootAt {
+		answered = r.local(ping)
+	}
+	if last < t {
+		if ping := round(t - g.PingTimeout.D().Nanoseconds()); ping > last && ping >= r.bootAt {
+			unanswered = r.local(ping)
+		}
+	}
+	return answered, unanswered
 }
 
 // limitOf is the coordinator's Config.Limit: L of the simulated policy.
@@ -253,11 +304,12 @@ func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
 	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
-		Bucket: s.bucketOf}
+		Bucket: s.bucketOf, ContactLag: s.sc.Gossip.ContactEvery.D() + s.sc.Gossip.PingTimeout.D()}
 	if s.sc.Quota != nil {
 		cfg.Quota = s.quotaOf
 	}
-	members := s.members(r)
+	r.bootAt = s.now
+	members := s.members(r, s.now)
 	c, err := globalshare.NewCore(cfg, members)
 	if err != nil {
 		return err
@@ -271,6 +323,7 @@ func (s *sim) boot(r *region) error {
 	r.usage = map[engine.UsageKey]engine.Usage{}
 	r.wake = s.now
 	r.told, r.stepped = true, true
+	r.pinged = (s.now - startNS) / s.sc.Gossip.ContactEvery.D().Nanoseconds()
 	return nil
 }
 
@@ -389,9 +442,12 @@ func (s *sim) tick(r *region, t int64) {
 			usage = r.usage
 			r.usage = map[engine.UsageKey]engine.Usage{}
 		}
+		// Contact moves only with each round of pings, verdicts only
+		// when membership changes: pass the members then, as the
+		// daemon's view changes.
 		var members []gossip.Member
-		if !r.told {
-			members, r.told = s.members(r), true
+		if round := (t - startNS) / s.sc.Gossip.ContactEvery.D().Nanoseconds(); !r.told || round != r.pinged {
+			members, r.told, r.pinged = s.members(r, t), true, round
 		}
 		s.do(r, t, r.core.Tick(local, usage, members))
 		r.stepped = true
@@ -472,13 +528,14 @@ func (s *sim) send(r, q *region, t int64, m gossip.Message) {
 }
 
 // membership updates which other regions each live region's membership
-// calls dead at t: crashed, or cut off by a partition, for at least Detect.
+// calls dead at t: crashed for at least Detect, or cut off by a partition
+// for at least Detect (DetectIsolated on the partition's smaller side).
 func (s *sim) membership(t int64) {
 	if s.sc.Gossip.NoMembership || len(s.regions) < 2 {
 		return
 	}
 	rel := time.Duration(t - startNS)
-	det := s.sc.Gossip.Detect.D()
+	det, iso := s.sc.Gossip.Detect.D(), s.sc.Gossip.DetectIsolated.D()
 	for _, r := range s.regions {
 		if r.crashed {
 			continue
@@ -492,8 +549,12 @@ func (s *sim) membership(t int64) {
 					}
 				}
 				for _, p := range s.sc.Gossip.Partitions {
-					if rel >= p.Start.D()+det && rel < p.End.D() &&
-						slices.Contains(p.Regions, r.idx) != slices.Contains(p.Regions, q.idx) {
+					in := slices.Contains(p.Regions, r.idx)
+					d := det
+					if in == (2*len(p.Regions) < len(s.regions)) {
+						d = iso // r is on the smaller side
+					}
+					if rel >= p.Start.D()+d && rel < p.End.D() && in != slices.Contains(p.Regions, q.idx) {
 						gone = true
 					}
 				}

@@ -59,9 +59,12 @@ type Core struct {
 
 	restored map[share.Key]float64 // saved shares restored at Start
 
-	alloc       *share.Allocator
-	dead        []string  // regions membership has declared dead
-	deadRaiseAt time.Time // republish the table then (raises after SetDead)
+	alloc     *share.Allocator
+	dead      []string             // regions reclaimed: out of contact for Hold
+	silent    []string             // regions out of contact for Silence
+	deadSince map[string]time.Time // region → when this core first saw it dead (no Contact known)
+	lastTick  time.Time            // the last Tick
+	resumed   time.Time            // the first Tick after a pause of this node (see regionStates)
 
 	b borrowState
 	q quotaState
@@ -99,6 +102,16 @@ type CoreConfig struct {
 	// tokens out of its bucket, and the bucket estimate the borrow rule
 	// keeps assumes one second of burst. Nil: loans move rate only.
 	Bucket func(policy string) bool
+	// Silence is how long this region may be out of contact with another
+	// (gossip.Member.Contact: no answered ping since) before it counts as
+	// unreachable: a region out of contact with enough others to lose its
+	// majority cuts to Safe then. Default Interval/10.
+	Silence time.Duration
+	// ContactLag bounds how old the last answered ping to a reachable
+	// region may be: the gossip layer's ping period plus its ping timeout
+	// (gossip.Node.ContactLag). Default Silence/2. The hold before another
+	// region's share is reclaimed (Core.Hold) is built from it.
+	ContactLag time.Duration
 }
 
 // Ready is what one Tick or Step asks its owner to do.
@@ -176,6 +189,15 @@ func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error)
 	if cfg.BorrowTick == 0 {
 		cfg.BorrowTick = 250 * time.Millisecond
 	}
+	switch {
+	case cfg.Silence < 0 || cfg.ContactLag < 0:
+		return nil, errors.New("globalshare: Silence and ContactLag must not be negative")
+	case cfg.Silence == 0:
+		cfg.Silence = cfg.Share.Interval / 10
+	}
+	if cfg.ContactLag == 0 {
+		cfg.ContactLag = cfg.Silence / 2
+	}
 	if cfg.Quota != nil {
 		limit, quota := cfg.Limit, cfg.Quota
 		cfg.Limit = func(policy string) (float64, bool) {
@@ -190,15 +212,16 @@ func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error)
 	}
 	sc := cfg.Share
 	c := &Core{
-		cfg:      cfg,
-		self:     cfg.Region,
-		node:     cfg.Node,
-		split:    sc.Recent < sc.Interval-sc.Settle-sc.RaiseDelay,
-		m:        m,
-		reports:  map[uint64]map[string]share.Report{},
-		nodeUse:  map[uint64]map[string]gossip.NodeUsage{},
-		lastSeen: map[string]reportInfo{},
-		dropped:  map[string]uint64{},
+		cfg:       cfg,
+		self:      cfg.Region,
+		node:      cfg.Node,
+		split:     sc.Recent < sc.Interval-sc.Settle-sc.RaiseDelay,
+		m:         m,
+		reports:   map[uint64]map[string]share.Report{},
+		nodeUse:   map[uint64]map[string]gossip.NodeUsage{},
+		lastSeen:  map[string]reportInfo{},
+		dropped:   map[string]uint64{},
+		deadSince: map[string]time.Time{},
 	}
 	c.q.init()
 	c.seen = &map[share.Key]quotaSeen{}
@@ -264,7 +287,8 @@ func (c *Core) PollEvery() time.Duration {
 	if c.borrowing() {
 		poll = min(poll, c.checkEvery())
 	}
-	return poll
+	// A lost contact must be noticed within a bounded time (Hold).
+	return min(poll, c.cfg.Silence/4)
 }
 
 func (c *Core) deadline() time.Time {
@@ -297,6 +321,10 @@ func (c *Core) Tick(now time.Time, usage map[engine.UsageKey]engine.Usage, membe
 	c.countQuotas(now, usage)
 	addUsage(c.b.acc, usage)
 	addUsage(c.b.fast, usage)
+	if !c.lastTick.IsZero() && now.Sub(c.lastTick) > 2*c.PollEvery() {
+		c.resumed = now // this node was paused: its pings' failures since are suspect
+	}
+	c.lastTick = now
 	c.checkMembership(now)
 	if !c.balanced {
 		// Until the first rebalance every key runs at 1/n of the live
@@ -604,63 +632,117 @@ func (c *Core) Status(live map[string][]string) Status {
 	return st
 }
 
-// regionStates are the other regions membership has declared dead (every
-// node of theirs it knows is dead: a crash or a partition; none is live;
-// not all of them left gracefully, which is SetMembers' business) and
-// those with a node alive and not even suspected. A crashed region's
-// nodes turn suspect within a probe or two, long before the suspicion
-// times out into dead, so only a region whose nodes still answer probes
-// while its reports go missing (loss on the way) counts as alive.
-func (c *Core) regionStates() (dead, alive []string) {
-	liveSet, deadSet, aliveSet := map[string]bool{}, map[string]bool{}, map[string]bool{}
+// Hold is how long this region waits, after it last had contact with
+// another region, before it reclaims that region's share: Silence +
+// PollEvery (by then a region cut off from the majority has noticed its
+// own silence and cut to Safe) + ContactLag (this side's last answered
+// ping may be that much older than the other side's) + PollEvery of
+// margin. See docs/architecture.md, "Losing a region".
+func (c *Core) Hold() time.Duration {
+	return c.cfg.Silence + 2*c.PollEvery() + c.cfg.ContactLag
+}
+
+// regionStates sorts the other regions by what this node knows of them:
+// silent (out of contact for at least Silence), gone (for at least Hold:
+// its share may be reclaimed) and alive (a node alive, not even
+// suspected, and not silent: its reports may be missing only through
+// loss).
+//
+// Contact is the send time of the last answered ping to any of the
+// region's nodes (gossip.Member.Contact). Being out of contact also takes
+// fresh evidence: a ping sent after that contact and left unanswered
+// (Member.Unanswered) within the last 2·ContactLag + PollEvery, the
+// longest between two failures while the pings run, and sent after this
+// node's last pause (a gap of more than 2·PollEvery between two Ticks). A
+// node that was too busy to ping, or to hear the answers, sees its
+// contacts age without such evidence and decides nothing until its pings
+// run again; a node cut off has it all along. (A pause during a partition
+// delays the cut by as much; the node admits nothing while paused.)
+//
+// A region none of whose nodes has a Contact yet (an owner that pings
+// nothing, or a node not pinged yet) counts as out of contact from the
+// first Tick at which membership showed every node of it dead: the same
+// rule, timed by membership's verdict instead of the pings, which keeps
+// its bound only while both sides' verdicts come within Hold − Silence of
+// each other.
+func (c *Core) regionStates(now time.Time) (silent, gone, alive []string) {
+	contact, failed := map[string]time.Time{}, map[string]time.Time{}
+	known, live, dead, up := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range c.members {
-		if m.Region == "" || m.Region == c.self {
+		if m.Region == "" || m.Region == c.self || m.State == gossip.StateLeft {
 			continue
+		}
+		r := m.Region
+		known[r] = true
+		if m.Contact.After(contact[r]) {
+			contact[r] = m.Contact
+		}
+		if m.Unanswered.After(failed[r]) {
+			failed[r] = m.Unanswered
 		}
 		switch {
 		case m.State == gossip.StateAlive:
-			aliveSet[m.Region] = true
-			liveSet[m.Region] = true
+			up[r], live[r] = true, true
 		case m.State.Live():
-			liveSet[m.Region] = true
+			live[r] = true
 		case m.State == gossip.StateDead:
-			deadSet[m.Region] = true
+			dead[r] = true
 		}
 	}
-	for r := range deadSet {
-		if !liveSet[r] {
-			dead = append(dead, r)
+	for r := range c.deadSince {
+		if !dead[r] || live[r] {
+			delete(c.deadSince, r)
 		}
 	}
-	for r := range aliveSet {
-		alive = append(alive, r)
+	hold, fresh := c.Hold(), 2*c.cfg.ContactLag+c.PollEvery()
+	for _, r := range slices.Sorted(maps.Keys(known)) {
+		since, evidence := contact[r], false
+		switch {
+		case !since.IsZero():
+			// A ping sent before this node's last pause may have been
+			// given up only because the node could not hear its answer.
+			evidence = failed[r].After(since) && now.Sub(failed[r]) <= fresh && !failed[r].Before(c.resumed)
+		case dead[r] && !live[r]:
+			if _, ok := c.deadSince[r]; !ok {
+				c.deadSince[r] = now
+			}
+			since, evidence = c.deadSince[r], true
+		}
+		// Once out, a region stays out until its contact is fresh again.
+		out := now.Sub(since) >= c.cfg.Silence && (evidence || slices.Contains(c.silent, r))
+		if out {
+			silent = append(silent, r)
+		}
+		if now.Sub(since) >= hold && (evidence || slices.Contains(c.dead, r)) {
+			gone = append(gone, r)
+		}
+		if up[r] && !out {
+			alive = append(alive, r)
+		}
 	}
-	slices.Sort(dead)
-	return dead, alive
+	return silent, gone, alive
 }
 
-// checkMembership tells the allocator when membership declares a region
-// dead (or alive again), so that a crashed region's shares are reclaimed
-// (and an isolated region cuts) as soon as memberlist knows, instead of
-// after K+1 missed reports: share.Allocator.SetDead. The cut table is
-// published at once and the raised one RaiseDelay later.
+// checkMembership applies what regionStates finds: a region that has lost
+// contact with a majority cuts to Safe at once (Allocator.SetSilent), and
+// a region out of contact for Hold has its shares reclaimed at once
+// (Allocator.SetDead), by which time, if it is alive behind a partition,
+// it has cut. Both publish the new table at once.
 func (c *Core) checkMembership(now time.Time) {
-	dead, alive := c.regionStates()
+	silent, gone, alive := c.regionStates(now)
 	c.alloc.SetLive(alive)
-	if !slices.Equal(dead, c.dead) {
-		c.dead = dead
-		c.alloc.SetDead(now, dead)
-		if c.balanced {
-			c.publish(now)
-			c.deadRaiseAt = now.Add(c.cfg.Share.RaiseDelay)
-		}
-		return
+	changed := false
+	if !slices.Equal(silent, c.silent) {
+		c.silent = silent
+		changed = c.alloc.SetSilent(now, silent)
 	}
-	if !c.deadRaiseAt.IsZero() && !now.Before(c.deadRaiseAt) {
-		c.deadRaiseAt = time.Time{}
-		if c.balanced {
-			c.publish(now)
-		}
+	if !slices.Equal(gone, c.dead) {
+		c.dead = gone
+		c.alloc.SetDead(now, gone)
+		changed = true
+	}
+	if changed && c.balanced {
+		c.publish(now)
 	}
 }
 

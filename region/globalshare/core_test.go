@@ -24,9 +24,23 @@ type coreNet struct {
 	// rate is each node's offered rate of the test key, units/s.
 	rate map[string]float64
 	// cut, if set, drops every message between the two regions.
-	cut  func(from, to string) bool
-	log  []Ready // every non-empty Ready, in order (determinism checks)
-	sent int
+	cut func(from, to string) bool
+	// contactEvery, if set, feeds every member of another region a
+	// Contact and an Unanswered as the gossip layer's pings would (every
+	// contactEvery, answered at once or given up a period later): the
+	// last multiple of it at which the viewer could reach the member,
+	// neither down nor cut off, and the last ping given up since. Zero
+	// feeds none, as an owner that only passes membership's verdicts.
+	contactEvery time.Duration
+	contact      map[[2]string]time.Time
+	// paused, if set, says whose pings are not running (their process too
+	// busy): their contacts age, with no ping given up either.
+	paused func(viewer string) bool
+	// verdict, if set, is membership's verdict instead of cut: whether
+	// viewer's membership shows region dead.
+	verdict func(viewer, region string) bool
+	log     []Ready // every non-empty Ready, in order (determinism checks)
+	sent    int
 }
 
 type coreNode struct {
@@ -55,7 +69,8 @@ func newCoreNet(t *testing.T, sc share.Config, nodes ...string) *coreNet {
 func newCoreNetCollect(t *testing.T, sc share.Config, collect time.Duration, nodes ...string) *coreNet {
 	t.Helper()
 	n := &coreNet{t: t, sc: sc, now: sc.EpochStart(1_000_000).Add(100 * time.Millisecond),
-		delay: 20 * time.Millisecond, rate: map[string]float64{}}
+		delay: 20 * time.Millisecond, rate: map[string]float64{},
+		contactEvery: sc.Interval / 40, contact: map[[2]string]time.Time{}}
 	for _, name := range nodes {
 		n.nodes = append(n.nodes, &coreNode{name: name, region: regionOf(name), state: gossip.StateAlive})
 	}
@@ -174,12 +189,34 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 	}
 }
 
-// view is membership as nd sees it: a cut-off region looks dead.
+// view is membership as nd sees it: a cut-off region looks dead, and
+// every member of another region has the Contact of its last answered
+// ping (contactEvery).
 func (n *coreNet) view(nd *coreNode) []gossip.Member {
 	ms := n.members()
 	for i := range ms {
-		if n.cut != nil && n.cut(nd.region, ms[i].Region) {
+		cut := n.cut != nil && n.cut(nd.region, ms[i].Region)
+		switch {
+		case n.verdict != nil:
+			if n.verdict(nd.region, ms[i].Region) {
+				ms[i].State = gossip.StateDead
+			}
+		case cut:
 			ms[i].State = gossip.StateDead
+		}
+		if n.contactEvery > 0 && ms[i].Region != nd.region {
+			// Pings are answered at once or given up a period later.
+			k := [2]string{nd.name, ms[i].Node}
+			switch {
+			case n.paused != nil && n.paused(nd.name):
+			case !cut && !n.node(ms[i].Node).down:
+				n.contact[k] = n.now.Truncate(n.contactEvery)
+			default:
+				if failed := n.now.Add(-n.contactEvery).Truncate(n.contactEvery); failed.After(n.contact[k]) {
+					ms[i].Unanswered = failed
+				}
+			}
+			ms[i].Contact = n.contact[k]
 		}
 	}
 	return ms
@@ -248,23 +285,114 @@ func TestCoreSharesFollowTraffic(t *testing.T) {
 	}
 }
 
-// TestCoreDeadRegion: when membership declares ap dead, eu and us cut ap's
-// share at once and raise RaiseDelay later, without waiting K epochs.
+// TestCoreDeadRegion: when ap crashes, eu and us reclaim its share Hold
+// after their last answered ping to it, at once (no RaiseDelay: the hold
+// already covers the cut of a region cut off rather than crashed); fed
+// membership's verdicts only, Hold after the verdict. Never before.
 func TestCoreDeadRegion(t *testing.T) {
-	sc := testShareConfig()
-	sc.BorrowEvery = 0
-	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
-	n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 30}
-	n.run(n.now.Add(6*sc.Interval), 50*time.Millisecond, nil)
-	before := n.shares("eu-1", "us-1")
-	n.node("ap-1").state = gossip.StateDead
-	n.run(n.now.Add(50*time.Millisecond), 50*time.Millisecond, nil)
-	at := n.now
-	n.run(at.Add(sc.RaiseDelay+100*time.Millisecond), 50*time.Millisecond, nil)
-	after := n.shares("eu-1", "us-1")
-	if sum(after) < sum(before)+0.1 || sum(after) > 1+1e-9 {
-		t.Errorf("eu+us = %.3f before ap died, %.3f one raise delay after: want ap's share reclaimed, Σ ≤ 1", sum(before), sum(after))
+	for _, tt := range []struct {
+		name    string
+		contact bool
+	}{{"pings", true}, {"verdicts only", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := testShareConfig()
+			sc.BorrowEvery = 0
+			n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+			if !tt.contact {
+				n.contactEvery = 0
+			}
+			n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 30}
+			n.run(n.now.Add(6*sc.Interval), 50*time.Millisecond, nil)
+			// Away from the next rebalance, so that only the rule moves shares.
+			n.run(n.now.Truncate(sc.Interval).Add(sc.Interval+sc.Settle+2*sc.RaiseDelay), 10*time.Millisecond, nil)
+			before := n.shares("eu-1", "us-1")
+			ap := n.node("ap-1")
+			ap.down = true
+			lost := n.now.Truncate(n.contactEvery + 1) // the last answered ping: now, or the verdict below
+			if !tt.contact {
+				ap.state = gossip.StateDead
+				lost = n.now.Add(10 * time.Millisecond) // the first tick that sees it
+			}
+			hold := n.node("eu-1").core.Hold()
+			var took time.Duration
+			n.run(lost.Add(hold+100*time.Millisecond), 10*time.Millisecond, func() {
+				if s := n.shares("eu-1", "us-1"); took == 0 && sum(s) > sum(before)+0.1 {
+					took = n.now.Sub(lost)
+					if sum(s) > 1+1e-9 {
+						t.Errorf("eu+us = %.3f, want ≤ 1", sum(s))
+					}
+				}
+			})
+			if took < hold || took > hold+20*time.Millisecond {
+				t.Errorf("eu+us = %.3f before ap died; they reclaimed its share %v after it was lost (0: never), want Hold %v (+ two ticks)",
+					sum(before), took, hold)
+			}
+		})
 	}
+}
+
+// TestCorePartitionSlowMinorityVerdict: ap is cut off; eu and us's
+// membership declares it dead at once, ap's own declares them dead only
+// after three intervals (memberlist's Lifeguard on a node without
+// confirmers). With contact fed, ap cuts to Safe within Silence and a tick
+// and the majority reclaims its share only after Hold, so Σ of the
+// enforced shares stays ≤ 1 at every step.
+func TestCorePartitionSlowMinorityVerdict(t *testing.T) {
+	sc := testShareConfig()
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 60}
+	n.run(n.now.Add(5*sc.Interval), 10*time.Millisecond, nil)
+	start := n.now
+	ap := n.node("ap-1")
+	isolated, reclaimed := time.Duration(0), time.Duration(0)
+	// Messages and pings are cut both ways at once; membership's verdict
+	// differs by side.
+	n.cut = func(a, b string) bool { return a != b && (a == "ap" || b == "ap") }
+	n.verdict = func(viewer, region string) bool {
+		if viewer == "ap" && n.now.Sub(start) < 3*sc.Interval {
+			return false // ap's view: the others still look alive
+		}
+		return n.cut(viewer, region)
+	}
+	n.run(start.Add(6*sc.Interval), 10*time.Millisecond, func() {
+		s := n.shares("eu-1", "us-1", "ap-1")
+		if sum(s) > 1+1e-9 {
+			t.Fatalf("%v into the partition: Σ enforced shares = %.4f (eu, us, ap %.3f)", n.now.Sub(start), sum(s), s)
+		}
+		if isolated == 0 && s[2] <= sc.Floor/3+1e-12 {
+			isolated = n.now.Sub(start)
+		}
+		if reclaimed == 0 && s[0]+s[1] > 0.95 {
+			reclaimed = n.now.Sub(start)
+		}
+	})
+	silence, hold := ap.core.cfg.Silence, n.node("eu-1").core.Hold()
+	if isolated == 0 || isolated > silence+n.contactEvery+20*time.Millisecond {
+		t.Errorf("ap fell back to Safe %v into the partition (0: never), want within Silence %v + a ping period and two ticks", isolated, silence)
+	}
+	if reclaimed == 0 || reclaimed > hold+n.contactEvery+sc.Interval {
+		t.Errorf("eu+us reclaimed ap's share %v into the partition (0: never), want within Hold %v and the rebalance after it", reclaimed, hold)
+	}
+}
+
+// TestCorePausedPingsDecideNothing: when a node's pings stop running (its
+// process paused) its contacts age without any ping given up; it must not
+// take that for a partition: no cut to Safe, no reclaim.
+func TestCorePausedPingsDecideNothing(t *testing.T) {
+	sc := testShareConfig()
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 60, "us-1": 60, "ap-1": 60}
+	n.run(n.now.Add(5*sc.Interval), 10*time.Millisecond, nil)
+	n.run(n.now.Truncate(sc.Interval).Add(sc.Interval+sc.Settle+2*sc.RaiseDelay), 10*time.Millisecond, nil)
+	before := n.shares("eu-1", "us-1", "ap-1")
+	pause := n.now
+	hold := n.node("ap-1").core.Hold()
+	n.paused = func(viewer string) bool { return viewer == "ap-1" }
+	n.run(pause.Add(2*hold), 10*time.Millisecond, func() {
+		if s := n.shares("eu-1", "us-1", "ap-1"); s[2] < before[2]-1e-9 || s[0]+s[1] > before[0]+before[1]+1e-9 {
+			t.Fatalf("%v into ap's pause: shares eu, us, ap %.3f, were %.3f: want no cut and no reclaim", n.now.Sub(pause), s, before)
+		}
+	})
 }
 
 // TestCorePartitionedRegionCuts: a region cut off from the other two is
@@ -690,49 +818,63 @@ func TestCoreTakeoverAfterCrash(t *testing.T) {
 		{"slow gossip, fast detection", 140 * time.Millisecond, 0, time.Second, 1500 * time.Millisecond},
 		{"never suspected, slower detection", 20 * time.Millisecond, 500 * time.Millisecond, 12 * time.Second, 12 * time.Second},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			n := newCoreNetCollect(t, sc, 0, "r1-0", "r1-1", "r2-0", "r2-1", "r3-0", "r3-1")
-			n.delay = tt.delay
-			n.rate = map[string]float64{"r1-0": 70, "r1-1": 70, "r2-0": 20, "r2-1": 20, "r3-0": 10, "r3-1": 10}
-			n.run(n.now.Add(8*sc.Interval), 10*time.Millisecond, nil)
-			n.rate = map[string]float64{"r3-0": 100, "r3-1": 100}
-			n.run(n.now.Truncate(sc.Interval).Add(7*sc.Interval+tt.crash), 10*time.Millisecond, nil)
-			if r3 := n.shares("r3-0")[0]; r3 < 0.9 {
-				t.Fatalf("before the crash r3 holds %.3f, want ≥ 0.9", r3)
+		for _, contact := range []bool{false, true} {
+			name := tt.name + ", verdicts only"
+			if contact {
+				name = tt.name + ", pings"
 			}
-			crash := n.now
-			n.node("r3-0").down, n.node("r3-1").down = true, true
-			n.rate = map[string]float64{"r1-0": 50, "r1-1": 50, "r2-0": 50, "r2-1": 50}
-			var took time.Duration
-			n.run(crash.Add(reclaimAlive+2*sc.Interval), 10*time.Millisecond, func() {
-				since := n.now.Sub(crash)
-				switch {
-				case since >= tt.detect:
-					n.node("r3-0").state, n.node("r3-1").state = gossip.StateDead, gossip.StateDead
-				case since >= tt.suspect:
-					n.node("r3-0").state, n.node("r3-1").state = gossip.StateSuspect, gossip.StateSuspect
+			t.Run(name, func(t *testing.T) {
+				n := newCoreNetCollect(t, sc, 0, "r1-0", "r1-1", "r2-0", "r2-1", "r3-0", "r3-1")
+				if !contact {
+					n.contactEvery = 0
 				}
-				s := n.shares("r1-0", "r1-1", "r2-0", "r2-1")
-				if total := max(s[0], s[1]) + max(s[2], s[3]); total > 1+1e-9 {
-					t.Fatalf("%v after the crash: Σ enforced shares = %v", since, total)
+				n.delay = tt.delay
+				n.rate = map[string]float64{"r1-0": 70, "r1-1": 70, "r2-0": 20, "r2-1": 20, "r3-0": 10, "r3-1": 10}
+				n.run(n.now.Add(8*sc.Interval), 10*time.Millisecond, nil)
+				n.rate = map[string]float64{"r3-0": 100, "r3-1": 100}
+				n.run(n.now.Truncate(sc.Interval).Add(7*sc.Interval+tt.crash), 10*time.Millisecond, nil)
+				if r3 := n.shares("r3-0")[0]; r3 < 0.9 {
+					t.Fatalf("before the crash r3 holds %.3f, want ≥ 0.9", r3)
 				}
-				if took == 0 && s[0]+s[2] > 0.9 && s[1]+s[3] > 0.9 {
-					took = since
+				crash := n.now
+				n.node("r3-0").down, n.node("r3-1").down = true, true
+				n.rate = map[string]float64{"r1-0": 50, "r1-1": 50, "r2-0": 50, "r2-1": 50}
+				var took time.Duration
+				n.run(crash.Add(reclaimAlive+2*sc.Interval), 10*time.Millisecond, func() {
+					since := n.now.Sub(crash)
+					switch {
+					case since >= tt.detect:
+						n.node("r3-0").state, n.node("r3-1").state = gossip.StateDead, gossip.StateDead
+					case since >= tt.suspect:
+						n.node("r3-0").state, n.node("r3-1").state = gossip.StateSuspect, gossip.StateSuspect
+					}
+					s := n.shares("r1-0", "r1-1", "r2-0", "r2-1")
+					if total := max(s[0], s[1]) + max(s[2], s[3]); total > 1+1e-9 {
+						t.Fatalf("%v after the crash: Σ enforced shares = %v", since, total)
+					}
+					if took == 0 && s[0]+s[2] > 0.9 && s[1]+s[3] > 0.9 {
+						took = since
+					}
+				})
+				silent := reclaim
+				if tt.suspect >= time.Duration(sc.PartitionIntervals+1)*sc.Interval {
+					silent = reclaimAlive
+				}
+				hold := n.node("r1-0").core.Hold()
+				bound := min(silent, tt.detect+hold) + 20*time.Millisecond // two ticks
+				if contact {
+					// The last answered ping was at most a ping period before the crash.
+					bound = hold + 20*time.Millisecond
+				}
+				if !contact && silent == reclaimAlive && took != 0 && took < reclaim+sc.Interval {
+					t.Errorf("r1+r2 took the share of a region answering every probe %v after its crash, before 2K+2 missed reports", took)
+				}
+				if took == 0 || took > bound {
+					t.Errorf("r1+r2 hold r3's share %v after the crash (0: never), want within %v (r1, r2 at %.3f)",
+						took, bound, n.shares("r1-0", "r2-0"))
 				}
 			})
-			silent := reclaim
-			if tt.suspect >= time.Duration(sc.PartitionIntervals+1)*sc.Interval {
-				silent = reclaimAlive
-			}
-			bound := min(silent, tt.detect+sc.RaiseDelay) + 20*time.Millisecond // two ticks
-			if silent == reclaimAlive && took != 0 && took < reclaim+sc.Interval {
-				t.Errorf("r1+r2 took the share of a region answering every probe %v after its crash, before 2K+2 missed reports", took)
-			}
-			if took == 0 || took > bound {
-				t.Errorf("r1+r2 hold r3's share %v after the crash (0: never), want within %v (r1, r2 at %.3f)",
-					took, bound, n.shares("r1-0", "r2-0"))
-			}
-		})
+		}
 	}
 }
 

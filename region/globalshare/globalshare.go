@@ -118,6 +118,8 @@ type Config struct {
 	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
 	// tokens as well as rate. Nil: rate only.
 	Bucket func(policy string) bool
+	// Silence is CoreConfig.Silence (default Share.Interval/10).
+	Silence time.Duration
 	// Clock drives the timers; nil means real time.
 	Clock      Clock
 	Logger     *slog.Logger
@@ -210,9 +212,16 @@ func New(cfg Config) (*Coordinator, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := newMetrics(cfg.Registerer)
+	// The contact times of Members come from the gossip node's pings; the
+	// hold is built from how stale they may be.
+	var lag time.Duration
+	if p, ok := cfg.Gossip.(interface{ ContactLag() time.Duration }); ok {
+		lag = p.ContactLag()
+	}
 	core, err := newCore(CoreConfig{Share: cfg.Share, Region: cfg.Gossip.Region(), Node: cfg.Gossip.Name(),
 		Limit: cfg.Limit, Quota: cfg.Quota, NodeLocalStore: cfg.NodeLocalStore,
-		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick, Bucket: cfg.Bucket}, cfg.Gossip.Members(), m)
+		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick, Bucket: cfg.Bucket,
+		Silence: cfg.Silence, ContactLag: lag}, cfg.Gossip.Members(), m)
 	if err != nil {
 		return nil, err
 	}

@@ -163,6 +163,18 @@ func Validate(sc simulator.Scenario) error {
 	if sc.Gossip.NoMembership {
 		bad = append(bad, "gossip.no_membership (memberlist always detects)")
 	}
+	if sc.Gossip.NoContact {
+		bad = append(bad, "gossip.no_contact (the daemons always ping)")
+	}
+	// Live, memberlist's own timings follow gossip.detect (FaultNet.Detect)
+	// and the pings run every interval/40 with the probe timeout; the
+	// virtual run's knobs for them have nothing to set.
+	if sc.Gossip.DetectIsolated != 0 {
+		bad = append(bad, "gossip.detect_isolated (memberlist decides it)")
+	}
+	if sc.Gossip.ContactEvery != 0 || sc.Gossip.PingTimeout != 0 {
+		bad = append(bad, "gossip.contact_every and gossip.ping_timeout (the daemons ping every interval/40 within memberlist's probe timeout, detect/10)")
+	}
 	if alg != "" {
 		a, err := engine.ParseAlgorithm(alg)
 		switch {

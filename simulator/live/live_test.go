@@ -249,6 +249,10 @@ func TestValidateRejectsWhatLiveCannotRun(t *testing.T) {
 	}{
 		{"fixed_window", func(sc *simulator.Scenario) { sc.Limit.Algorithm = "fixed_window" }},
 		{"no_membership", func(sc *simulator.Scenario) { sc.Gossip.NoMembership = true }},
+		{"no_contact", func(sc *simulator.Scenario) { sc.Gossip.NoContact = true }},
+		{"detect_isolated", func(sc *simulator.Scenario) { sc.Gossip.DetectIsolated = sec(20) }},
+		{"contact_every", func(sc *simulator.Scenario) { sc.Gossip.ContactEvery = sec(0.5) }},
+		{"ping_timeout", func(sc *simulator.Scenario) { sc.Gossip.PingTimeout = sec(1) }},
 		{"unknown algorithm", func(sc *simulator.Scenario) { sc.Limit.Algorithm = "gcra" }},
 	} {
 		sc, _ := simulator.Builtin("steady-uneven")
