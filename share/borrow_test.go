@@ -167,6 +167,28 @@ func TestSetDeadReclaimsAndIsolates(t *testing.T) {
 	}
 }
 
+// evenLenders is three regions offered 100/s each for three intervals, at
+// an instant after the raises of the last: r1 to borrow, r0 to lend.
+func evenLenders(t *testing.T) (c *cluster, now time.Time, borrower, lender *Allocator) {
+	t.Helper()
+	c = newCluster(t, 3)
+	for range 3 {
+		c.step(map[string]float64{"r0": 100, "r1": 100, "r2": 100})
+	}
+	now = c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
+	return c, now, c.allocs["r1"], c.allocs["r0"]
+}
+
+// emptyBucketBorrow is b's request for c's key with its bucket empty.
+func emptyBucketBorrow(t *testing.T, c *cluster, now time.Time, b *Allocator) BorrowRequest {
+	t.Helper()
+	req, ok := b.Borrow(now, c.key, c.limit, 3000, 0)
+	if !ok {
+		t.Fatal("Borrow: no request with an empty bucket")
+	}
+	return req
+}
+
 // A request marked Burst gets, with the loan, the tokens the lender's cut
 // takes out of its bucket; the borrower spends them as an extra share over
 // BurstSpread, and they end there or at the next rebalance, where they do
@@ -187,17 +209,9 @@ func TestLoanHandsOverTokens(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCluster(t, 3)
-			for range 3 {
-				c.step(map[string]float64{"r0": 100, "r1": 100, "r2": 100})
-			}
-			now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
-			b, l := c.allocs["r1"], c.allocs["r0"]
+			c, now, b, l := evenLenders(t)
 			before := b.Table(now).Share(c.key.Policy, c.key.Subject)
-			req, ok := b.Borrow(now, c.key, c.limit, 3000, 0)
-			if !ok {
-				t.Fatal("Borrow: no request with an empty bucket")
-			}
+			req := emptyBucketBorrow(t, c, now, b)
 			if req.Want > 1-before {
 				t.Errorf("Want = %v, more than lifts the share to the whole limit", req.Want)
 			}
@@ -280,17 +294,9 @@ func TestLenderKeepsItsDemand(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCluster(t, 3)
-			for range 3 {
-				c.step(map[string]float64{"r0": 100, "r1": 100, "r2": 100})
-			}
-			now := c.cfg.EpochStart(c.epoch).Add(c.cfg.Settle + 2*c.cfg.RaiseDelay)
-			b, l := c.allocs["r1"], c.allocs["r0"]
+			c, now, b, l := evenLenders(t)
 			s := l.Table(now).Share(c.key.Policy, c.key.Subject)
-			req, ok := b.Borrow(now, c.key, c.limit, 3000, 0)
-			if !ok {
-				t.Fatal("Borrow: no request with an empty bucket")
-			}
+			req := emptyBucketBorrow(t, c, now, b)
 			loan, ok := l.Lend(now, req, c.limit, tt.use)
 			want := min(req.Want, s-tt.keep)
 			if want < req.Want && want < s/2 {

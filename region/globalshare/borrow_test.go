@@ -231,12 +231,8 @@ func TestCoreBorrowsBeforeFirstRebalance(t *testing.T) {
 	var lent time.Time
 	seen := 0
 	check := func() {
-		for _, rd := range n.log[seen:] {
-			for _, b := range rd.Borrows {
-				if b.Region == "eu" && asked == nil {
-					asked = &b
-				}
-			}
+		if b, ok := n.firstBorrow(seen, "eu"); ok && asked == nil {
+			asked = &b
 		}
 		seen = len(n.log)
 		s := n.shares("eu-1", "us-1", "ap-1")
@@ -358,12 +354,8 @@ func TestCoreAsksOnSurge(t *testing.T) {
 		n.run(n.now.Add(10*time.Millisecond), 10*time.Millisecond, nil)
 		// 300 units/s, every one admitted: no rejection yet.
 		n.send(us, us.core.Tick(n.now, map[engine.UsageKey]engine.Usage{uk: {Demand: 3, Admitted: 3}}, nil))
-		for _, rd := range n.log[seen:] {
-			for _, b := range rd.Borrows {
-				if b.Region == "us" && asked.IsZero() {
-					asked, req = n.now, b
-				}
-			}
+		if b, ok := n.firstBorrow(seen, "us"); ok && asked.IsZero() {
+			asked, req = n.now, b
 		}
 		seen = len(n.log)
 	}

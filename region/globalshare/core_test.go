@@ -160,6 +160,19 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 
 // run advances virtual time to until in steps, ticking every live node and
 // delivering messages due; each (if set) is called after every step.
+// firstBorrow is the first borrow request region sent in the Readies
+// logged from index since on.
+func (n *coreNet) firstBorrow(since int, region string) (share.BorrowRequest, bool) {
+	for _, rd := range n.log[since:] {
+		for _, b := range rd.Borrows {
+			if b.Region == region {
+				return b, true
+			}
+		}
+	}
+	return share.BorrowRequest{}, false
+}
+
 func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 	for n.now.Before(until) {
 		n.now = n.now.Add(step)
@@ -495,12 +508,8 @@ func TestCoreAsksAtOnce(t *testing.T) {
 	var asked time.Time
 	var req share.BorrowRequest
 	n.run(n.now.Add(time.Second), 10*time.Millisecond, func() {
-		for _, rd := range n.log[seen:] {
-			for _, b := range rd.Borrows {
-				if b.Region == "us" && asked.IsZero() {
-					asked, req = n.now, b
-				}
-			}
+		if b, ok := n.firstBorrow(seen, "us"); ok && asked.IsZero() {
+			asked, req = n.now, b
 		}
 		seen = len(n.log)
 	})
