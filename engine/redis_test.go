@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -758,5 +759,46 @@ func ExampleRedisStore() {
 	}
 	for i, r := range d.Policies() {
 		fmt.Printf("policy %d: %d of %d left\n", i, r.Remaining, r.Limit)
+	}
+}
+
+// Warm leaves the script loaded and a connection open, and writes no
+// state; on a server that does not answer it
+// fails, naming what it could not do.
+func TestRedisWarm(t *testing.T) {
+	srv := redistest.Start(t)
+	c := daemonClient(t, srv)
+	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	ctx := context.Background()
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Warm(ctx); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	if ok, err := c.ScriptExists(ctx, s.ScriptSHA()).Result(); err != nil || !ok[0] {
+		t.Errorf("after Warm, SCRIPT EXISTS = %v %v, want true", ok, err)
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("after Warm, %d keys (%v), want none", n, err)
+	}
+	if st := c.PoolStats(); st.TotalConns < 1 {
+		t.Errorf("after Warm, %d connections in the pool, want one open", st.TotalConns)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	dead, err := NewRedisClient("redis://" + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dead.Close() })
+	err = NewRedisStore(dead, RedisConfig{Timeout: time.Second}).Warm(ctx)
+	if err == nil || !strings.Contains(err.Error(), "loading the check script") {
+		t.Errorf("Warm on a closed port = %v, want an error loading the check script", err)
 	}
 }

@@ -159,6 +159,7 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	lim     *engine.Limiter
+	rstore  *engine.RedisStore // the decision store when it is Redis, to warm before ready
 	mem     *engine.MemoryStore // nil on Redis
 	reg     *quota.Registry
 	audit   *quota.AuditLog
@@ -251,7 +252,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		}
 		d.closers = append(d.closers, client.Close)
 		d.redis = client
-		store = engine.NewRedisStore(client, engine.RedisConfig{Timeout: cfg.StoreTimeout})
+		d.rstore = engine.NewRedisStore(client, engine.RedisConfig{Timeout: cfg.StoreTimeout})
+		store = d.rstore
 		ps := redispolicy.New(client, redispolicy.Config{}, log)
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
@@ -420,6 +422,10 @@ func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
 // storeProbe is how often a daemon that started without its store tries
 // it again. The decision path probes on its own (the breaker's OpenFor).
 const storeProbe = time.Second
+
+// storeWarmWait bounds how long a start waits to warm the decision store
+// (RedisStore.Warm) before it reports ready anyway.
+const storeWarmWait = 2 * time.Second
 
 // reachStore retries the policy store every storeProbe until it loads (and,
 // if the store is empty, seeds) the shared policy set, then marks the
@@ -756,6 +762,15 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 		g.Go(func() error { return d.cl.g.Run(gctx) })
 		g.Go(func() error { return d.cl.c.Run(gctx) })
 		g.Go(func() error { return d.runPolicySync(gctx) })
+	}
+	if d.rstore != nil {
+		// A Redis that cannot be reached now is not a reason not to serve:
+		// checks are decided by on_store_failure until it answers.
+		wctx, cancel := context.WithTimeout(gctx, storeWarmWait)
+		if err := d.rstore.Warm(wctx); err != nil {
+			d.log.Warn("decision store not warmed: the first checks may be decided by on_store_failure", "err", err)
+		}
+		cancel()
 	}
 	d.ready.Store(true)
 	g.Go(func() error {
