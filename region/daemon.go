@@ -159,7 +159,7 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	lim     *engine.Limiter
-	rstore  *engine.RedisStore // the decision store when it is Redis, to warm before ready
+	rstore  *engine.RedisStore  // the decision store when it is Redis, to warm before ready
 	mem     *engine.MemoryStore // nil on Redis
 	reg     *quota.Registry
 	audit   *quota.AuditLog
