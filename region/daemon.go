@@ -773,6 +773,7 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 		cancel()
 	}
 	d.ready.Store(true)
+	d.log.Info("ready", "store", storeKind(d.cfg.Store))
 	g.Go(func() error {
 		<-gctx.Done()
 		d.stopping.Store(true)

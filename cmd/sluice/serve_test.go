@@ -63,7 +63,9 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 		t.Fatal(err)
 	}
 	d := &daemon{t: t, cmd: cmd, done: make(chan error, 1), exited: make(chan struct{})}
-	addrc := make(chan string, 1)
+	// The first address it listens on is the gateways' listener; it is
+	// started once it says it is ready (its decision store warmed).
+	addrc, readyc := make(chan string, 1), make(chan struct{}, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -72,9 +74,18 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 			d.logs.WriteString(line + "\n")
 			d.mu.Unlock()
 			var m struct{ Msg, Addr string }
-			if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "listening" {
+			if json.Unmarshal([]byte(line), &m) != nil {
+				continue
+			}
+			switch m.Msg {
+			case "listening":
 				select {
 				case addrc <- m.Addr:
+				default:
+				}
+			case "ready":
+				select {
+				case readyc <- struct{}{}:
 				default:
 				}
 			}
@@ -94,12 +105,19 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 			t.Logf("daemon log:\n%s", d.log())
 		}
 	})
-	select {
-	case d.addr = <-addrc:
-	case err := <-d.done:
-		t.Fatalf("sluice serve exited: %v\n%s", err, d.log())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("sluice serve did not start\n%s", d.log())
+	timeout := time.After(20 * time.Second)
+	addr, ready := (<-chan string)(addrc), false
+	for addr != nil || !ready {
+		select {
+		case d.addr = <-addr:
+			addr = nil // the first only: the admin listener may follow
+		case <-readyc:
+			ready = true
+		case err := <-d.done:
+			t.Fatalf("sluice serve exited: %v\n%s", err, d.log())
+		case <-timeout:
+			t.Fatalf("sluice serve did not start\n%s", d.log())
+		}
 	}
 	return d
 }
