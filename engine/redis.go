@@ -160,7 +160,7 @@ func NewRedisStore(c Scripter, cfg RedisConfig) *RedisStore {
 }
 
 // Warm loads the script on the server (on a Cluster, go-redis loads it on
-// every primary) and sends one check through a lane, so that the first
+// every primary) and sends a few checks through a lane, so that the first
 // checks after a start pay neither the dial, nor the script's compile and
 // first run, nor the lane's start inside their deadline: on a busy machine
 // those alone outlast the 5 ms default and turn the first checks into
