@@ -41,7 +41,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluice-rl/sluice/bench/internal/latency"
@@ -194,15 +193,7 @@ func drive(ctx context.Context, cfg config, reqs [][]byte) *result {
 	start := time.Now()
 	measureFrom := start.Add(cfg.warmup)
 	end := measureFrom.Add(cfg.duration)
-	// Requests still due after end+grace are not sent: the server fell so
-	// far behind that waiting longer would only measure the backlog.
-	hardStop := end.Add(2 * time.Second)
-	sched := latency.Schedule{Start: start, Rate: cfg.rate}
-	due := int64(-1)
-	if cfg.rate > 0 {
-		due = sched.Due(end.Sub(start))
-	}
-	var next atomic.Int64
+	pacer := latency.NewPacer(start, end, cfg.rate, 2*time.Second)
 	var wg sync.WaitGroup
 	parts := make([]*sender, cfg.conns)
 	for w := range parts {
@@ -213,35 +204,13 @@ func drive(ctx context.Context, cfg config, reqs [][]byte) *result {
 			defer wg.Done()
 			defer s.close()
 			for ctx.Err() == nil {
-				// at is the request's due time; from is where its
-				// latency starts: at, unless the sender was idle
-				// before it (see below).
-				var at, from time.Time
-				if cfg.rate > 0 {
-					i := next.Add(1) - 1
-					if i >= due {
-						return
-					}
-					at = sched.At(i)
-					if wait := time.Until(at); wait > 0 {
-						time.Sleep(wait)
-						// This sender sat idle until the due time:
-						// waking late is the generator's timer slack,
-						// not a wait the server caused, so latency
-						// runs from the wake-up.
-						from = time.Now()
-					} else if time.Now().After(hardStop) {
-						s.res.unsent++
-						continue
-					}
-				} else {
-					at = time.Now()
-					if !at.Before(end) {
-						return
-					}
+				at, from, skip, ok := pacer.Next()
+				if !ok {
+					return
 				}
-				if from.IsZero() {
-					from = at
+				if skip {
+					s.res.unsent++
+					continue
 				}
 				sent := time.Now()
 				status, err := s.do()

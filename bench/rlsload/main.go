@@ -39,7 +39,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -204,15 +203,7 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 	start := time.Now()
 	measureFrom := start.Add(cfg.warmup)
 	end := measureFrom.Add(cfg.duration)
-	// Calls still due after end+grace are not sent: the server fell so far
-	// behind that waiting longer would only measure the backlog.
-	hardStop := end.Add(2 * time.Second)
-	sched := latency.Schedule{Start: start, Rate: cfg.rate}
-	due := int64(-1)
-	if cfg.rate > 0 {
-		due = sched.Due(end.Sub(start))
-	}
-	var next atomic.Int64
+	pacer := latency.NewPacer(start, end, cfg.rate, 2*time.Second)
 	var wg sync.WaitGroup
 	parts := make([]result, cfg.streams)
 	for w := range parts {
@@ -221,30 +212,13 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				// at is the call's due time; from is where its latency
-				// starts: at, unless the sender sat idle before it.
-				var at, from time.Time
-				if cfg.rate > 0 {
-					i := next.Add(1) - 1
-					if i >= due {
-						return
-					}
-					at = sched.At(i)
-					if wait := time.Until(at); wait > 0 {
-						time.Sleep(wait)
-						from = time.Now()
-					} else if time.Now().After(hardStop) {
-						res.unsent++
-						continue
-					}
-				} else {
-					at = time.Now()
-					if !at.Before(end) {
-						return
-					}
+				at, from, skip, ok := pacer.Next()
+				if !ok {
+					return
 				}
-				if from.IsZero() {
-					from = at
+				if skip {
+					res.unsent++
+					continue
 				}
 				req := reqs[user]
 				if user++; user == len(reqs) {
