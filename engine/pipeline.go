@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +20,13 @@ import (
 // RedisConfig.MaxBatch checks. Nothing waits for a batch to fill: a lone
 // check goes out at once, and under load the batches grow by themselves.
 //
-// Each check keeps its own result and its atomicity (its own script call:
-// a Redis error for one check, such as a key of the wrong type, fails only
-// that check) and its own deadline, which starts when its batch is sent:
+// On a single server (or a Sentinel's primary) a batch goes as one script
+// call that decides its checks one after another, which costs Redis and
+// the daemon far less than a call per check; on a Cluster, where the
+// checks of a batch lie in many slots, as one call per check. Either way
+// each check keeps its own result and its atomicity (a Redis error for one
+// check, such as a key of the wrong type, fails only that check: the
+// script decides each in a protected call) and its own deadline, which starts when its batch is sent:
 // time in the queue is the daemon's overload, not Redis's failure, and is
 // bounded separately, by the caller's context and by
 // RedisConfig.QueueWait (ErrStoreBusy).
@@ -44,11 +49,13 @@ const (
 // queuedCheck is one check in a lane: its script call, its deadline and
 // the channel its caller waits on.
 type queuedCheck struct {
-	// cmd is the whole command, EVALSHA sha numkeys keys... args...,
-	// handed to go-redis as it is; for a single policy it lives in
-	// cmdBuf and points at one, allocated with the check.
+	// cmd is the whole command of a call of this check alone, EVALSHA sha
+	// numkeys keys... now pad 1 n args..., handed to go-redis as it is;
+	// for a single policy it lives in cmdBuf and points at one, allocated
+	// with the check. keys is n, the number of its keys.
 	cmd    []any
-	cmdBuf [12]any
+	cmdBuf [14]any
+	keys   int
 	one    struct {
 		key               string
 		alg, window, cost int64
@@ -246,11 +253,15 @@ func (s *RedisStore) send(ln *lane, batch []*queuedCheck) bool {
 	return handedOver.CompareAndSwap(false, true)
 }
 
-// exec runs batch as one pipeline of EVALSHA, then, if Redis has lost the
-// script (restart, failover, SCRIPT FLUSH), sends again with EVAL only the
-// calls it refused: a NOSCRIPT call ran nothing. Each check gets its own
-// reply or error.
+// exec runs batch as one script call (merged) or as one pipeline of a call
+// per check, then, if Redis has lost the script (restart, failover, SCRIPT
+// FLUSH), sends again with EVAL only the calls it refused: a NOSCRIPT call
+// ran nothing. Each check gets its own reply or error.
 func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
+	if s.merge && len(batch) > 1 {
+		s.execMerged(ctx, batch)
+		return
+	}
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.IntSliceCmd, len(batch))
 	for i, p := range batch {
@@ -267,8 +278,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 			if again == nil {
 				again = s.c.Pipeline()
 			}
-			eval := append([]any{"eval", redisScript}, batch[i].cmd[2:]...)
-			cmds[i] = redis.NewIntSliceCmd(ctx, eval...)
+			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd)...)
 			_ = again.Process(ctx, cmds[i])
 		}
 	}
@@ -279,12 +289,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			reload = true
-			var reply redis.Error
-			if ctx.Err() != nil && !errors.As(err, &reply) {
-				// The client cut the read at the deadline; say so.
-				err = fmt.Errorf("%w (%w)", errDeadline, err)
-			}
+			err, reload = callErr(ctx, err), true
 		}
 		batch[i].finish(v, err)
 	}
@@ -296,6 +301,88 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 		// every 200 ms).
 		r.ReloadState(ctx)
 	}
+}
+
+// execMerged runs batch as one script call of all its checks: their keys
+// in order, then now and pad (the same for all), their number, and each
+// check's policy count and values (redis.lua's header). The reply holds
+// each check's integers in turn, or one error in place of a failed
+// check's.
+func (s *RedisStore) execMerged(ctx context.Context, batch []*queuedCheck) {
+	keys := 0 // a check has a key per policy
+	for _, p := range batch {
+		keys += p.keys
+	}
+	first := batch[0].cmd
+	args := make([]any, 0, 3+keys+3+len(batch)+6*keys)
+	args = append(args, "evalsha", s.sha, strconv.Itoa(keys))
+	for _, p := range batch {
+		args = append(args, p.cmd[3:3+p.keys]...)
+	}
+	args = append(args, first[3+batch[0].keys], first[4+batch[0].keys], len(batch))
+	for _, p := range batch {
+		args = append(args, p.cmd[6+p.keys:]...)
+	}
+	c := redis.NewSliceCmd(ctx, args...)
+	if err := s.c.Process(ctx, c); isNoScript(err) {
+		c = redis.NewSliceCmd(ctx, evalCommand(args)...)
+		_ = s.c.Process(ctx, c)
+	}
+	v, err := c.Result()
+	if err != nil {
+		err = callErr(ctx, err)
+		for _, p := range batch {
+			p.finish(nil, err)
+		}
+		return
+	}
+	ints := make([]int64, 0, 5*keys)
+	for _, p := range batch {
+		if len(v) > 0 {
+			if e, ok := v[0].(redis.Error); ok {
+				v = v[1:]
+				p.finish(nil, e)
+				continue
+			}
+		}
+		want := 5 * p.keys
+		if len(v) < want {
+			p.finish(nil, fmt.Errorf("script returned %d values for a check of %d policies, want %d", len(v), p.keys, want))
+			v = v[len(v):]
+			continue
+		}
+		start := len(ints)
+		for _, x := range v[:want] {
+			n, ok := x.(int64)
+			if !ok {
+				break
+			}
+			ints = append(ints, n)
+		}
+		v = v[want:]
+		if len(ints)-start != want {
+			ints = ints[:start]
+			p.finish(nil, fmt.Errorf("script returned a non-integer value for a check of %d policies", p.keys))
+			continue
+		}
+		p.finish(ints[start:len(ints):len(ints)], nil)
+	}
+}
+
+// evalCommand is cmd, an EVALSHA, as the EVAL of the script's text.
+func evalCommand(cmd []any) []any {
+	return append([]any{"eval", redisScript}, cmd[2:]...)
+}
+
+// callErr is the error of a script call, told apart as a deadline when the
+// client cut the read at the context's deadline rather than Redis
+// answering an error.
+func callErr(ctx context.Context, err error) error {
+	var reply redis.Error
+	if ctx.Err() != nil && !errors.As(err, &reply) {
+		return fmt.Errorf("%w (%w)", errDeadline, err)
+	}
+	return err
 }
 
 // isNoScript reports Redis refusing an EVALSHA for a script it does not

@@ -32,6 +32,7 @@ var redisScript string
 type Scripter interface {
 	EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd
 	Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd
+	Process(ctx context.Context, cmd redis.Cmder) error
 	Pipeline() redis.Pipeliner
 }
 
@@ -124,6 +125,10 @@ type RedisStore struct {
 	prefix    string
 	cfgErr    error
 	sha       string
+	// merge writes a batch as one script call of all its checks. Only on
+	// a single server: on a Cluster the checks of a batch lie in many
+	// slots, and one call may touch only one.
+	merge bool
 	lanes     sync.Map // shard name -> *lane
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
@@ -139,6 +144,8 @@ type RedisStore struct {
 func NewRedisStore(c Scripter, cfg RedisConfig) *RedisStore {
 	s := &RedisStore{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
 		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
+	_, cluster := c.(masterForKeyer)
+	s.merge = !cluster
 	if s.timeout <= 0 {
 		s.timeout = DefaultRedisTimeout
 	}
@@ -267,6 +274,13 @@ func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip tim
 	if err != nil {
 		return Decision{Decider: -1}, checkErr(req.Subject, err)
 	}
+	return scriptDecision(req, v)
+}
+
+// scriptDecision reads the script's five integers per policy of req.
+func scriptDecision(req Request, v []int64) (Decision, error) {
+	var d Decision
+	d.N = len(req.Checks)
 	if len(v) != 5*d.N {
 		return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %d values, want %d", len(v), 5*d.N))
 	}
@@ -283,14 +297,14 @@ func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip tim
 }
 
 // newQueuedCheck builds req's script call: EVALSHA with its keys and
-// arguments, as redis.lua's header lays them out. For a single policy, the
-// common case, the command and the values it names live in the queue
-// entry, one allocation: the values go in as pointers into it, which an
-// interface holds without boxing them apart (go-redis writes a pointer's
-// value as it writes the value).
+// arguments, as redis.lua's header lays them out for a call of one check.
+// For a single policy, the common case, the command and the values it
+// names live in the queue entry, one allocation: the values go in as
+// pointers into it, which an interface holds without boxing them apart
+// (go-redis writes a pointer's value as it writes the value).
 func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queuedCheck {
 	n := len(req.Checks)
-	p := &queuedCheck{roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
+	p := &queuedCheck{keys: n, roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
 	subject := redisSubject(req.Subject)
 	now, pad := any(""), any("0")
 	if s.clock != nil {
@@ -305,17 +319,17 @@ func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queue
 		a.key = s.prefix + "{" + subject + "}:" + c.Policy
 		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), windowUs(&l), c.Cost, c.scale()
 		a.p1, a.p2 = scriptLimit(&l)
-		p.cmd = append(p.cmdBuf[:0], "evalsha", s.sha, "1", &a.key, now, pad,
+		p.cmd = append(p.cmdBuf[:0], "evalsha", s.sha, "1", &a.key, now, pad, "1", "1",
 			&a.alg, &a.p1, &a.p2, &a.window, &a.cost, &a.scale)
 		return p
 	}
-	p.cmd = make([]any, 0, 3+n+2+6*n)
+	p.cmd = make([]any, 0, 3+n+4+6*n)
 	p.cmd = append(p.cmd, "evalsha", s.sha, strconv.Itoa(n))
 	tag := s.prefix + "{" + subject + "}:"
 	for i := range req.Checks {
 		p.cmd = append(p.cmd, tag+req.Checks[i].Policy)
 	}
-	p.cmd = append(p.cmd, now, pad)
+	p.cmd = append(p.cmd, now, pad, "1", n)
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		l := c.effective()

@@ -11,7 +11,13 @@
 -- TestRedisStoredCountAgrees). Change both together; conformance_test.go
 -- checks that they agree.
 --
--- KEYS[i]   state of policy i; all keys share the subject's hash tag.
+-- One call decides one or more checks, each a subject's policies. The
+-- checks of one call are decided one after another, each all-or-nothing on
+-- its own, and a check that fails (a key of the wrong type) fails alone.
+--
+-- KEYS      the state of each policy of each check, in order; all keys of
+--           one check share its subject's hash tag (a call of several
+--           checks is sent only to a single server, never to a Cluster).
 --           Numbers in ARGV are read with `+ 0`: Lua 5.1's tonumber parses
 --           its string twice, and parsing is a good part of the script's
 --           cost.
@@ -19,10 +25,12 @@
 --           Only tests set it.
 -- ARGV[2]   extra milliseconds added to every TTL (0 in production; tests
 --           on virtual time set it, since Redis expires on real time).
--- ARGV[3+6(i-1) ..] per policy: algorithm (1 token bucket, 2 leaky bucket,
---           3 fixed window, 4 sliding window log, 5 sliding window counter),
---           rate or count, burst, window in microseconds, cost, and the
---           scale the rate and burst were multiplied by (for the TTL).
+-- ARGV[3]   m, the number of checks.
+-- then, per check: n, its number of policies, and per policy 6 values:
+--           algorithm (1 token bucket, 2 leaky bucket, 3 fixed window,
+--           4 sliding window log, 5 sliding window counter), rate or count,
+--           burst, window in microseconds, cost, and the scale the rate and
+--           burst were multiplied by (for the TTL).
 --
 -- State is one string per key. It starts with a 7-byte header,
 -- struct '<I4I3' of lo = T mod 2^32 and hi = floor(T / 2^32) + alg * 2^21
@@ -41,8 +49,10 @@
 -- for policies with a non-zero cost; or, when some policy rejects, for each
 -- token bucket that rejected while full at its burst at a time later than
 -- its stored state (keepRejected in algorithm.go: a full bucket spends
--- nothing). Returns five integers per policy:
--- allowed (0/1), limit, remaining, reset-after µs, retry-after µs.
+-- nothing). Returns five integers per policy of each check: allowed (0/1),
+-- limit, remaining, reset-after µs, retry-after µs. A call of one check
+-- fails as a whole if that check fails; in a call of several, a failed
+-- check's five integers per policy are replaced by one error reply.
 
 local US = 1000000
 
@@ -154,18 +164,26 @@ local function full_bucket(old_t, a, t, burst)
   return t ~= old_t and a == q29(burst, math.floor)
 end
 
--- A single token bucket, the common case, is decided here, before the
--- functions that only other algorithms and several policies need are
--- created: each local function is a new closure on every call.
-if #KEYS == 1 and ARGV[3] == '1' then
-  local rate, burst, cost = ARGV[4] + 0, ARGV[5] + 0, ARGV[7] + 0
-  local a, t = bucket_state(redis.call('GET', KEYS[1]), 1)
+-- one_bucket decides a check of a single token bucket, the common case,
+-- whose key is KEYS[k] and whose 6 values start at ARGV[j].
+local function one_bucket(k, j)
+  local rate, burst, cost = ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 4] + 0
+  local a, t = bucket_state(redis.call('GET', KEYS[k]), 1)
   local ok, limit, remaining, reset, retry, na, _, nt = token_bucket(a, t, rate, burst, cost)
   if (ok == 1 and cost > 0) or (ok == 0 and full_bucket(t, na, nt, burst)) then
-    local us = bucket_ttl(na, rate, burst, ARGV[8] + 0)
-    redis.call('SET', KEYS[1], bucket_value(1, na, nt), 'PX', math.ceil(us / 1000) + ARGV[2])
+    local us = bucket_ttl(na, rate, burst, ARGV[j + 5] + 0)
+    redis.call('SET', KEYS[k], bucket_value(1, na, nt), 'PX', math.ceil(us / 1000) + ARGV[2])
   end
-  return {ok, limit, remaining, reset, retry}
+  return ok, limit, remaining, reset, retry
+end
+
+local m = ARGV[3] + 0
+
+-- A lone check of a single token bucket is decided here, before the
+-- functions that only other algorithms and several policies need are
+-- created: each local function is a new closure on every call.
+if m == 1 and ARGV[4] == '1' and ARGV[5] == '1' then
+  return {one_bucket(1, 5)}
 end
 
 -- q29_up_to mirrors quantUpTo: x rounded up, unless that passes most
@@ -386,33 +404,74 @@ local function ttl(alg, a, t, p1, p2, w, f)
   return US
 end
 
--- store writes policy i's new state a, b, t with its TTL.
-local function store(i, alg, a, b, t, p1, p2, w)
-  local us = ttl(alg, a, t, p1, p2, w, ARGV[8 + 6 * (i - 1)] + 0)
-  redis.call('SET', KEYS[i], encode(alg, a, b, t), 'PX', math.ceil(us / 1000) + ARGV[2])
+-- store writes the new state a, b, t of the policy whose key is KEYS[k]
+-- and whose 6 values start at ARGV[j], with its TTL.
+local function store(k, j, alg, a, b, t, p1, p2, w)
+  local us = ttl(alg, a, t, p1, p2, w, ARGV[j + 5] + 0)
+  redis.call('SET', KEYS[k], encode(alg, a, b, t), 'PX', math.ceil(us / 1000) + ARGV[2])
 end
 
-local out, algs, p1s, p2s, ws, costs, as, bs, ts, keep = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-local all = true
-for i = 1, #KEYS do
-  local j = 3 + 6 * (i - 1)
-  local alg = ARGV[j] + 0
-  local p1, p2 = ARGV[j + 1] + 0, ARGV[j + 2] + 0
-  local w, cost = ARGV[j + 3] + 0, ARGV[j + 4] + 0
-  local a, b, t = load(KEYS[i], alg)
-  local ok, limit, remaining, reset, retry, na, nb, nt = decide(alg, a, b, t, p1, p2, w, cost)
-  if ok == 0 then
-    all = false
-    keep[i] = alg == 1 and full_bucket(t, na, nt, p2)
+-- subject decides a check of n policies whose keys start at KEYS[k + 1]
+-- and whose values at ARGV[j]: all of them or none. It returns the five
+-- integers of each policy.
+local function subject(k, j, n)
+  local out, algs, p1s, p2s, ws, costs, as, bs, ts, keep = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+  local all = true
+  for i = 1, n do
+    local v = j + 6 * (i - 1)
+    local alg = ARGV[v] + 0
+    local p1, p2 = ARGV[v + 1] + 0, ARGV[v + 2] + 0
+    local w, cost = ARGV[v + 3] + 0, ARGV[v + 4] + 0
+    local a, b, t = load(KEYS[k + i], alg)
+    local ok, limit, remaining, reset, retry, na, nb, nt = decide(alg, a, b, t, p1, p2, w, cost)
+    if ok == 0 then
+      all = false
+      keep[i] = alg == 1 and full_bucket(t, na, nt, p2)
+    end
+    algs[i], p1s[i], p2s[i], ws[i], costs[i], as[i], bs[i], ts[i] = alg, p1, p2, w, cost, na, nb, nt
+    local o = 5 * (i - 1)
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = ok, limit, remaining, reset, retry
   end
-  algs[i], p1s[i], p2s[i], ws[i], costs[i], as[i], bs[i], ts[i] = alg, p1, p2, w, cost, na, nb, nt
-  local k = 5 * (i - 1)
-  out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = ok, limit, remaining, reset, retry
+  for i = 1, n do
+    if (all and costs[i] > 0) or (not all and keep[i]) then
+      store(k + i, j + 6 * (i - 1), algs[i], as[i], bs[i], ts[i], p1s[i], p2s[i], ws[i])
+    end
+  end
+  return out
 end
 
-for i = 1, #KEYS do
-  if (all and costs[i] > 0) or (not all and keep[i]) then
-    store(i, algs[i], as[i], bs[i], ts[i], p1s[i], p2s[i], ws[i])
+if m == 1 then
+  return subject(0, 5, ARGV[4] + 0)
+end
+
+-- Several checks: each in its own protected call, so that one check's
+-- error is that check's reply alone. The error that occurs, a key holding
+-- another type, fails the check's GET, before it has written anything.
+local function failed(e)
+  if type(e) == 'table' and e.err then return e end
+  return {err = tostring(e)}
+end
+
+local out, k, j = {}, 0, 4
+for _ = 1, m do
+  local n = ARGV[j] + 0
+  if n == 1 and ARGV[j + 1] == '1' then
+    local ok, allowed, limit, remaining, reset, retry = pcall(one_bucket, k + 1, j + 1)
+    if ok then
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = allowed, limit, remaining, reset, retry
+    else
+      out[#out + 1] = failed(allowed)
+    end
+  else
+    local ok, res = pcall(subject, k, j + 1, n)
+    if ok then
+      local o = #out
+      for i = 1, #res do out[o + i] = res[i] end
+    else
+      out[#out + 1] = failed(res)
+    end
   end
+  k, j = k + n, j + 1 + 6 * n
 end
 return out

@@ -79,14 +79,15 @@ func BenchmarkRedisCheck(b *testing.B) {
 
 	rawEvalSHA := func(pipeline int) func(b *testing.B) {
 		return func(b *testing.B) {
-			// The same script, key shape and arguments as one store check;
+			// The same script, key shape and arguments as a call of one
+			// store check (one check of one policy);
 			// redis-benchmark puts a random subject into __rand_int__.
 			args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port()),
 				"-c", strconv.Itoa(redisBenchCallers), "-P", strconv.Itoa(pipeline),
 				"-n", strconv.Itoa(max(b.N, redisBenchCallers*pipeline)),
 				"-r", strconv.Itoa(redisBenchSubjects), "--csv",
 				"EVALSHA", s.ScriptSHA(), "1", s.Key("s__rand_int__", "p"),
-				"", "0", strconv.Itoa(int(TokenBucket)),
+				"", "0", "1", "1", strconv.Itoa(int(TokenBucket)),
 				strconv.FormatFloat(redisBenchLimit.Rate, 'g', -1, 64), strconv.FormatFloat(redisBenchLimit.Burst, 'g', -1, 64), "0", "1", "1"}
 			b.ResetTimer()
 			out, err := exec.Command("redis-benchmark", args...).CombinedOutput()

@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/internal/redistest"
+)
+
+// sendMerged sends reqs as one batch of s, as a lane would, and returns
+// each check's script reply.
+func sendMerged(t *testing.T, s *RedisStore, reqs []Request) []answer {
+	t.Helper()
+	batch := make([]*queuedCheck, len(reqs))
+	for i, req := range reqs {
+		batch[i] = s.newQueuedCheck(req, time.Second)
+		batch[i].state.Store(checkSent)
+	}
+	s.exec(context.Background(), batch)
+	out := make([]answer, len(batch))
+	for i, p := range batch {
+		out[i] = <-p.done
+	}
+	return out
+}
+
+// TestRedisMergedCallDecidesAsOneByOne sends batches as one script call,
+// as the store does on a single server, and compares every decision with
+// the memory store's for the same checks one by one, in the batch's order,
+// at the same time: all five algorithms, several policies per check, a
+// subject several times in one batch.
+func TestRedisMergedCallDecidesAsOneByOne(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	for seed := range uint64(30) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		clock := newManualClock()
+		clock.Advance(time.Duration(rng.Int64N(int64(24 * time.Hour))))
+		mem := NewMemoryStore(MemoryConfig{Clock: clock})
+		red := NewRedisStore(client, RedisConfig{Timeout: time.Second, Prefix: fmt.Sprintf("merged:%d:", seed)})
+		setVirtualClock(red, clock)
+		if !red.merge {
+			t.Fatal("the store of a single server does not merge a batch into one call")
+		}
+		sets := make([][]Check, 4)
+		for i := range sets {
+			for j := range 1 + rng.IntN(3) {
+				alg := Algorithm(1 + rng.IntN(5))
+				sets[i] = append(sets[i], Check{Policy: fmt.Sprintf("s%dp%d", i, j), Limit: randomLimit(rng, alg)})
+			}
+		}
+		subjects := []string{"alice", "{bob}", "=carol", "dave"}
+		for step := range 60 {
+			clock.Advance(randomStep(rng, sets[rng.IntN(len(sets))]))
+			reqs := make([]Request, 2+rng.IntN(7))
+			for i := range reqs {
+				checks := append([]Check(nil), sets[rng.IntN(len(sets))]...)
+				for j := range checks {
+					checks[j].Cost = randomCost(rng, checks[j].effective())
+				}
+				reqs[i] = Request{Subject: subjects[rng.IntN(len(subjects))], Checks: checks}
+			}
+			answers := sendMerged(t, red, reqs)
+			for i, req := range reqs {
+				if answers[i].err != nil {
+					t.Fatalf("seed %d step %d check %d: %v", seed, step, i, answers[i].err)
+				}
+				dr, err := scriptDecision(req, answers[i].v)
+				if err != nil {
+					t.Fatalf("seed %d step %d check %d: %v", seed, step, i, err)
+				}
+				dm, err := mem.Check(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if dm != dr {
+					t.Fatalf("seed %d step %d check %d of %d (%s): decisions differ\nmemory %+v\nmerged %+v",
+						seed, step, i, len(reqs), describeRequest(req), dm, dr)
+				}
+			}
+		}
+	}
+}
+
+// TestRedisMergedCallFailsOnlyBadChecks puts checks whose keys hold another
+// type of value among good ones in one script call: each bad check gets
+// Redis's error and writes nothing, not even the state of its policies
+// whose keys are good; every other check is decided and written.
+func TestRedisMergedCallFailsOnlyBadChecks(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
+	sw := Limit{Algorithm: SlidingWindowCounter, Count: 5, Window: time.Second}
+	two := func(subject string) Request {
+		return Request{Subject: subject, Checks: []Check{{Policy: "a", Limit: tb, Cost: 1}, {Policy: "b", Limit: sw, Cost: 1}}}
+	}
+	reqs := []Request{one("good-1", "a", tb, 1), two("bad-2"), two("good-3"), one("bad-4", "a", tb, 1), two("good-5")}
+	for _, k := range []string{s.Key("bad-2", "b"), s.Key("bad-4", "a")} {
+		if err := c.HSet(ctx, k, "f", "v").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers := sendMerged(t, s, reqs)
+	for i, req := range reqs {
+		a := answers[i]
+		if strings.HasPrefix(req.Subject, "bad") {
+			var reply redis.Error
+			if !errors.As(a.err, &reply) || !strings.Contains(a.err.Error(), "WRONGTYPE") {
+				t.Errorf("check %d (%s): error %v, want Redis's WRONGTYPE error", i, req.Subject, a.err)
+			}
+			continue
+		}
+		if a.err != nil {
+			t.Errorf("check %d (%s): error %v, want a decision", i, req.Subject, a.err)
+			continue
+		}
+		d, err := scriptDecision(req, a.v)
+		if err != nil || !d.Allowed {
+			t.Errorf("check %d (%s) = %+v, %v; want allowed", i, req.Subject, d, err)
+		}
+		for _, ch := range req.Checks {
+			if n, err := c.Exists(ctx, s.Key(req.Subject, ch.Policy)).Result(); err != nil || n != 1 {
+				t.Errorf("state of %s under %s: exists=%d err=%v, want written", req.Subject, ch.Policy, n, err)
+			}
+		}
+	}
+	if n, err := c.Exists(ctx, s.Key("bad-2", "a")).Result(); err != nil || n != 0 {
+		t.Errorf("state of bad-2 under its good policy: exists=%d err=%v, want nothing written by a failed check", n, err)
+	}
+}
