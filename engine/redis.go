@@ -129,7 +129,7 @@ type RedisStore struct {
 	// a single server: on a Cluster the checks of a batch lie in many
 	// slots, and one call may touch only one.
 	merge bool
-	lanes     sync.Map // shard name -> *lane
+	lanes sync.Map // shard name -> *lane
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
 	clock Clock
