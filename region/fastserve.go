@@ -89,16 +89,21 @@ func isTimeout(err error) bool {
 func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
 	check := d.recoverer(http.HandlerFunc(d.handleCheck))
 	return func(ctx *fasthttp.RequestCtx) {
-		r, err := stdRequest(ctx)
-		if err != nil {
-			w := &fastWriter{ctx: ctx, header: http.Header{}}
-			writeProblem(w, nil, newProblem(http.StatusBadRequest, ProblemInvalid, "malformed request target"))
-			return
+		var r *http.Request
+		if ctx.IsPost() && string(ctx.RequestURI()) == checkPath {
+			r = checkRequest(ctx)
+		} else {
+			var err error
+			if r, err = stdRequest(ctx); err != nil {
+				w := &fastWriter{ctx: ctx, header: http.Header{}}
+				writeProblem(w, nil, newProblem(http.StatusBadRequest, ProblemInvalid, "malformed request target"))
+				return
+			}
 		}
 		w := writers.Get().(*fastWriter)
 		w.ctx = ctx
-		if r.Method == http.MethodPost && r.URL.RawPath == "" && r.URL.Path == "/v1/check" {
-			r.Pattern = "POST /v1/check"
+		if r.Method == http.MethodPost && r.URL.RawPath == "" && r.URL.Path == checkPath {
+			r.Pattern = "POST " + checkPath
 			check.ServeHTTP(w, r)
 		} else {
 			h.ServeHTTP(w, r)
@@ -112,6 +117,54 @@ func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
 }
 
 var writers = sync.Pool{New: func() any { return &fastWriter{header: http.Header{}} }}
+
+const checkPath = "/v1/check"
+
+// checkRequest is the *http.Request of a POST to exactly /v1/check, the
+// call gateways make most, with only what handleCheck reads: the
+// Content-Type, the body and the path (for a problem's instance). The
+// subject and everything else it decides on come from the body, so the
+// other headers and the peer's address, which stdRequest copies, are left
+// out.
+func checkRequest(ctx *fasthttp.RequestCtx) *http.Request {
+	// One allocation holds the request, its URL, body reader and the
+	// Content-Type's value.
+	c := new(struct {
+		r    http.Request
+		u    url.URL
+		body bodyReader
+		ct   [1]string
+	})
+	body := ctx.PostBody()
+	c.u.Path = checkPath
+	r := &c.r
+	*r = http.Request{
+		Method:        http.MethodPost,
+		URL:           &c.u,
+		RequestURI:    checkPath,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        make(http.Header, 1),
+		ContentLength: int64(len(body)),
+		Body:          http.NoBody,
+	}
+	if !ctx.Request.Header.IsHTTP11() {
+		r.Proto, r.ProtoMinor = "HTTP/1.0", 0
+	}
+	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
+		c.ct[0] = string(ct)
+		r.Header["Content-Type"] = c.ct[:]
+		if all := contentTypes(&ctx.Request.Header); len(all) > 1 {
+			r.Header["Content-Type"] = all
+		}
+	}
+	if len(body) > 0 {
+		c.body.Reset(body)
+		r.Body = &c.body
+	}
+	return r
+}
 
 // stdRequest is the *http.Request net/http's server would hand a handler
 // for the request in ctx: the method, the target as sent (RequestURI and
@@ -176,7 +229,44 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 		vals = append(vals, string(v))
 		r.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
+	if all := contentTypes(&ctx.Request.Header); len(all) > 1 {
+		r.Header["Content-Type"] = all
+	}
 	return r, nil // a nil context is context.Background
+}
+
+// contentTypes is every Content-Type of a request, in the order sent, if
+// it names more than one. fasthttp keeps only the last of a repeated
+// Content-Type, where net/http keeps them all and the handlers read the
+// first, so such a request is read again from its raw headers.
+func contentTypes(h *fasthttp.RequestHeader) []string {
+	raw := h.RawHeaders()
+	n := 0
+	for line := range bytes.Lines(raw) {
+		if _, ok := contentType(line); ok {
+			n++
+		}
+	}
+	if n < 2 {
+		return nil
+	}
+	out := make([]string, 0, n)
+	for line := range bytes.Lines(raw) {
+		if v, ok := contentType(line); ok {
+			out = append(out, string(v))
+		}
+	}
+	return out
+}
+
+// contentType is the value of a raw header line that names Content-Type,
+// in any case.
+func contentType(line []byte) ([]byte, bool) {
+	k, v, ok := bytes.Cut(line, []byte{':'})
+	if !ok || !bytes.EqualFold(k, []byte("Content-Type")) {
+		return nil, false
+	}
+	return bytes.TrimSpace(v), true
 }
 
 // bodyReader is a request body read from fasthttp's buffer.

@@ -100,6 +100,11 @@ func TestDataPlaneServerAnswersAsNetHTTP(t *testing.T) {
 		{"check, double slash", post("//v1/check", "application/json", check)},
 		{"check, JSON with parameters", post("/v1/check", "application/json; charset=utf-8", check)},
 		{"check, wrong type", post("/v1/check", "text/plain", check)},
+		{"check, no type", "POST /v1/check HTTP/1.1\r\nHost: sluice\r\nContent-Length: " + strconv.Itoa(len(check)) + "\r\nConnection: close\r\n\r\n" + check},
+		{"check, two types", "POST /v1/check HTTP/1.1\r\nHost: sluice\r\nContent-Type: text/plain\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(check)) + "\r\nConnection: close\r\n\r\n" + check},
+		{"check, lower-case type", "POST /v1/check HTTP/1.1\r\nHost: sluice\r\ncontent-type: text/plain\r\nContent-Length: " + strconv.Itoa(len(check)) + "\r\nConnection: close\r\n\r\n" + check},
+		{"check, empty body", post("/v1/check", "application/json", "")},
+		{"check, body too large", post("/v1/check", "application/json", `{"user":"`+strings.Repeat("a", 70<<10)+`"}`)},
 		{"check, bad JSON", post("/v1/check", "application/json", `{"user":`)},
 		{"check, unknown field", post("/v1/check", "application/json", `{"usr":"a"}`)},
 		{"check, chunked", "POST /v1/check HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
