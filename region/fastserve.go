@@ -241,32 +241,36 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 // first, so such a request is read again from its raw headers.
 func contentTypes(h *fasthttp.RequestHeader) []string {
 	raw := h.RawHeaders()
-	n := 0
-	for line := range bytes.Lines(raw) {
-		if _, ok := contentType(line); ok {
-			n++
-		}
-	}
-	if n < 2 {
+	if headerLines(raw, nil) < 2 {
 		return nil
 	}
-	out := make([]string, 0, n)
-	for line := range bytes.Lines(raw) {
-		if v, ok := contentType(line); ok {
-			out = append(out, string(v))
-		}
-	}
+	var out []string
+	headerLines(raw, func(v []byte) { out = append(out, string(v)) })
 	return out
 }
 
-// contentType is the value of a raw header line that names Content-Type,
-// in any case.
-func contentType(line []byte) ([]byte, bool) {
-	k, v, ok := bytes.Cut(line, []byte{':'})
-	if !ok || !bytes.EqualFold(k, []byte("Content-Type")) {
-		return nil, false
+// headerLines counts the lines of raw that name Content-Type, in any case,
+// handing each one's value to each if it is not nil.
+func headerLines(raw []byte, each func(v []byte)) int {
+	n := 0
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) == 0 || line[0]|0x20 != 'c' { // most lines are told apart by their first byte
+			continue
+		}
+		if k, v, ok := bytes.Cut(line, []byte{':'}); ok && bytes.EqualFold(k, []byte("Content-Type")) {
+			n++
+			if each != nil {
+				each(bytes.TrimSpace(v))
+			}
+		}
 	}
-	return bytes.TrimSpace(v), true
+	return n
 }
 
 // bodyReader is a request body read from fasthttp's buffer.
