@@ -14,22 +14,24 @@ import (
 
 // The Redis store pipelines: concurrent checks bound for the same primary
 // wait in that primary's queue (a lane) and are written to Redis together,
-// one EVALSHA per check, in one round trip. A lane runs at most
-// RedisConfig.Pipelines batches at once, each on its own connection; a
-// batch takes whatever is queued when the previous one returns, up to
-// RedisConfig.MaxBatch checks. Nothing waits for a batch to fill: a lone
-// check goes out at once, and under load the batches grow by themselves.
+// in one round trip. A lane runs at most RedisConfig.Pipelines batches at
+// once, each on its own connection; a batch takes whatever is queued when
+// the previous one returns, up to RedisConfig.MaxBatch checks. Nothing
+// waits for a batch to fill: a lone check goes out at once, and under load
+// the batches grow by themselves.
 //
 // On a single server (or a Sentinel's primary) a batch goes as one script
-// call that decides its checks one after another, which costs Redis and
-// the daemon far less than a call per check; on a Cluster, where the
-// checks of a batch lie in many slots, as one call per check. Either way
-// each check keeps its own result and its atomicity (a Redis error for one
-// check, such as a key of the wrong type, fails only that check: the
-// script decides each in a protected call) and its own deadline, which starts when its batch is sent:
-// time in the queue is the daemon's overload, not Redis's failure, and is
-// bounded separately, by the caller's context and by
-// RedisConfig.QueueWait (ErrStoreBusy).
+// call that decides its checks one after another: Redis then pays its
+// per-call cost (the call's setup, TIME, the script's closures) once per
+// batch, and the daemon writes and reads one command. On a Cluster, where
+// the checks of a batch lie in many slots, it goes as a pipeline of one
+// call per check. Either way each check keeps its own result and its
+// atomicity (a Redis error for one check, such as a key of the wrong type,
+// fails only that check: the script decides each in a protected call) and
+// its own deadline, which starts when its batch is sent: time in the queue
+// is the daemon's overload, not Redis's failure, and is bounded
+// separately, by the caller's context and by RedisConfig.QueueWait
+// (ErrStoreBusy).
 
 // ErrStoreBusy is a check that waited in the store's own queue longer than
 // the queue's bound without being sent: the daemon is overloaded, the store

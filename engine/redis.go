@@ -99,10 +99,10 @@ func (c RedisConfig) Validate() error {
 }
 
 // RedisStore keeps limiter state in Redis or Redis Cluster, so that every
-// gateway shares it. It decides exactly as the MemoryStore does: one Lua
-// script call per check reads, decides and writes every policy of the
-// subject atomically, on Redis' clock (TIME), so gateway clock skew cannot
-// mint tokens.
+// gateway shares it. It decides exactly as the MemoryStore does: a Lua
+// script reads, decides and writes every policy of a check's subject
+// atomically, on Redis' clock (TIME), so gateway clock skew cannot mint
+// tokens. One call may decide several checks, each on its own.
 //
 // A policy's state lives at Prefix + "{" + subject + "}:" + policy. The
 // braces make the subject the hash tag, so all of a subject's policies
