@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +52,12 @@ func checkContentType(r *http.Request) *Problem {
 	if vs := r.Header["Content-Type"]; len(vs) > 0 { // Header.Get, key canonical
 		ct = vs[0]
 	}
+	return checkMediaType(ct)
+}
+
+// checkMediaType is checkContentType of the request's first Content-Type,
+// ct ("" for none).
+func checkMediaType(ct string) *Problem {
 	if ct == "" || ct == "application/json" {
 		return nil
 	}
@@ -111,14 +118,21 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, p)
 		return
 	}
+	d.answerCheck(r.Context(), w, &in, func(p *Problem) { d.fail(w, r, p) })
+}
+
+// answerCheck decides a decoded POST /v1/check and answers it: the
+// decision with its RateLimit fields, or a 429 or 503 problem with the
+// decision in it; a request it cannot decide goes to fail.
+func (d *Daemon) answerCheck(ctx context.Context, w http.ResponseWriter, in *CheckRequest, fail func(*Problem)) {
 	t, p := in.target("")
 	if p != nil {
-		d.fail(w, r, p)
+		fail(p)
 		return
 	}
-	v, p := d.decide(r.Context(), t)
+	v, p := d.decide(ctx, t)
 	if p != nil {
-		d.fail(w, r, p)
+		fail(p)
 		return
 	}
 	setRateLimitHeaders(w.Header(), &v)
@@ -128,7 +142,7 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	prob := rejection(&v)
 	body := checkRejection{Type: prob.Type, Title: prob.Title, Status: prob.Status, Detail: prob.Detail,
-		Instance: r.URL.Path, ViolatedPolicies: v.violated, Decision: v.Decision}
+		Instance: checkPath, ViolatedPolicies: v.violated, Decision: v.Decision}
 	bp := bodyBufs.Get().(*[]byte)
 	defer putBody(bp)
 	b, ok := appendRejection((*bp)[:0], &body)
@@ -136,7 +150,7 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		var err error
 		if b, err = json.Marshal(body); err != nil {
-			d.fail(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
+			fail(newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
 			return
 		}
 	}
@@ -395,12 +409,19 @@ func denyStatus(u *url.URL, prefixed bool) string {
 
 // fail answers a problem and counts 4xx answers.
 func (d *Daemon) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
-	if p.Status >= 400 && p.Status < 500 {
-		route := r.Pattern
-		if route == "" {
-			route = "unmatched"
-		}
-		d.m.badRequests.WithLabelValues(route).Inc()
+	if p.Instance == "" {
+		p.Instance = r.URL.Path
 	}
-	writeProblem(w, r, p)
+	d.failOn(w, r.Pattern, p)
+}
+
+// failOn is fail for a request the mux routed to pattern ("" for none).
+func (d *Daemon) failOn(w http.ResponseWriter, pattern string, p *Problem) {
+	if p.Status >= 400 && p.Status < 500 {
+		if pattern == "" {
+			pattern = "unmatched"
+		}
+		d.m.badRequests.WithLabelValues(pattern).Inc()
+	}
+	writeProblem(w, nil, p)
 }

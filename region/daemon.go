@@ -632,16 +632,23 @@ func (d *Daemon) recoverer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				d.m.panics.Inc()
-				d.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-				writeProblem(w, r, newProblem(http.StatusInternalServerError, ProblemInternal, "an internal error occurred; it has been logged"))
+				d.panicked(w, v, r.Method, r.URL.Path)
 			}
 		}()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// panicked answers a recovered panic, v, of a handler of method and path.
+func (d *Daemon) panicked(w http.ResponseWriter, v any, method, path string) {
+	if v == http.ErrAbortHandler {
+		panic(v)
+	}
+	d.m.panics.Inc()
+	d.log.Error("handler panic", "method", method, "path", path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	p := newProblem(http.StatusInternalServerError, ProblemInternal, "an internal error occurred; it has been logged")
+	p.Instance = path
+	writeProblem(w, nil, p)
 }
 
 // requireAdmin checks the bearer token in constant time: 401 without

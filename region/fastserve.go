@@ -2,6 +2,7 @@ package region
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -87,24 +88,13 @@ func isTimeout(err error) bool {
 // /v1/check, the call gateways make most, goes straight to its handler as
 // the mux would route it (the same pattern, panics recovered the same way).
 func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
-	check := d.recoverer(http.HandlerFunc(d.handleCheck))
 	return func(ctx *fasthttp.RequestCtx) {
-		var r *http.Request
-		if ctx.IsPost() && string(ctx.RequestURI()) == checkPath {
-			r = checkRequest(ctx)
-		} else {
-			var err error
-			if r, err = stdRequest(ctx); err != nil {
-				w := &fastWriter{ctx: ctx, header: http.Header{}}
-				writeProblem(w, nil, newProblem(http.StatusBadRequest, ProblemInvalid, "malformed request target"))
-				return
-			}
-		}
 		w := writers.Get().(*fastWriter)
 		w.ctx = ctx
-		if r.Method == http.MethodPost && r.URL.RawPath == "" && r.URL.Path == checkPath {
-			r.Pattern = "POST " + checkPath
-			check.ServeHTTP(w, r)
+		if ctx.IsPost() && string(ctx.RequestURI()) == checkPath {
+			d.fastCheck(w, ctx)
+		} else if r, err := stdRequest(ctx); err != nil {
+			writeProblem(w, nil, newProblem(http.StatusBadRequest, ProblemInvalid, "malformed request target"))
 		} else {
 			h.ServeHTTP(w, r)
 		}
@@ -116,55 +106,53 @@ func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
 	}
 }
 
+// fastCheck answers a POST to exactly /v1/check, the call gateways make
+// most, as handleCheck does behind the mux (its route, the problems it
+// answers, panics recovered the same way), without converting the request:
+// the decision needs only the Content-Type and the body, which are read
+// straight from fasthttp's request.
+func (d *Daemon) fastCheck(w *fastWriter, ctx *fasthttp.RequestCtx) {
+	const pattern = "POST " + checkPath
+	defer func() {
+		if v := recover(); v != nil {
+			d.panicked(w, v, http.MethodPost, checkPath)
+		}
+	}()
+	fail := func(p *Problem) {
+		if p.Instance == "" {
+			p.Instance = checkPath
+		}
+		d.failOn(w, pattern, p)
+	}
+	var ct string
+	if all := contentTypes(&ctx.Request.Header); len(all) > 0 {
+		ct = all[0]
+	} else if b := ctx.Request.Header.ContentType(); len(b) > 0 {
+		ct = string(b)
+	}
+	if p := checkMediaType(ct); p != nil {
+		fail(p)
+		return
+	}
+	body := ctx.PostBody()
+	if limit := max(d.cfg.MaxBodyBytes, 0); int64(len(body)) > limit {
+		// WriteHeader closes the connection after a 413, as net/http's
+		// server does after http.MaxBytesReader gave up on a body.
+		fail(newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", limit)))
+		return
+	}
+	var in CheckRequest
+	if p := decodeCheck(body, &in); p != nil {
+		fail(p)
+		return
+	}
+	d.answerCheck(context.Background(), w, &in, fail)
+}
+
 var writers = sync.Pool{New: func() any { return &fastWriter{header: http.Header{}} }}
 
+// checkPath is the path of POST /v1/check.
 const checkPath = "/v1/check"
-
-// checkRequest is the *http.Request of a POST to exactly /v1/check, the
-// call gateways make most, with only what handleCheck reads: the
-// Content-Type, the body and the path (for a problem's instance). The
-// subject and everything else it decides on come from the body, so the
-// other headers and the peer's address, which stdRequest copies, are left
-// out.
-func checkRequest(ctx *fasthttp.RequestCtx) *http.Request {
-	// One allocation holds the request, its URL, body reader and the
-	// Content-Type's value.
-	c := new(struct {
-		r    http.Request
-		u    url.URL
-		body bodyReader
-		ct   [1]string
-	})
-	body := ctx.PostBody()
-	c.u.Path = checkPath
-	r := &c.r
-	*r = http.Request{
-		Method:        http.MethodPost,
-		URL:           &c.u,
-		RequestURI:    checkPath,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        make(http.Header, 1),
-		ContentLength: int64(len(body)),
-		Body:          http.NoBody,
-	}
-	if !ctx.Request.Header.IsHTTP11() {
-		r.Proto, r.ProtoMinor = "HTTP/1.0", 0
-	}
-	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
-		c.ct[0] = string(ct)
-		r.Header["Content-Type"] = c.ct[:]
-		if all := contentTypes(&ctx.Request.Header); len(all) > 1 {
-			r.Header["Content-Type"] = all
-		}
-	}
-	if len(body) > 0 {
-		c.body.Reset(body)
-		r.Body = &c.body
-	}
-	return r
-}
 
 // stdRequest is the *http.Request net/http's server would hand a handler
 // for the request in ctx: the method, the target as sent (RequestURI and

@@ -187,3 +187,28 @@ func FuzzDataPlaneServer(f *testing.F) {
 		}
 	})
 }
+
+// A panic while deciding a check is answered, on the data-plane server's
+// direct path for POST /v1/check as on every other route, with a 500
+// problem naming the path, counted, and the server goes on serving.
+func TestDataPlaneServerRecoversPanics(t *testing.T) {
+	d := newLoginDaemon(t, prometheus.NewRegistry())
+	addr := strings.TrimPrefix(serveData(t, d), "http://")
+	d.lim = nil // every decision now panics on a nil limiter
+	check := `{"user":"alice","route":"/v1/orders","method":"GET"}`
+	for i, target := range []string{"/v1/check", "/v1/check?x=1"} {
+		raw := "POST " + target + " HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(check)) + "\r\nConnection: close\r\n\r\n" + check
+		res := rawExchange(t, addr, raw)
+		if len(res) != 1 || res[0].StatusCode != http.StatusInternalServerError {
+			t.Fatalf("POST %s: %d answers, first %+v; want one 500", target, len(res), res)
+		}
+		body, _ := io.ReadAll(res[0].Body)
+		if ct := res[0].Header.Get("Content-Type"); ct != "application/problem+json" || !strings.Contains(string(body), `"instance":"/v1/check"`) {
+			t.Errorf("POST %s: %s %s, want a problem naming /v1/check", target, ct, body)
+		}
+		if n := testutil.ToFloat64(d.m.panics); n != float64(i+1) {
+			t.Errorf("after POST %s: %v panics counted, want %d", target, n, i+1)
+		}
+	}
+}
