@@ -199,7 +199,9 @@ func TestRedisStateIsCompact(t *testing.T) {
 	s, srv := newTestRedisStore(t, nil)
 	c := srv.Client(t)
 	ctx := context.Background()
-	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 100}
+	// A slow refill: a bucket one unit short lives for its refill plus a
+	// second (10 s), so none expires while a busy machine measures them.
+	tb := Limit{Algorithm: TokenBucket, Rate: 0.1, Burst: 100}
 	swc := Limit{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Minute}
 	for _, tt := range []struct {
 		subject, policy string
