@@ -590,9 +590,10 @@ func TestCoreDropsUnusableMessages(t *testing.T) {
 
 // TestCoreDropsBadBorrowsAndLoans: borrow requests and loans that are
 // malformed, from an unknown region, for nothing or more than the whole
-// limit, handing over more tokens than their cut frees, or of a
-// generation this region has rebalanced past are counted and never
-// applied: the region's share does not move.
+// limit, handing over more tokens than their cut frees, of a generation
+// this region has rebalanced past, or of an epoch too old or in the future
+// are counted and never applied: the region's share does not move, and
+// nothing is sent in answer (no loan for a bad request).
 func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 	sc := testShareConfig()
 	n := newCoreNet(t, sc, "eu-1", "us-1")
@@ -619,7 +620,10 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 		{"borrow of nothing", borrow("us", gen, 0), DropNumber},
 		{"borrow of more than the limit", borrow("us", gen, 1.5), DropNumber},
 		{"borrow NaN", borrow("us", gen, math.NaN()), DropNumber},
+		{"borrow of an infinite amount", borrow("us", gen, math.Inf(1)), DropNumber},
 		{"borrow of an expired generation", borrow("us", gen-1, 0.2), DropExpired},
+		{"borrow from too far back", borrow("us", sc.Epoch(n.now)-maxAge-1, 0.2), DropEpoch},
+		{"borrow from the future", borrow("us", sc.Epoch(n.now)+2, 0.2), DropEpoch},
 		{"borrow without policy", func() gossip.Message { m := borrow("us", gen, 0.2); m.Borrow.Policy = ""; return m }(), DropMalformed},
 		{"loan without lender", loan("", gen, 0.2, 0), DropMalformed},
 		{"loan without borrower", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = ""; return m }(), DropMalformed},
@@ -632,11 +636,16 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 		{"loan with negative tokens", loan("us", gen, 0.2, -0.1), DropNumber},
 		{"loan of an expired generation", loan("us", gen-1, 0.2, 0.2), DropExpired},
 		{"loan from too far back", loan("us", sc.Epoch(n.now)-maxAge-1, 0.2, 0), DropEpoch},
+		{"loan from the future", loan("us", sc.Epoch(n.now)+2, 0.2, 0), DropEpoch},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before, share0 := c.Dropped()[tt.want], c.Share(policy, "hot")
-			if rd := c.Step(n.now, tt.msg); rd.Dropped != tt.want {
+			rd := c.Step(n.now, tt.msg)
+			if rd.Dropped != tt.want {
 				t.Fatalf("Step(%s).Dropped = %q, want %q", tt.name, rd.Dropped, tt.want)
+			}
+			if len(rd.Loans) != 0 || len(rd.Borrows) != 0 {
+				t.Errorf("Step(%s) sent %d loans and %d borrow requests, want none", tt.name, len(rd.Loans), len(rd.Borrows))
 			}
 			if got := c.Dropped()[tt.want]; got != before+1 {
 				t.Errorf("Dropped()[%s] = %d, want %d", tt.want, got, before+1)
