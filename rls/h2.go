@@ -1,0 +1,978 @@
+package rls
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// The service's own HTTP/2 transport answers the unary calls a proxy
+// makes, ShouldRateLimit and Health/Check, on connections whose first call
+// is one of them; a connection that starts with any other call (server
+// reflection, Health/Watch, a misspelt method) is handed, with the bytes
+// read so far, to a grpc-go server that serves every method. A proxy's
+// connections thus skip grpc-go's per-call goroutines, buffers and
+// message reflection, while tools such as grpcurl find the full service.
+//
+// The transport is HTTP/2 without TLS (prior knowledge, as grpc-go's
+// plaintext servers are): the client's preface, frames read with
+// golang.org/x/net/http2's Framer, header blocks decoded with its hpack
+// decoder, and answers written as literal header fields, without the
+// dynamic table, so that the encoder keeps no state.
+
+const (
+	pathShouldRateLimit = "/" + ServiceName + "/ShouldRateLimit"
+	pathHealthCheck     = "/grpc.health.v1.Health/Check"
+)
+
+// Limits of the transport.
+const (
+	// streamWindow is the receive window of each stream, advertised once
+	// the connection is ours; a request is at most this long, so its
+	// stream never needs a WINDOW_UPDATE.
+	streamWindow = 1 << 20
+	// connWindow is the connection's receive window; it is returned to
+	// the peer once half of it is spent.
+	connWindow = 1 << 30
+	// maxStreams is SETTINGS_MAX_CONCURRENT_STREAMS: calls in flight on
+	// one connection.
+	maxStreams = 1000
+	// maxHeaderBlock bounds one request's header block, in bytes.
+	maxHeaderBlock = 64 << 10
+	// maxMessageText bounds grpc-message, in bytes before encoding.
+	maxMessageText = 1024
+)
+
+type method uint8
+
+const (
+	methodOther method = iota
+	methodRLS
+	methodHealth
+)
+
+// h2conn is one connection served by the transport. Its reader goroutine
+// (serve) owns the frame reader and the header decoder; the fields under
+// mu are shared with the calls that answer on it.
+type h2conn struct {
+	s   *Server
+	nc  net.Conn
+	rec *recorder
+	fr  *http2.Framer
+	dec *hpack.Decoder
+	// ctx is cancelled when the connection ends, and with it every call.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// lastStream is the highest stream the peer opened.
+	lastStream atomic.Uint32
+
+	// Of the reader only.
+	hdr         headerState
+	recvUnacked uint32 // bytes of DATA not yet returned to the peer's window
+	// headersOf is the stream whose header block continues in the next
+	// CONTINUATION frame; 0 when none.
+	headersOf uint32
+
+	mu       sync.Mutex
+	streams  map[uint32]*h2stream
+	wbuf     []byte // frames waiting to be written
+	spare    []byte
+	writing  bool // a goroutine is writing wbuf out
+	werr     error
+	sendWin  int64 // connection send window
+	initWin  int64 // peer's SETTINGS_INITIAL_WINDOW_SIZE
+	maxFrame int   // peer's SETTINGS_MAX_FRAME_SIZE
+	pending  []*h2stream
+	draining bool // a GOAWAY was sent: no new streams
+	active   int  // calls dispatched and not yet answered
+}
+
+// headerState is what a request's header block said, as it is decoded.
+type headerState struct {
+	method      method
+	contentType bool // application/grpc or one of its subtypes
+	compressed  bool // a grpc-encoding other than identity
+	timeout     time.Duration
+	size        int  // bytes of the header block so far
+	endStream   bool // the request ends with its headers: no message
+}
+
+// h2stream is one call: its request, answer and flow control. Streams are
+// pooled with the buffers they grew.
+type h2stream struct {
+	id         uint32
+	hdr        headerState
+	body       []byte
+	sendWin    int64
+	dispatched bool
+	reset      bool // the peer reset it; its answer is dropped
+	ctx        context.Context
+	cancel     context.CancelFunc
+
+	req     request
+	rep     reply
+	scratch scratch
+	out     []byte // the answer's gRPC message: prefix and protobuf
+	off     int    // bytes of out sent
+	// code and msg are the answer's gRPC status.
+	code codes.Code
+	msg  string
+}
+
+var streamPool = sync.Pool{New: func() any { return new(h2stream) }}
+
+func newStream(id uint32, hdr headerState, win int64) *h2stream {
+	st := streamPool.Get().(*h2stream)
+	st.id, st.hdr, st.sendWin = id, hdr, win
+	st.body, st.out, st.off = st.body[:0], st.out[:0], 0
+	st.dispatched, st.reset = false, false
+	st.code, st.msg = codes.OK, ""
+	return st
+}
+
+func releaseStream(st *h2stream) {
+	if st.cancel != nil {
+		st.cancel()
+	}
+	st.ctx, st.cancel = nil, nil
+	if cap(st.body) > 64<<10 {
+		st.body = nil
+	}
+	st.req.reset()
+	clear(st.scratch.applied[:cap(st.scratch.applied)]) // keeps no policy alive in the pool
+	streamPool.Put(st)
+}
+
+// recorder keeps what is read from a connection until its first call is
+// known, for a handover to grpc-go.
+type recorder struct {
+	r    io.Reader
+	buf  []byte
+	keep bool
+}
+
+func (r *recorder) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if r.keep {
+		r.buf = append(r.buf, p[:n]...)
+	}
+	return n, err
+}
+
+// replayConn is a connection handed over: its reads return the recorded
+// bytes first.
+type replayConn struct {
+	net.Conn
+	replay []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.replay) > 0 {
+		n := copy(p, c.replay)
+		c.replay = c.replay[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// errHandedOver ends a connection's reader once grpc-go has it.
+var errHandedOver = errors.New("handed over to grpc-go")
+
+// newConn is the transport's state for an accepted connection; serve
+// serves it. The connection closes when ctx ends.
+func (s *Server) newConn(ctx context.Context, nc net.Conn) *h2conn {
+	c := &h2conn{s: s, nc: nc, streams: make(map[uint32]*h2stream), sendWin: 65535, initWin: 65535, maxFrame: 16384}
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	c.rec = &recorder{r: nc, keep: true}
+	return c
+}
+
+// serve serves the connection until it closes or is handed over.
+func (c *h2conn) serve() {
+	stop := context.AfterFunc(c.ctx, func() { c.nc.Close() })
+	defer stop()
+	defer c.cancel()
+	if c.s.stopping.Load() {
+		c.goAway()
+	}
+	br := bufio.NewReaderSize(c.rec, 32<<10)
+	c.fr = http2.NewFramer(io.Discard, br)
+	c.fr.SetReuseFrames()
+	c.dec = hpack.NewDecoder(4096, c.onField)
+	c.dec.SetMaxStringLength(maxHeaderBlock)
+
+	// The server's preface: an empty SETTINGS, all defaults, as grpc-go's
+	// would be bar an explicit default frame size, so that a connection
+	// handed over sees nothing it would not have sent itself.
+	c.mu.Lock()
+	c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, 0, 0)
+	c.flushLocked()
+	c.mu.Unlock()
+
+	err := c.read(br)
+	if errors.Is(err, errHandedOver) {
+		stop()
+		return
+	}
+	c.cancel()
+	c.mu.Lock()
+	c.draining = true
+	for _, st := range c.streams {
+		if !st.dispatched {
+			releaseStream(st)
+		}
+	}
+	clear(c.streams)
+	c.mu.Unlock()
+	c.nc.Close()
+}
+
+// read reads frames until the connection fails or is handed over.
+func (c *h2conn) read(br *bufio.Reader) error {
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(br, preface[:]); err != nil {
+		return err
+	}
+	if string(preface[:]) != http2.ClientPreface {
+		return errors.New("not an HTTP/2 client preface")
+	}
+	// Until the first call is known, answers to the peer's frames wait
+	// here: a connection handed over must not have had them.
+	var settingsAcks int
+	var pings [][8]byte
+	decided := false
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return err
+		}
+		if !decided {
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					if err := c.applySettings(f); err != nil {
+						return err
+					}
+					settingsAcks++
+				}
+				continue
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					pings = append(pings, f.Data)
+				}
+				continue
+			case *http2.WindowUpdateFrame:
+				if f.StreamID == 0 {
+					c.sendWin += int64(f.Increment)
+				}
+				continue
+			case *http2.HeadersFrame:
+				if err := c.onHeaders(f); err != nil {
+					return err
+				}
+				if !f.HeadersEnded() {
+					continue
+				}
+			case *http2.ContinuationFrame:
+				if err := c.onContinuation(f); err != nil {
+					return err
+				}
+				if !f.HeadersEnded() {
+					continue
+				}
+			default:
+				return errors.New("unexpected frame before the first call")
+			}
+			// The first header block is complete: a connection whose first
+			// call is not ShouldRateLimit is no proxy's.
+			if c.hdr.method != methodRLS {
+				return c.handOver(br)
+			}
+			decided = true
+			c.rec.keep, c.rec.buf = false, nil
+			c.mu.Lock()
+			for range settingsAcks {
+				c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
+			}
+			for _, p := range pings {
+				c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, http2.FlagPingAck, 0)
+				c.wbuf = append(c.wbuf, p[:]...)
+			}
+			c.wbuf = appendSettings(c.wbuf, http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+				http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams})
+			c.wbuf = appendWindowUpdate(c.wbuf, 0, connWindow-65535)
+			c.flushLocked()
+			c.mu.Unlock()
+			c.endHeaders()
+			continue
+		}
+		if err := c.onFrame(f); err != nil {
+			return err
+		}
+	}
+}
+
+// handOver gives the connection, and every byte read from it, to the
+// grpc-go server.
+func (c *h2conn) handOver(br *bufio.Reader) error {
+	if err := c.s.handOver(&replayConn{Conn: c.nc, replay: c.rec.buf}); err != nil {
+		return err
+	}
+	return errHandedOver
+}
+
+func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
+	return f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - c.initWin
+			c.initWin = int64(s.Val)
+			for _, st := range c.streams {
+				st.sendWin += delta
+			}
+		case http2.SettingMaxFrameSize:
+			c.maxFrame = int(s.Val)
+		}
+		return nil
+	})
+}
+
+// onFrame handles one frame once the connection is ours.
+func (c *h2conn) onFrame(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.HeadersFrame:
+		if err := c.onHeaders(f); err != nil {
+			return err
+		}
+		if f.HeadersEnded() {
+			c.endHeaders()
+		}
+	case *http2.ContinuationFrame:
+		if err := c.onContinuation(f); err != nil {
+			return err
+		}
+		if f.HeadersEnded() {
+			c.endHeaders()
+		}
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		if err := c.applySettings(f); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
+		c.drainPendingLocked()
+		c.flushLocked()
+		c.mu.Unlock()
+	case *http2.PingFrame:
+		if f.IsAck() {
+			return nil
+		}
+		c.mu.Lock()
+		c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, http2.FlagPingAck, 0)
+		c.wbuf = append(c.wbuf, f.Data[:]...)
+		c.flushLocked()
+		c.mu.Unlock()
+	case *http2.WindowUpdateFrame:
+		c.mu.Lock()
+		if f.StreamID == 0 {
+			c.sendWin += int64(f.Increment)
+		} else if st := c.streams[f.StreamID]; st != nil {
+			st.sendWin += int64(f.Increment)
+		}
+		c.drainPendingLocked()
+		c.flushLocked()
+		c.mu.Unlock()
+	case *http2.RSTStreamFrame:
+		c.mu.Lock()
+		if st := c.streams[f.StreamID]; st != nil {
+			delete(c.streams, f.StreamID)
+			st.reset = true
+			if !st.dispatched {
+				releaseStream(st)
+			} else if st.cancel != nil {
+				st.cancel()
+			}
+		}
+		c.mu.Unlock()
+	case *http2.GoAwayFrame:
+		c.mu.Lock()
+		c.draining = true
+		idle := c.active == 0
+		c.mu.Unlock()
+		if idle {
+			return io.EOF
+		}
+	}
+	return nil
+}
+
+// onHeaders starts a header block: a new stream's request headers.
+func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
+	if f.StreamID%2 == 0 || f.StreamID <= c.lastStream.Load() {
+		// Trailers from the client, or a reused id: gRPC clients send
+		// neither.
+		return errors.New("headers on a stream that is not new")
+	}
+	c.lastStream.Store(f.StreamID)
+	c.hdr = headerState{size: len(f.HeaderBlockFragment()), endStream: f.StreamEnded()}
+	c.headersOf = f.StreamID
+	if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
+		return err
+	}
+	if f.HeadersEnded() {
+		if err := c.dec.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *h2conn) onContinuation(f *http2.ContinuationFrame) error {
+	c.hdr.size += len(f.HeaderBlockFragment())
+	if c.hdr.size > maxHeaderBlock {
+		return errors.New("header block too long")
+	}
+	if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
+		return err
+	}
+	if f.HeadersEnded() {
+		return c.dec.Close()
+	}
+	return nil
+}
+
+// onField takes one request header field.
+func (c *h2conn) onField(f hpack.HeaderField) {
+	switch f.Name {
+	case ":path":
+		switch f.Value {
+		case pathShouldRateLimit:
+			c.hdr.method = methodRLS
+		case pathHealthCheck:
+			c.hdr.method = methodHealth
+		}
+	case "content-type":
+		v := f.Value
+		c.hdr.contentType = v == "application/grpc" ||
+			len(v) > len("application/grpc") && v[:len("application/grpc")] == "application/grpc" &&
+				(v[len("application/grpc")] == '+' || v[len("application/grpc")] == ';')
+	case "grpc-encoding":
+		c.hdr.compressed = f.Value != "identity"
+	case "grpc-timeout":
+		c.hdr.timeout, _ = parseTimeout(f.Value)
+	}
+}
+
+// endHeaders opens the stream whose header block just ended.
+func (c *h2conn) endHeaders() {
+	id, hdr := c.headersOf, c.hdr
+	c.headersOf = 0
+	endStream := hdr.endStream
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.draining || len(c.streams) >= maxStreams {
+		c.wbuf = appendRST(c.wbuf, id, http2.ErrCodeRefusedStream)
+		c.flushLocked()
+		return
+	}
+	st := newStream(id, hdr, c.initWin)
+	c.streams[id] = st
+	if hdr.method == methodOther {
+		// Answered at once, whether or not the request goes on (a stream
+		// of server reflection would wait for an answer).
+		st.dispatched = true
+		c.active++
+		st.code, st.msg = codes.Unimplemented, "unknown method: this connection serves "+pathShouldRateLimit+" and "+pathHealthCheck
+		c.respondLocked(st)
+		if !endStream {
+			c.wbuf = appendRST(c.wbuf, id, http2.ErrCodeNo)
+		}
+		c.flushLocked()
+		return
+	}
+	if endStream {
+		c.dispatchLocked(st)
+	}
+}
+
+func (c *h2conn) onData(f *http2.DataFrame) error {
+	n := f.Length // padding included, as flow control counts it
+	c.recvUnacked += n
+	if c.recvUnacked >= connWindow/2 {
+		c.mu.Lock()
+		c.wbuf = appendWindowUpdate(c.wbuf, 0, c.recvUnacked)
+		c.flushLocked()
+		c.mu.Unlock()
+		c.recvUnacked = 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.streams[f.StreamID]
+	if st == nil || st.dispatched {
+		return nil // reset, refused or answered already: discarded
+	}
+	st.body = append(st.body, f.Data()...)
+	if len(st.body) > streamWindow {
+		// More than the stream's window: the peer broke flow control.
+		return errors.New("stream window exceeded")
+	}
+	if f.StreamEnded() {
+		c.dispatchLocked(st)
+	}
+	return nil
+}
+
+// dispatchLocked hands a complete request to a worker.
+func (c *h2conn) dispatchLocked(st *h2stream) {
+	st.dispatched = true
+	c.active++
+	c.s.calls.Add(1)
+	if st.hdr.timeout > 0 {
+		st.ctx, st.cancel = context.WithTimeout(c.ctx, st.hdr.timeout)
+	} else {
+		st.ctx, st.cancel = context.WithCancel(c.ctx)
+	}
+	job := h2job{c: c, st: st}
+	select {
+	case c.s.work <- job:
+	default:
+		go job.run()
+	}
+}
+
+// h2job is one call for a worker.
+type h2job struct {
+	c  *h2conn
+	st *h2stream
+}
+
+func (j h2job) run() {
+	j.c.s.answer(j.st)
+	j.c.respond(j.st)
+	j.c.s.calls.Done()
+}
+
+// answer decides a call and leaves its answer in st.
+func (s *Server) answer(st *h2stream) {
+	msg, err := grpcMessage(st)
+	if err == nil {
+		switch st.hdr.method {
+		case methodRLS:
+			err = s.decodeAndDecide(st.ctx, msg, st)
+		case methodHealth:
+			err = s.health(msg, st)
+		}
+	}
+	if err != nil {
+		s := status.Convert(err)
+		st.code, st.msg = s.Code(), s.Message()
+	}
+}
+
+// grpcMessage is a unary request's one message, uncompressed.
+func grpcMessage(st *h2stream) ([]byte, error) {
+	switch {
+	case !st.hdr.contentType:
+		return nil, status.Error(codes.Internal, "content-type is not application/grpc")
+	case st.hdr.compressed:
+		return nil, status.Error(codes.Unimplemented, "compressed requests are not supported; send grpc-encoding identity")
+	}
+	b := st.body
+	if len(b) < 5 {
+		return nil, status.Error(codes.Internal, "the request is not one gRPC message")
+	}
+	if b[0] != 0 {
+		return nil, status.Error(codes.Internal, "a compressed message without grpc-encoding")
+	}
+	if n := binary.BigEndian.Uint32(b[1:5]); uint64(n) != uint64(len(b)-5) {
+		return nil, status.Error(codes.Internal, "the request is not one gRPC message")
+	}
+	return b[5:], nil
+}
+
+func (s *Server) decodeAndDecide(ctx context.Context, msg []byte, st *h2stream) error {
+	if err := decodeRequest(msg, &st.req); err != nil {
+		return status.Error(codes.Internal, "grpc: error unmarshalling request: "+err.Error())
+	}
+	err := s.decide(ctx, &st.req, &st.rep, &st.scratch)
+	s.count(&st.rep, err)
+	if err != nil {
+		return err
+	}
+	out, err := marshalOpts.MarshalAppend(append(st.out[:0], 0, 0, 0, 0, 0), &st.rep.resp)
+	if err != nil {
+		return status.Error(codes.Internal, "encoding the response: "+err.Error())
+	}
+	binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-5))
+	st.out = out
+	return nil
+}
+
+var marshalOpts = proto.MarshalOptions{}
+
+// health answers grpc.health.v1.Health/Check for the service and for ""
+// (the server): SERVING until shutdown begins, then NOT_SERVING.
+func (s *Server) health(msg []byte, st *h2stream) error {
+	service, err := decodeHealthRequest(msg)
+	if err != nil {
+		return status.Error(codes.Internal, "grpc: error unmarshalling request: "+err.Error())
+	}
+	if service != "" && service != ServiceName {
+		return status.Error(codes.NotFound, "unknown service")
+	}
+	const serving, notServing = 1, 2
+	v := uint64(serving)
+	if s.stopping.Load() {
+		v = notServing
+	}
+	st.out = append(st.out[:0], 0, 0, 0, 0, 2, 1<<3|0, byte(v)) // status (1): varint
+	return nil
+}
+
+// decodeHealthRequest reads HealthCheckRequest.service (field 1).
+func decodeHealthRequest(b []byte) (string, error) {
+	var service string
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return "", errMalformed
+		}
+		off += n
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 {
+				return "", errMalformed
+			}
+			service = string(v)
+			off += n
+			continue
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b[off:]); n < 0 {
+			return "", errMalformed
+		}
+		off += n
+	}
+	return service, nil
+}
+
+// respond writes a call's answer: the response headers, its message as
+// flow control allows, then the trailers; or the trailers alone for an
+// error.
+func (c *h2conn) respond(st *h2stream) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.respondLocked(st)
+	c.flushLocked()
+	if c.draining && c.active == 0 && len(c.pending) == 0 {
+		c.nc.Close()
+	}
+}
+
+func (c *h2conn) respondLocked(st *h2stream) {
+	c.active--
+	if st.reset {
+		releaseStream(st)
+	} else if st.code != codes.OK {
+		c.wbuf = appendHeaders(c.wbuf, st.id, true, func(b []byte) []byte {
+			b = append(b, hdrStatus200...)
+			b = append(b, hdrContentType...)
+			return appendGRPCStatus(b, st.code, st.msg)
+		})
+		c.closeLocked(st)
+	} else {
+		c.wbuf = appendHeaders(c.wbuf, st.id, false, func(b []byte) []byte {
+			b = append(b, hdrStatus200...)
+			return append(b, hdrContentType...)
+		})
+		if !c.sendLocked(st) {
+			c.pending = append(c.pending, st)
+		}
+	}
+}
+
+// sendLocked writes as much of st's message as the windows allow and,
+// once all of it is out, the trailers; it reports whether st is done.
+func (c *h2conn) sendLocked(st *h2stream) bool {
+	for st.off < len(st.out) {
+		n := min(int64(len(st.out)-st.off), c.sendWin, st.sendWin, int64(c.maxFrame))
+		if n <= 0 {
+			return false
+		}
+		c.wbuf = appendFrameHeader(c.wbuf, int(n), http2.FrameData, 0, st.id)
+		c.wbuf = append(c.wbuf, st.out[st.off:st.off+int(n)]...)
+		st.off += int(n)
+		c.sendWin -= n
+		st.sendWin -= n
+	}
+	c.wbuf = appendHeaders(c.wbuf, st.id, true, func(b []byte) []byte { return append(b, hdrGRPCStatusOK...) })
+	c.closeLocked(st)
+	return true
+}
+
+// closeLocked forgets an answered stream.
+func (c *h2conn) closeLocked(st *h2stream) {
+	delete(c.streams, st.id)
+	releaseStream(st)
+}
+
+// drainPendingLocked sends the answers that waited for window.
+func (c *h2conn) drainPendingLocked() {
+	kept := c.pending[:0]
+	for _, st := range c.pending {
+		if st.reset {
+			releaseStream(st)
+			continue
+		}
+		if !c.sendLocked(st) {
+			kept = append(kept, st)
+		}
+	}
+	clear(c.pending[len(kept):])
+	c.pending = kept
+}
+
+// flushLocked writes wbuf out, unless another goroutine is doing so: it
+// then writes what was added meanwhile too. Called with mu held; mu is
+// released during the write.
+func (c *h2conn) flushLocked() {
+	if c.writing {
+		return
+	}
+	c.writing = true
+	for len(c.wbuf) > 0 && c.werr == nil {
+		buf := c.wbuf
+		c.wbuf = c.spare[:0]
+		c.mu.Unlock()
+		_, err := c.nc.Write(buf)
+		c.mu.Lock()
+		c.spare = buf[:0]
+		if err != nil {
+			c.werr = err
+		}
+	}
+	if c.werr != nil {
+		c.wbuf = c.wbuf[:0]
+	}
+	c.writing = false
+}
+
+// goAway starts a graceful close: no new streams; the connection closes
+// once its calls are answered.
+func (c *h2conn) goAway() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.draining {
+		return
+	}
+	lastStream := c.lastStream.Load()
+	c.draining = true
+	c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FrameGoAway, 0, 0)
+	c.wbuf = binary.BigEndian.AppendUint32(c.wbuf, lastStream)
+	c.wbuf = binary.BigEndian.AppendUint32(c.wbuf, uint32(http2.ErrCodeNo))
+	c.flushLocked()
+	if c.active == 0 {
+		c.nc.Close()
+	}
+}
+
+// parseTimeout reads grpc-timeout: up to 8 digits and a unit.
+func parseTimeout(v string) (time.Duration, bool) {
+	if len(v) < 2 || len(v) > 9 {
+		return 0, false
+	}
+	var unit time.Duration
+	switch v[len(v)-1] {
+	case 'H':
+		unit = time.Hour
+	case 'M':
+		unit = time.Minute
+	case 'S':
+		unit = time.Second
+	case 'm':
+		unit = time.Millisecond
+	case 'u':
+		unit = time.Microsecond
+	case 'n':
+		unit = time.Nanosecond
+	default:
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	if n > int64(1<<63-1)/int64(unit) {
+		return 1<<63 - 1, true
+	}
+	return time.Duration(n) * unit, true
+}
+
+// Frame and header block encoding.
+
+func appendFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, stream uint32) []byte {
+	return append(b, byte(length>>16), byte(length>>8), byte(length), byte(t), byte(flags),
+		byte(stream>>24)&0x7f, byte(stream>>16), byte(stream>>8), byte(stream))
+}
+
+func appendSettings(b []byte, ss ...http2.Setting) []byte {
+	b = appendFrameHeader(b, 6*len(ss), http2.FrameSettings, 0, 0)
+	for _, s := range ss {
+		b = binary.BigEndian.AppendUint16(b, uint16(s.ID))
+		b = binary.BigEndian.AppendUint32(b, s.Val)
+	}
+	return b
+}
+
+func appendWindowUpdate(b []byte, stream, incr uint32) []byte {
+	b = appendFrameHeader(b, 4, http2.FrameWindowUpdate, 0, stream)
+	return binary.BigEndian.AppendUint32(b, incr&0x7fffffff)
+}
+
+func appendRST(b []byte, stream uint32, code http2.ErrCode) []byte {
+	b = appendFrameHeader(b, 4, http2.FrameRSTStream, 0, stream)
+	return binary.BigEndian.AppendUint32(b, uint32(code))
+}
+
+// appendHeaders appends one HEADERS frame whose block block appends; the
+// blocks written here are far below the smallest frame size allowed.
+func appendHeaders(b []byte, stream uint32, endStream bool, block func([]byte) []byte) []byte {
+	start := len(b)
+	flags := http2.FlagHeadersEndHeaders
+	if endStream {
+		flags |= http2.FlagHeadersEndStream
+	}
+	b = appendFrameHeader(b, 0, http2.FrameHeaders, flags, stream)
+	b = block(b)
+	n := len(b) - start - 9
+	b[start], b[start+1], b[start+2] = byte(n>>16), byte(n>>8), byte(n)
+	return b
+}
+
+// Header fields, hpack-encoded without the dynamic table or Huffman
+// coding (RFC 7541 6.1 and 6.2.2).
+var (
+	hdrStatus200     = []byte{0x88}                                          // :status 200, static index 8
+	hdrContentType   = appendLiteral([]byte{0x0f, 0x10}, "application/grpc") // name: static index 31
+	hdrGRPCStatusOK  = appendLiteral(appendLiteral([]byte{0x00}, "grpc-status"), "0")
+	hdrGRPCStatusKey = appendLiteral([]byte{0x00}, "grpc-status")
+	hdrGRPCMsgKey    = appendLiteral([]byte{0x00}, "grpc-message")
+)
+
+// appendLiteral appends a string literal: its length, 7-bit prefix, and
+// its bytes.
+func appendLiteral(b []byte, s string) []byte {
+	n := uint64(len(s))
+	if n < 127 {
+		b = append(b, byte(n))
+	} else {
+		b = append(b, 127)
+		n -= 127
+		for n >= 128 {
+			b = append(b, byte(n&0x7f|0x80))
+			n >>= 7
+		}
+		b = append(b, byte(n))
+	}
+	return append(b, s...)
+}
+
+// appendGRPCStatus appends grpc-status and, when there is one,
+// grpc-message, percent-encoded as gRPC over HTTP/2 says.
+func appendGRPCStatus(b []byte, code codes.Code, msg string) []byte {
+	b = append(b, hdrGRPCStatusKey...)
+	b = appendLiteral(b, strconv.Itoa(int(code)))
+	if msg == "" {
+		return b
+	}
+	if len(msg) > maxMessageText {
+		msg = msg[:maxMessageText]
+	}
+	b = append(b, hdrGRPCMsgKey...)
+	return appendLiteral(b, percentEncode(msg))
+}
+
+func percentEncode(s string) string {
+	const hex = "0123456789ABCDEF"
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '%' {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	out := make([]byte, 0, len(s)+16)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '%' {
+			out = append(out, '%', hex[c>>4], hex[c&0xf])
+		} else {
+			out = append(out, c)
+		}
+	}
+	return string(out)
+}
+
+// connQueue is a net.Listener whose connections are those handed to it.
+type connQueue struct {
+	addr   net.Addr
+	conns  chan net.Conn
+	done   chan struct{}
+	closed sync.Once
+}
+
+func newConnQueue(addr net.Addr) *connQueue {
+	return &connQueue{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// put hands c to Accept; it fails once the queue is closed.
+func (q *connQueue) put(c net.Conn) error {
+	select {
+	case q.conns <- c:
+		return nil
+	case <-q.done:
+		return net.ErrClosed
+	}
+}
+
+func (q *connQueue) Accept() (net.Conn, error) {
+	select {
+	case c := <-q.conns:
+		return c, nil
+	case <-q.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (q *connQueue) Close() error {
+	q.closed.Do(func() { close(q.done) })
+	return nil
+}
+
+func (q *connQueue) Addr() net.Addr { return q.addr }
