@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -687,6 +688,16 @@ func (c *h2conn) respond(st *h2stream) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.respondLocked(st)
+	if !c.writing && c.active > 0 {
+		// Other calls are in flight: let those whose answers are ready
+		// add them first, for one write of all (as grpc-go's writer
+		// yields before a small write).
+		c.writing = true
+		c.mu.Unlock()
+		runtime.Gosched()
+		c.mu.Lock()
+		c.writing = false
+	}
 	c.flushLocked()
 	if c.draining && c.active == 0 && len(c.pending) == 0 {
 		c.nc.Close()
