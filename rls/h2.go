@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
 // The service's own HTTP/2 transport answers the unary calls a proxy
@@ -625,16 +624,11 @@ func (s *Server) decodeAndDecide(ctx context.Context, msg []byte, st *h2stream) 
 	if err != nil {
 		return err
 	}
-	out, err := marshalOpts.MarshalAppend(append(st.out[:0], 0, 0, 0, 0, 0), &st.rep.resp)
-	if err != nil {
-		return status.Error(codes.Internal, "encoding the response: "+err.Error())
-	}
+	out := appendResponse(append(st.out[:0], 0, 0, 0, 0, 0), &st.rep.resp)
 	binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-5))
 	st.out = out
 	return nil
 }
-
-var marshalOpts = proto.MarshalOptions{}
 
 // health answers grpc.health.v1.Health/Check for the service and for ""
 // (the server): SERVING until shutdown begins, then NOT_SERVING.

@@ -276,3 +276,97 @@ func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
 	}
 	return num, typ, n
 }
+
+// appendResponse appends the protobuf encoding of r, byte for byte what
+// proto.Marshal writes, for the fields decide sets: overall_code, the
+// statuses (code, current_limit's requests_per_unit, unit and name,
+// limit_remaining, duration_until_reset) and response_headers_to_add
+// (key and value). Any other field of r must be unset.
+func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
+	if r.OverallCode != 0 {
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(r.OverallCode))
+	}
+	for _, st := range r.Statuses {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeStatus(st)))
+		b = appendStatus(b, st)
+	}
+	for _, h := range r.ResponseHeadersToAdd {
+		b = protowire.AppendTag(b, 3, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeString(1, h.Key)+sizeString(2, h.Value)))
+		b = appendString(b, 1, h.Key)
+		b = appendString(b, 2, h.Value)
+	}
+	return b
+}
+
+func appendStatus(b []byte, st *rlsv3.RateLimitResponse_DescriptorStatus) []byte {
+	b = appendVarintField(b, 1, uint64(st.Code))
+	if l := st.CurrentLimit; l != nil {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeLimit(l)))
+		b = appendVarintField(b, 1, uint64(l.RequestsPerUnit))
+		b = appendVarintField(b, 2, uint64(l.Unit))
+		b = appendString(b, 3, l.Name)
+	}
+	b = appendVarintField(b, 3, uint64(st.LimitRemaining))
+	if d := st.DurationUntilReset; d != nil {
+		b = protowire.AppendTag(b, 4, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeVarintField(1, uint64(d.Seconds))+sizeVarintField(2, uint64(int64(d.Nanos)))))
+		b = appendVarintField(b, 1, uint64(d.Seconds))
+		b = appendVarintField(b, 2, uint64(int64(d.Nanos)))
+	}
+	return b
+}
+
+func sizeStatus(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
+	n := sizeVarintField(1, uint64(st.Code)) + sizeVarintField(3, uint64(st.LimitRemaining))
+	if l := st.CurrentLimit; l != nil {
+		n += sizeMessage(2, sizeLimit(l))
+	}
+	if d := st.DurationUntilReset; d != nil {
+		n += sizeMessage(4, sizeVarintField(1, uint64(d.Seconds))+sizeVarintField(2, uint64(int64(d.Nanos))))
+	}
+	return n
+}
+
+func sizeLimit(l *rlsv3.RateLimitResponse_RateLimit) int {
+	return sizeVarintField(1, uint64(l.RequestsPerUnit)) + sizeVarintField(2, uint64(l.Unit)) + sizeString(3, l.Name)
+}
+
+// The helpers below leave out a zero value, as proto3 does.
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+func sizeVarintField(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(v)
+}
+
+func sizeString(num protowire.Number, s string) int {
+	if s == "" {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
+}
+
+func sizeMessage(num protowire.Number, n int) int {
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}

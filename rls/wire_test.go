@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"bytes"
+	"context"
 	"reflect"
 	"testing"
 
@@ -8,6 +10,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluice-rl/sluice/quota"
 )
 
 // FuzzDecodeRequest checks decodeRequest against proto.Unmarshal: both
@@ -58,4 +62,44 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("decodeRequest = %+v, want %+v", got, want)
 		}
 	})
+}
+
+// TestAppendResponse checks the hand encoding of answers against
+// proto.Marshal, on answers of every shape decide gives.
+func TestAppendResponse(t *testing.T) {
+	s := inProcess(t, []quota.Policy{
+		{ID: "ip", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 2, Window: 1, Match: quota.Match{Domain: "edge", Descriptors: []quota.DescriptorEntry{{Key: "remote_address"}}}},
+		{ID: "route", Mode: quota.ModeEnforce, Algorithm: "token_bucket", RatePerSec: 0.5, Burst: 3, Match: quota.Match{Domain: "edge", Descriptors: []quota.DescriptorEntry{{Key: "path"}}}},
+		{ID: "none", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 0, Window: 60, Match: quota.Match{Domain: "edge", Descriptors: []quota.DescriptorEntry{{Key: "blocked"}}}},
+		{ID: "free", Unlimited: true, Match: quota.Match{Domain: "edge", Descriptors: []quota.DescriptorEntry{{Key: "free"}}}},
+	})
+	reqs := []*rlsv3.RateLimitRequest{
+		{Domain: "other", Descriptors: []*rlv3.RateLimitDescriptor{desc("k", "v")}},
+		{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("free", "x")}},
+		{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("blocked", "x"), desc("path", "/")}},
+	}
+	for range 4 { // allowed, then over the limit
+		reqs = append(reqs, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{desc("remote_address", "10.0.0.1"), desc("path", "/a")}})
+	}
+	shapes := map[string]bool{}
+	for i, m := range reqs {
+		var req request
+		req.fromMessage(m)
+		var r reply
+		if err := s.decide(context.Background(), &req, &r, &scratch{}); err != nil {
+			t.Fatalf("decide(%d) = %v", i, err)
+		}
+		want, err := proto.Marshal(&r.resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendResponse(nil, &r.resp); !bytes.Equal(got, want) {
+			t.Errorf("appendResponse(%v) = %x, want %x", &r.resp, got, want)
+		}
+		shapes[r.resp.OverallCode.String()] = true
+		shapes["headers"] = shapes["headers"] || len(r.resp.ResponseHeadersToAdd) > 0
+	}
+	if !shapes["OK"] || !shapes["OVER_LIMIT"] || !shapes["headers"] {
+		t.Errorf("the answers had %v, want OK, OVER_LIMIT and headers among them", shapes)
+	}
 }
