@@ -57,8 +57,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				st.body = append(st.body[:0], wire[i%n]...)
-				st.ctx = context.Background()
-				s.answer(st)
+				s.answer(context.Background(), st)
 				if st.code != 0 || len(st.out) < 5 {
 					b.Fatalf("answer = %v %s", st.code, st.msg)
 				}

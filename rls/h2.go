@@ -121,8 +121,9 @@ type h2stream struct {
 	sendWin    int64
 	dispatched bool
 	reset      bool // the peer reset it; its answer is dropped
-	ctx        context.Context
-	cancel     context.CancelFunc
+	// deadline is when the peer stops waiting (grpc-timeout); zero when
+	// it did not say.
+	deadline time.Time
 
 	req     request
 	rep     reply
@@ -146,10 +147,7 @@ func newStream(id uint32, hdr headerState, win int64) *h2stream {
 }
 
 func releaseStream(st *h2stream) {
-	if st.cancel != nil {
-		st.cancel()
-	}
-	st.ctx, st.cancel = nil, nil
+	st.deadline = time.Time{}
 	if cap(st.body) > 64<<10 {
 		st.body = nil
 	}
@@ -213,6 +211,7 @@ func (c *h2conn) serve() {
 	br := bufio.NewReaderSize(c.rec, 32<<10)
 	c.fr = http2.NewFramer(io.Discard, br)
 	c.fr.SetReuseFrames()
+	c.fr.SetMaxReadFrameSize(16384) // SETTINGS_MAX_FRAME_SIZE left at its default
 	c.dec = hpack.NewDecoder(4096, c.onField)
 	c.dec.SetMaxStringLength(maxHeaderBlock)
 
@@ -295,8 +294,12 @@ func (c *h2conn) read(br *bufio.Reader) error {
 				if !f.HeadersEnded() {
 					continue
 				}
+			case *http2.GoAwayFrame:
+				return io.EOF
 			default:
-				return errors.New("unexpected frame before the first call")
+				// PRIORITY or an extension's: kept for grpc-go, ignored
+				// here.
+				continue
 			}
 			// The first header block is complete: a connection whose first
 			// call is not ShouldRateLimit is no proxy's.
@@ -414,8 +417,6 @@ func (c *h2conn) onFrame(f http2.Frame) error {
 			st.reset = true
 			if !st.dispatched {
 				releaseStream(st)
-			} else if st.cancel != nil {
-				st.cancel()
 			}
 		}
 		c.mu.Unlock()
@@ -553,9 +554,7 @@ func (c *h2conn) dispatchLocked(st *h2stream) {
 	c.active++
 	c.s.calls.Add(1)
 	if st.hdr.timeout > 0 {
-		st.ctx, st.cancel = context.WithTimeout(c.ctx, st.hdr.timeout)
-	} else {
-		st.ctx, st.cancel = context.WithCancel(c.ctx)
+		st.deadline = time.Now().Add(st.hdr.timeout)
 	}
 	job := h2job{c: c, st: st}
 	select {
@@ -572,18 +571,26 @@ type h2job struct {
 }
 
 func (j h2job) run() {
-	j.c.s.answer(j.st)
+	j.c.s.answer(j.c.ctx, j.st)
 	j.c.respond(j.st)
 	j.c.s.calls.Done()
 }
 
-// answer decides a call and leaves its answer in st.
-func (s *Server) answer(st *h2stream) {
+// answer decides a call and leaves its answer in st. The decision runs
+// in ctx, the connection's, not in a context of the call's own with a
+// timer: the decision store's timeout already bounds every decision, so a
+// call the peer resets or gives up on runs at most that long, and its
+// answer is dropped. The call's deadline keeps a call that waited past it
+// from being decided at all.
+func (s *Server) answer(ctx context.Context, st *h2stream) {
 	msg, err := grpcMessage(st)
+	if err == nil && !st.deadline.IsZero() && !time.Now().Before(st.deadline) {
+		err = status.Error(codes.DeadlineExceeded, "the call's deadline passed before it was decided")
+	}
 	if err == nil {
 		switch st.hdr.method {
 		case methodRLS:
-			err = s.decodeAndDecide(st.ctx, msg, st)
+			err = s.decodeAndDecide(ctx, msg, st)
 		case methodHealth:
 			err = s.health(msg, st)
 		}
