@@ -2,18 +2,24 @@ package rls
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/region"
 )
 
 // TestTransport drives a connection whose first call is ShouldRateLimit,
@@ -76,5 +82,72 @@ func TestParseTimeout(t *testing.T) {
 		if got.String() != tt.want || ok != tt.ok {
 			t.Errorf("parseTimeout(%q) = %v, %v, want %s, %v", tt.in, got, ok, tt.want, tt.ok)
 		}
+	}
+}
+
+// heldDecider holds every decision until release is closed.
+type heldDecider struct {
+	Decider
+	started chan struct{}
+	release chan struct{}
+}
+
+func (h heldDecider) DecideStates(ctx context.Context, subject string, applied []quota.Applied) (region.StatesVerdict, error) {
+	h.started <- struct{}{}
+	<-h.release
+	return h.Decider.DecideStates(ctx, subject, applied)
+}
+
+// TestTransportShutdown cancels Serve with a call in flight on a
+// connection the transport serves: the call is answered, then Serve
+// returns and the connection is gone.
+func TestTransportShutdown(t *testing.T) {
+	cfg := region.DefaultConfig()
+	cfg.Policies = []quota.Policy{{ID: "p", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 10, Window: 60, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "k"}}}}}
+	d, err := region.New(context.Background(), cfg, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := heldDecider{Decider: d, started: make(chan struct{}, 1), release: make(chan struct{})}
+	s, err := New(Config{Decider: held, Matcher: d.Registry(), ShutdownTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	answered := make(chan error, 1)
+	go func() {
+		r, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(),
+			&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{desc("k", "v")}})
+		if err == nil && r.OverallCode != rlsv3.RateLimitResponse_OK {
+			err = fmt.Errorf("overall_code %v", r.OverallCode)
+		}
+		answered <- err
+	}()
+	<-held.started
+	cancel()
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned %v with a call in flight", err)
+	case err := <-answered:
+		t.Fatalf("the call in flight was answered %v before it was decided", err)
+	case <-time.After(100 * time.Millisecond): // neither may happen; waiting a while checks it
+	}
+	close(held.release)
+	if err := <-answered; err != nil {
+		t.Errorf("the call in flight at shutdown = %v, want OK", err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve = %v, want nil", err)
 	}
 }
