@@ -100,6 +100,7 @@ type h2conn struct {
 	pending  []*h2stream
 	draining bool // a GOAWAY was sent: no new streams
 	active   int  // calls dispatched and not yet answered
+	table    hpackTable
 }
 
 // headerState is what a request's header block said, as it is decoded.
@@ -355,6 +356,8 @@ func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
 			}
 		case http2.SettingMaxFrameSize:
 			c.maxFrame = int(s.Val)
+		case http2.SettingHeaderTableSize:
+			c.table.setLimit(s.Val)
 		}
 		return nil
 	})
@@ -711,15 +714,15 @@ func (c *h2conn) respondLocked(st *h2stream) {
 		releaseStream(st)
 	} else if st.code != codes.OK {
 		c.wbuf = appendHeaders(c.wbuf, st.id, true, func(b []byte) []byte {
-			b = append(b, hdrStatus200...)
-			b = append(b, hdrContentType...)
+			b = append(c.table.begin(b), hdrStatus200...)
+			b = c.table.appendField(b, fieldContentType)
 			return appendGRPCStatus(b, st.code, st.msg)
 		})
 		c.closeLocked(st)
 	} else {
 		c.wbuf = appendHeaders(c.wbuf, st.id, false, func(b []byte) []byte {
-			b = append(b, hdrStatus200...)
-			return append(b, hdrContentType...)
+			b = append(c.table.begin(b), hdrStatus200...)
+			return c.table.appendField(b, fieldContentType)
 		})
 		if !c.sendLocked(st) {
 			c.pending = append(c.pending, st)
@@ -741,7 +744,9 @@ func (c *h2conn) sendLocked(st *h2stream) bool {
 		c.sendWin -= n
 		st.sendWin -= n
 	}
-	c.wbuf = appendHeaders(c.wbuf, st.id, true, func(b []byte) []byte { return append(b, hdrGRPCStatusOK...) })
+	c.wbuf = appendHeaders(c.wbuf, st.id, true, func(b []byte) []byte {
+		return c.table.appendField(c.table.begin(b), fieldGRPCStatusOK)
+	})
 	c.closeLocked(st)
 	return true
 }
@@ -885,15 +890,101 @@ func appendHeaders(b []byte, stream uint32, endStream bool, block func([]byte) [
 	return b
 }
 
-// Header fields, hpack-encoded without the dynamic table or Huffman
-// coding (RFC 7541 6.1 and 6.2.2).
+// Header fields, hpack-encoded without Huffman coding (RFC 7541 6.1 and
+// 6.2): the two that every answer carries go through hpackTable; the
+// others are literals that the dynamic table does not keep.
 var (
-	hdrStatus200     = []byte{0x88}                                          // :status 200, static index 8
-	hdrContentType   = appendLiteral([]byte{0x0f, 0x10}, "application/grpc") // name: static index 31
-	hdrGRPCStatusOK  = appendLiteral(appendLiteral([]byte{0x00}, "grpc-status"), "0")
+	hdrStatus200     = []byte{0x88} // :status 200, static index 8
 	hdrGRPCStatusKey = appendLiteral([]byte{0x00}, "grpc-status")
 	hdrGRPCMsgKey    = appendLiteral([]byte{0x00}, "grpc-message")
 )
+
+// The fields hpackTable adds to the peer's dynamic table.
+const (
+	fieldContentType  = iota // content-type: application/grpc
+	fieldGRPCStatusOK        // grpc-status: 0
+)
+
+var (
+	// Each added with incremental indexing (RFC 7541 6.2.1): the
+	// first by static name index 31, the second by a new name.
+	addField = [...][]byte{
+		fieldContentType:  appendLiteral([]byte{0x40 | 31}, "application/grpc"),
+		fieldGRPCStatusOK: appendLiteral(appendLiteral([]byte{0x40}, "grpc-status"), "0"),
+	}
+	// Their size in the table (RFC 7541 4.1): 32 bytes more than name
+	// and value each.
+	tableNeeds = uint32(32+len("content-type")+len("application/grpc")) + uint32(32+len("grpc-status")+len("0"))
+)
+
+// hpackTable is the transport's side of the peer's HPACK dynamic table,
+// for the answers' header blocks, which are written in the order they are
+// encoded (under the connection's lock). The fields every answer carries
+// are added to the table the first time, then sent as one-byte indexes,
+// as grpc-go's server and the proxies' decoders expect; a peer whose
+// SETTINGS_HEADER_TABLE_SIZE cannot hold them gets literals.
+type hpackTable struct {
+	limit   uint32 // the peer's SETTINGS_HEADER_TABLE_SIZE
+	limitOK bool   // limit was set; the default is 4096
+	resize  bool   // the limit changed: the next block empties the table
+	added   []int  // the fields added, oldest first
+}
+
+func (t *hpackTable) setLimit(v uint32) {
+	if !t.limitOK || v != t.limit {
+		t.limit, t.limitOK, t.resize = v, true, true
+	}
+}
+
+// begin starts a header block: after a change of the peer's limit, a
+// dynamic table size update to 0 (the table empties), then to the
+// size used from now on.
+func (t *hpackTable) begin(b []byte) []byte {
+	if !t.resize {
+		return b
+	}
+	t.resize, t.added = false, t.added[:0]
+	b = append(b, 0x20) // size update to 0
+	return appendInt(b, 5, 0x20, uint64(min(t.limit, 4096)))
+}
+
+// appendField appends field f: its index once it is in the table, else
+// it is added when it fits.
+func (t *hpackTable) appendField(b []byte, f int) []byte {
+	for i, a := range t.added {
+		if a == f { // the newest entry is index 62, the first dynamic one
+			return appendInt(b, 7, 0x80, uint64(62+len(t.added)-1-i))
+		}
+	}
+	limit := uint32(4096)
+	if t.limitOK {
+		limit = min(t.limit, 4096)
+	}
+	if limit < tableNeeds { // literals without indexing
+		if f == fieldContentType {
+			return appendLiteral(append(b, 0x0f, 0x10), "application/grpc")
+		}
+		return appendLiteral(appendLiteral(append(b, 0x00), "grpc-status"), "0")
+	}
+	t.added = append(t.added, f)
+	return append(b, addField[f]...)
+}
+
+// appendInt appends an HPACK integer of an n-bit prefix (RFC 7541 5.1),
+// the first byte's other bits being flags.
+func appendInt(b []byte, n uint, flags byte, v uint64) []byte {
+	max := uint64(1)<<n - 1
+	if v < max {
+		return append(b, flags|byte(v))
+	}
+	b = append(b, flags|byte(max))
+	v -= max
+	for v >= 128 {
+		b = append(b, byte(v&0x7f|0x80))
+		v >>= 7
+	}
+	return append(b, byte(v))
+}
 
 // appendLiteral appends a string literal: its length, 7-bit prefix, and
 // its bytes.
