@@ -11,6 +11,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -149,5 +150,53 @@ func TestTransportShutdown(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Errorf("Serve = %v, want nil", err)
+	}
+}
+
+// TestHPACKTable decodes the answers' header blocks with x/net's HPACK
+// decoder while the peer's table size changes: the fields read back are
+// those sent, and once in the table each takes one byte.
+func TestHPACKTable(t *testing.T) {
+	var tab hpackTable
+	var got []string
+	dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) { got = append(got, f.Name+": "+f.Value) })
+	name := map[int]string{fieldContentType: "content-type: application/grpc", fieldGRPCStatusOK: "grpc-status: 0"}
+	for i, step := range []struct {
+		limit  int // the peer's new SETTINGS_HEADER_TABLE_SIZE; -1 for none
+		fields []int
+		max    int // bytes of the block at most
+	}{
+		{-1, []int{fieldContentType}, 100},
+		{-1, []int{fieldGRPCStatusOK}, 100},
+		{-1, []int{fieldContentType}, 1},
+		{-1, []int{fieldGRPCStatusOK}, 1},
+		{0, []int{fieldContentType, fieldGRPCStatusOK}, 100},
+		{-1, []int{fieldContentType, fieldGRPCStatusOK}, 100},
+		{4096, []int{fieldGRPCStatusOK, fieldContentType}, 100},
+		{-1, []int{fieldContentType, fieldGRPCStatusOK}, 2},
+	} {
+		if step.limit >= 0 {
+			tab.setLimit(uint32(step.limit))
+			dec.SetAllowedMaxDynamicTableSize(uint32(step.limit))
+		}
+		b := tab.begin(nil)
+		var want []string
+		for _, f := range step.fields {
+			b = tab.appendField(b, f)
+			want = append(want, name[f])
+		}
+		got = got[:0]
+		if _, err := dec.Write(b); err != nil {
+			t.Fatalf("step %d: decoding %x: %v", i, b, err)
+		}
+		if err := dec.Close(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if strings.Join(got, ", ") != strings.Join(want, ", ") {
+			t.Errorf("step %d: decoded %v, want %v", i, got, want)
+		}
+		if len(b) > step.max {
+			t.Errorf("step %d: block of %d bytes (%x), want at most %d", i, len(b), b, step.max)
+		}
 	}
 }
