@@ -262,6 +262,12 @@ func (c *h2conn) read(br *bufio.Reader) error {
 			return err
 		}
 		if !decided {
+			if len(c.rec.buf) > maxHeaderBlock {
+				// Frames and frames and no call: grpc-go, whose
+				// defences against a misbehaving peer are complete,
+				// takes it from here.
+				return c.handOver(br)
+			}
 			switch f := f.(type) {
 			case *http2.SettingsFrame:
 				if !f.IsAck() {
