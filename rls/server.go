@@ -7,6 +7,11 @@
 // A request's descriptors are matched one by one, as envoyproxy/ratelimit
 // matches them, and then decided together in one all-or-nothing engine
 // call: either every limited descriptor spends its hits or none does.
+//
+// Serve answers a proxy's connections (those whose first call is
+// ShouldRateLimit) with a small HTTP/2 transport of its own, h2.go, and
+// every other connection with grpc-go, which also serves health checking
+// and server reflection.
 package rls
 
 import (
