@@ -45,14 +45,35 @@ const (
 	// the connection is ours; a request is at most this long, so its
 	// stream never needs a WINDOW_UPDATE.
 	streamWindow = 1 << 20
-	// connWindow is the connection's receive window; it is returned to
-	// the peer once half of it is spent.
-	connWindow = 1 << 30
-	// maxStreams is SETTINGS_MAX_CONCURRENT_STREAMS: calls in flight on
-	// one connection.
+	// connWindow is the connection's receive window, and so the most
+	// bytes of requests one connection holds: a request's bytes are
+	// returned to the peer's window once its call is answered (or the
+	// stream is reset or refused), in batches of half the window.
+	connWindow = 4 << 20
+	// maxStreams is SETTINGS_MAX_CONCURRENT_STREAMS: the streams one
+	// connection may have open, counting every call dispatched and not
+	// yet answered, whether or not the peer reset its stream. A stream
+	// beyond it is refused (REFUSED_STREAM).
 	maxStreams = 1000
-	// maxHeaderBlock bounds one request's header block, in bytes.
+	// maxHeaderBlock bounds one request's header block, in bytes as sent,
+	// each frame's 9-byte header included; beyond it the connection
+	// closes (GOAWAY ENHANCE_YOUR_CALM).
 	maxHeaderBlock = 64 << 10
+	// maxHeaderList bounds one request's header list as HPACK decodes
+	// it, counted as SETTINGS_MAX_HEADER_LIST_SIZE counts (name, value
+	// and 32 bytes a field); a call beyond it is answered
+	// RESOURCE_EXHAUSTED, the fields past it unread.
+	maxHeaderList = 64 << 10
+	// maxWriteBuffer is how many bytes of frames may wait to be written
+	// while a write is blocked on the peer before the connection stops
+	// reading from it.
+	maxWriteBuffer = 64 << 10
+	// maxDataFrames bounds the DATA frames of one request, so that a
+	// stream of empty frames ends.
+	maxDataFrames = 4096
+	// maxWindow is the largest flow control window, 2^31-1 (RFC 9113
+	// 6.9.1).
+	maxWindow = 1<<31 - 1
 	// maxMessageText bounds grpc-message, in bytes before encoding.
 	maxMessageText = 1024
 )
@@ -82,11 +103,11 @@ type h2conn struct {
 	lastStream atomic.Uint32
 
 	// Of the reader only.
-	hdr         headerState
-	recvUnacked uint32 // bytes of DATA not yet returned to the peer's window
+	hdr headerState
 	// headersOf is the stream whose header block continues in the next
 	// CONTINUATION frame; 0 when none.
 	headersOf uint32
+	decided   bool // the first call is ours: the connection is not handed over
 
 	mu       sync.Mutex
 	streams  map[uint32]*h2stream
@@ -101,6 +122,14 @@ type h2conn struct {
 	draining bool // a GOAWAY was sent: no new streams
 	active   int  // calls dispatched and not yet answered
 	table    hpackTable
+	// recvWin is what is left of the window the peer may send DATA in;
+	// recvFree the bytes of requests done with and not yet returned to
+	// it.
+	recvWin, recvFree int64
+	// drained is signalled when a write ends: the reader waits on it
+	// while maxWriteBuffer bytes wait to be written.
+	drained sync.Cond
+	stalls  int // times the reader stopped for a write
 }
 
 // headerState is what a request's header block said, as it is decoded.
@@ -109,7 +138,9 @@ type headerState struct {
 	contentType bool // application/grpc or one of its subtypes
 	compressed  bool // a grpc-encoding other than identity
 	timeout     time.Duration
-	size        int  // bytes of the header block so far
+	size        int  // bytes of the header block so far, frame headers included
+	listSize    int  // bytes of the header list decoded so far
+	tooLarge    bool // the header list passed maxHeaderList
 	endStream   bool // the request ends with its headers: no message
 }
 
@@ -120,7 +151,10 @@ type h2stream struct {
 	hdr        headerState
 	body       []byte
 	sendWin    int64
+	recvd      int64 // bytes of DATA received, flow control's count
+	frames     int   // DATA frames received
 	dispatched bool
+	answered   bool // its call ended; what is left of its answer waits for window
 	reset      bool // the peer reset it; its answer is dropped
 	// deadline is when the peer stops waiting (grpc-timeout); zero when
 	// it did not say.
@@ -142,7 +176,8 @@ func newStream(id uint32, hdr headerState, win int64) *h2stream {
 	st := streamPool.Get().(*h2stream)
 	st.id, st.hdr, st.sendWin = id, hdr, win
 	st.body, st.out, st.off = st.body[:0], st.out[:0], 0
-	st.dispatched, st.reset = false, false
+	st.recvd, st.frames = 0, 0
+	st.dispatched, st.answered, st.reset = false, false, false
 	st.code, st.msg = codes.OK, ""
 	return st
 }
@@ -192,12 +227,22 @@ func (c *replayConn) Read(p []byte) (int, error) {
 // errHandedOver ends a connection's reader once grpc-go has it.
 var errHandedOver = errors.New("handed over to grpc-go")
 
+// connError is an error of the connection (RFC 9113 5.4.1): the
+// connection ends with a GOAWAY of its code.
+type connError struct {
+	code http2.ErrCode
+	why  string
+}
+
+func (e connError) Error() string { return "http2: " + e.code.String() + ": " + e.why }
+
 // newConn is the transport's state for an accepted connection; serve
 // serves it. The connection closes when ctx ends.
 func (s *Server) newConn(ctx context.Context, nc net.Conn) *h2conn {
-	c := &h2conn{s: s, nc: nc, streams: make(map[uint32]*h2stream), sendWin: 65535, initWin: 65535, maxFrame: 16384}
+	c := &h2conn{s: s, nc: nc, streams: make(map[uint32]*h2stream), sendWin: 65535, initWin: 65535, maxFrame: 16384, recvWin: 65535}
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	c.rec = &recorder{r: nc, keep: true}
+	c.drained.L = &c.mu
 	return c
 }
 
@@ -229,6 +274,26 @@ func (c *h2conn) serve() {
 		stop()
 		return
 	}
+	c.mu.Lock()
+	var ce connError
+	var he http2.ConnectionError
+	var se http2.StreamError
+	switch {
+	case errors.As(err, &ce):
+	case errors.As(err, &he):
+		ce.code = http2.ErrCode(he)
+	case errors.As(err, &se):
+		ce.code = se.Code
+	}
+	if ce.code != 0 {
+		// Said after the write under way.
+		for c.writing && c.werr == nil {
+			c.drained.Wait()
+		}
+		c.wbuf = appendGoAway(c.wbuf, c.lastStream.Load(), ce.code)
+		c.flushLocked()
+	}
+	c.mu.Unlock()
 	c.cancel()
 	c.mu.Lock()
 	c.draining = true
@@ -255,86 +320,108 @@ func (c *h2conn) read(br *bufio.Reader) error {
 	// here: a connection handed over must not have had them.
 	var settingsAcks int
 	var pings [][8]byte
-	decided := false
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
 			return err
 		}
-		if !decided {
-			if len(c.rec.buf) > maxHeaderBlock {
-				// Frames and frames and no call: grpc-go, whose
-				// defences against a misbehaving peer are complete,
-				// takes it from here.
-				return c.handOver(br)
+		if c.decided {
+			if err := c.onFrame(f); err != nil {
+				return err
 			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					if err := c.applySettings(f); err != nil {
-						return err
-					}
-					settingsAcks++
-				}
-				continue
-			case *http2.PingFrame:
-				if !f.IsAck() {
-					pings = append(pings, f.Data)
-				}
-				continue
-			case *http2.WindowUpdateFrame:
-				if f.StreamID == 0 {
-					c.sendWin += int64(f.Increment)
-				}
-				continue
-			case *http2.HeadersFrame:
-				if err := c.onHeaders(f); err != nil {
-					return err
-				}
-				if !f.HeadersEnded() {
-					continue
-				}
-			case *http2.ContinuationFrame:
-				if err := c.onContinuation(f); err != nil {
-					return err
-				}
-				if !f.HeadersEnded() {
-					continue
-				}
-			case *http2.GoAwayFrame:
-				return io.EOF
-			default:
-				// PRIORITY or an extension's: kept for grpc-go, ignored
-				// here.
-				continue
+			if err := c.throttle(); err != nil {
+				return err
 			}
-			// The first header block is complete: a connection whose first
-			// call is not ShouldRateLimit is no proxy's.
-			if c.hdr.method != methodRLS {
-				return c.handOver(br)
-			}
-			decided = true
-			c.rec.keep, c.rec.buf = false, nil
-			c.mu.Lock()
-			for range settingsAcks {
-				c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
-			}
-			for _, p := range pings {
-				c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, http2.FlagPingAck, 0)
-				c.wbuf = append(c.wbuf, p[:]...)
-			}
-			c.wbuf = appendSettings(c.wbuf, http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-				http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams})
-			c.wbuf = appendWindowUpdate(c.wbuf, 0, connWindow-65535)
-			c.flushLocked()
-			c.mu.Unlock()
-			c.endHeaders()
 			continue
 		}
-		if err := c.onFrame(f); err != nil {
-			return err
+		if len(c.rec.buf) > maxHeaderBlock {
+			// Frames and frames and no call: grpc-go, whose
+			// defences against a misbehaving peer are complete,
+			// takes it from here.
+			return c.handOver(br)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				if err := c.applySettings(f); err != nil {
+					return err
+				}
+				settingsAcks++
+			}
+			continue
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				pings = append(pings, f.Data)
+			}
+			continue
+		case *http2.WindowUpdateFrame:
+			if f.StreamID == 0 {
+				if c.sendWin+int64(f.Increment) > maxWindow {
+					return connError{http2.ErrCodeFlowControl, "the connection's send window passed 2^31-1"}
+				}
+				c.sendWin += int64(f.Increment)
+			}
+			continue
+		case *http2.HeadersFrame:
+			if err := c.onHeaders(f); err != nil {
+				return err
+			}
+			if !f.HeadersEnded() {
+				continue
+			}
+		case *http2.ContinuationFrame:
+			if err := c.onContinuation(f); err != nil {
+				return err
+			}
+			if !f.HeadersEnded() {
+				continue
+			}
+		case *http2.GoAwayFrame:
+			return io.EOF
+		default:
+			// PRIORITY or an extension's: kept for grpc-go, ignored
+			// here.
+			continue
+		}
+		// The first header block is complete: a connection whose first
+		// call is not ShouldRateLimit is no proxy's.
+		if c.hdr.method != methodRLS {
+			return c.handOver(br)
+		}
+		c.decided = true
+		c.rec.keep, c.rec.buf = false, nil
+		c.mu.Lock()
+		for range settingsAcks {
+			c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
+		}
+		for _, p := range pings {
+			c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, http2.FlagPingAck, 0)
+			c.wbuf = append(c.wbuf, p[:]...)
+		}
+		c.wbuf = appendSettings(c.wbuf, http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList})
+		c.wbuf = appendWindowUpdate(c.wbuf, 0, connWindow-65535)
+		c.recvWin += connWindow - 65535
+		c.flushLocked()
+		c.mu.Unlock()
+		c.endHeaders()
+	}
+}
+
+// throttle stops reading from the peer while maxWriteBuffer bytes wait
+// for a write under way: a peer that sends but does not read gets no
+// more answers buffered than that, and those of the calls in flight.
+func (c *h2conn) throttle() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.writing && len(c.wbuf) > maxWriteBuffer && c.werr == nil {
+		c.stalls++
+		for c.writing && len(c.wbuf) > maxWriteBuffer && c.werr == nil {
+			c.drained.Wait()
 		}
 	}
+	return c.werr
 }
 
 // handOver gives the connection, and every byte read from it, to the
@@ -347,7 +434,8 @@ func (c *h2conn) handOver(br *bufio.Reader) error {
 }
 
 func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
-	return f.ForeachSetting(func(s http2.Setting) error {
+	initWin := int64(-1)
+	err := f.ForeachSetting(func(s http2.Setting) error {
 		if err := s.Valid(); err != nil {
 			return err
 		}
@@ -355,11 +443,7 @@ func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
 		defer c.mu.Unlock()
 		switch s.ID {
 		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.initWin
-			c.initWin = int64(s.Val)
-			for _, st := range c.streams {
-				st.sendWin += delta
-			}
+			initWin = int64(s.Val) // the last one counts
 		case http2.SettingMaxFrameSize:
 			c.maxFrame = int(s.Val)
 		case http2.SettingHeaderTableSize:
@@ -367,6 +451,20 @@ func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
 		}
 		return nil
 	})
+	if err != nil || initWin < 0 {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delta := initWin - c.initWin
+	c.initWin = initWin
+	for _, st := range c.streams {
+		st.sendWin += delta
+		if st.sendWin > maxWindow && !st.reset {
+			return connError{http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE took a stream's window past 2^31-1"}
+		}
+	}
+	return nil
 }
 
 // onFrame handles one frame once the connection is ours.
@@ -411,22 +509,29 @@ func (c *h2conn) onFrame(f http2.Frame) error {
 		c.mu.Unlock()
 	case *http2.WindowUpdateFrame:
 		c.mu.Lock()
+		defer c.mu.Unlock()
+		inc := int64(f.Increment)
 		if f.StreamID == 0 {
-			c.sendWin += int64(f.Increment)
-		} else if st := c.streams[f.StreamID]; st != nil {
-			st.sendWin += int64(f.Increment)
+			if c.sendWin+inc > maxWindow {
+				return connError{http2.ErrCodeFlowControl, "the connection's send window passed 2^31-1"}
+			}
+			c.sendWin += inc
+		} else if st := c.streams[f.StreamID]; st != nil && !st.reset {
+			if st.sendWin+inc > maxWindow {
+				// A stream error (RFC 9113 6.9.1): the stream alone ends.
+				c.resetLocked(st)
+				c.wbuf = appendRST(c.wbuf, f.StreamID, http2.ErrCodeFlowControl)
+			} else {
+				st.sendWin += inc
+			}
 		}
 		c.drainPendingLocked()
 		c.flushLocked()
-		c.mu.Unlock()
 	case *http2.RSTStreamFrame:
 		c.mu.Lock()
-		if st := c.streams[f.StreamID]; st != nil {
-			delete(c.streams, f.StreamID)
-			st.reset = true
-			if !st.dispatched {
-				releaseStream(st)
-			}
+		if st := c.streams[f.StreamID]; st != nil && !st.reset {
+			c.resetLocked(st)
+			c.flushLocked() // the window it returned, if any
 		}
 		c.mu.Unlock()
 	case *http2.GoAwayFrame:
@@ -441,43 +546,89 @@ func (c *h2conn) onFrame(f http2.Frame) error {
 	return nil
 }
 
+// resetLocked ends a stream that the peer reset. A stream whose call
+// runs stays counted among the streams until the call ends, so that
+// maxStreams bounds the calls in flight however fast the peer opens and
+// resets streams; its answer is then dropped.
+func (c *h2conn) resetLocked(st *h2stream) {
+	st.reset = true
+	switch {
+	case !st.dispatched:
+		c.creditLocked(st.recvd)
+		c.closeLocked(st)
+	case st.answered: // waiting for window, in c.pending
+		for i, p := range c.pending {
+			if p == st {
+				c.pending = append(c.pending[:i], c.pending[i+1:]...)
+				c.pending = c.pending[:len(c.pending):cap(c.pending)]
+				break
+			}
+		}
+		c.closeLocked(st)
+	}
+}
+
+// creditLocked returns n bytes of requests done with to the peer's
+// connection window, once half the window is due.
+func (c *h2conn) creditLocked(n int64) {
+	c.recvFree += n
+	if c.recvFree >= connWindow/2 {
+		c.wbuf = appendWindowUpdate(c.wbuf, 0, uint32(c.recvFree))
+		c.recvWin += c.recvFree
+		c.recvFree = 0
+	}
+}
+
 // onHeaders starts a header block: a new stream's request headers.
 func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
 	if f.StreamID%2 == 0 || f.StreamID <= c.lastStream.Load() {
 		// Trailers from the client, or a reused id: gRPC clients send
 		// neither.
-		return errors.New("headers on a stream that is not new")
+		return connError{http2.ErrCodeProtocol, "headers on a stream that is not new"}
 	}
 	c.lastStream.Store(f.StreamID)
-	c.hdr = headerState{size: len(f.HeaderBlockFragment()), endStream: f.StreamEnded()}
+	c.hdr = headerState{size: 9 + len(f.HeaderBlockFragment()), endStream: f.StreamEnded()}
 	c.headersOf = f.StreamID
+	c.dec.SetEmitEnabled(true)
 	if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
-		return err
+		return connError{http2.ErrCodeCompression, err.Error()}
 	}
-	if f.HeadersEnded() {
-		if err := c.dec.Close(); err != nil {
-			return err
-		}
+	if !f.HeadersEnded() {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		return connError{http2.ErrCodeCompression, err.Error()}
 	}
 	return nil
 }
 
 func (c *h2conn) onContinuation(f *http2.ContinuationFrame) error {
-	c.hdr.size += len(f.HeaderBlockFragment())
+	c.hdr.size += 9 + len(f.HeaderBlockFragment())
 	if c.hdr.size > maxHeaderBlock {
-		return errors.New("header block too long")
+		return connError{http2.ErrCodeEnhanceYourCalm, "header block too long"}
 	}
 	if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
-		return err
+		return connError{http2.ErrCodeCompression, err.Error()}
 	}
-	if f.HeadersEnded() {
-		return c.dec.Close()
+	if !f.HeadersEnded() {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		return connError{http2.ErrCodeCompression, err.Error()}
 	}
 	return nil
 }
 
 // onField takes one request header field.
 func (c *h2conn) onField(f hpack.HeaderField) {
+	c.hdr.listSize += len(f.Name) + len(f.Value) + 32
+	if c.hdr.listSize > maxHeaderList {
+		// The decoder reads on, to keep its table as the peer's, but
+		// says no more.
+		c.hdr.tooLarge = true
+		c.dec.SetEmitEnabled(false)
+		return
+	}
 	switch f.Name {
 	case ":path":
 		switch f.Value {
@@ -512,12 +663,15 @@ func (c *h2conn) endHeaders() {
 	}
 	st := newStream(id, hdr, c.initWin)
 	c.streams[id] = st
-	if hdr.method == methodOther {
+	if hdr.method == methodOther || hdr.tooLarge {
 		// Answered at once, whether or not the request goes on (a stream
 		// of server reflection would wait for an answer).
 		st.dispatched = true
 		c.active++
 		st.code, st.msg = codes.Unimplemented, "unknown method: this connection serves "+pathShouldRateLimit+" and "+pathHealthCheck
+		if hdr.tooLarge {
+			st.code, st.msg = codes.ResourceExhausted, "header list larger than "+strconv.Itoa(maxHeaderList)+" bytes"
+		}
 		c.respondLocked(st)
 		if !endStream {
 			c.wbuf = appendRST(c.wbuf, id, http2.ErrCodeNo)
@@ -531,26 +685,30 @@ func (c *h2conn) endHeaders() {
 }
 
 func (c *h2conn) onData(f *http2.DataFrame) error {
-	n := f.Length // padding included, as flow control counts it
-	c.recvUnacked += n
-	if c.recvUnacked >= connWindow/2 {
-		c.mu.Lock()
-		c.wbuf = appendWindowUpdate(c.wbuf, 0, c.recvUnacked)
-		c.flushLocked()
-		c.mu.Unlock()
-		c.recvUnacked = 0
-	}
+	n := int64(f.Length) // padding included, as flow control counts it
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.recvWin -= n
+	if c.recvWin < 0 {
+		return connError{http2.ErrCodeFlowControl, "the connection's receive window exceeded"}
+	}
 	st := c.streams[f.StreamID]
 	if st == nil || st.dispatched {
-		return nil // reset, refused or answered already: discarded
+		// Reset, refused or answered already: discarded, and its room
+		// given back.
+		c.creditLocked(n)
+		c.flushLocked()
+		return nil
+	}
+	st.recvd += n
+	st.frames++
+	switch {
+	case st.recvd > streamWindow:
+		return connError{http2.ErrCodeFlowControl, "stream window exceeded"}
+	case st.frames > maxDataFrames:
+		return connError{http2.ErrCodeEnhanceYourCalm, "too many DATA frames in one request"}
 	}
 	st.body = append(st.body, f.Data()...)
-	if len(st.body) > streamWindow {
-		// More than the stream's window: the peer broke flow control.
-		return errors.New("stream window exceeded")
-	}
 	if f.StreamEnded() {
 		c.dispatchLocked(st)
 	}
@@ -716,8 +874,10 @@ func (c *h2conn) respond(st *h2stream) {
 
 func (c *h2conn) respondLocked(st *h2stream) {
 	c.active--
+	st.answered = true
+	c.creditLocked(st.recvd)
 	if st.reset {
-		releaseStream(st)
+		c.closeLocked(st)
 	} else if st.code != codes.OK {
 		c.wbuf = appendHeaders(c.wbuf, st.id, true, func(b []byte) []byte {
 			b = append(c.table.begin(b), hdrStatus200...)
@@ -766,11 +926,7 @@ func (c *h2conn) closeLocked(st *h2stream) {
 // drainPendingLocked sends the answers that waited for window.
 func (c *h2conn) drainPendingLocked() {
 	kept := c.pending[:0]
-	for _, st := range c.pending {
-		if st.reset {
-			releaseStream(st)
-			continue
-		}
+	for _, st := range c.pending { // reset ones are gone: see resetLocked
 		if !c.sendLocked(st) {
 			kept = append(kept, st)
 		}
@@ -792,16 +948,21 @@ func (c *h2conn) flushLocked() {
 		c.wbuf = c.spare[:0]
 		c.mu.Unlock()
 		_, err := c.nc.Write(buf)
+		if err != nil {
+			c.nc.Close() // and the reader's read fails
+		}
 		c.mu.Lock()
 		c.spare = buf[:0]
 		if err != nil {
 			c.werr = err
 		}
+		c.drained.Broadcast()
 	}
 	if c.werr != nil {
 		c.wbuf = c.wbuf[:0]
 	}
 	c.writing = false
+	c.drained.Broadcast()
 }
 
 // goAway starts a graceful close: no new streams; the connection closes
@@ -814,9 +975,7 @@ func (c *h2conn) goAway() {
 	}
 	lastStream := c.lastStream.Load()
 	c.draining = true
-	c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FrameGoAway, 0, 0)
-	c.wbuf = binary.BigEndian.AppendUint32(c.wbuf, lastStream)
-	c.wbuf = binary.BigEndian.AppendUint32(c.wbuf, uint32(http2.ErrCodeNo))
+	c.wbuf = appendGoAway(c.wbuf, lastStream, http2.ErrCodeNo)
 	c.flushLocked()
 	if c.active == 0 {
 		c.nc.Close()
@@ -874,6 +1033,12 @@ func appendSettings(b []byte, ss ...http2.Setting) []byte {
 func appendWindowUpdate(b []byte, stream, incr uint32) []byte {
 	b = appendFrameHeader(b, 4, http2.FrameWindowUpdate, 0, stream)
 	return binary.BigEndian.AppendUint32(b, incr&0x7fffffff)
+}
+
+func appendGoAway(b []byte, lastStream uint32, code http2.ErrCode) []byte {
+	b = appendFrameHeader(b, 8, http2.FrameGoAway, 0, 0)
+	b = binary.BigEndian.AppendUint32(b, lastStream&0x7fffffff)
+	return binary.BigEndian.AppendUint32(b, uint32(code))
 }
 
 func appendRST(b []byte, stream uint32, code http2.ErrCode) []byte {
