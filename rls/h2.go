@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -108,6 +109,11 @@ type h2conn struct {
 	// CONTINUATION frame; 0 when none.
 	headersOf uint32
 	decided   bool // the first call is ours: the connection is not handed over
+	// The read deadlines: for the preface and first SETTINGS frame, for
+	// the header block under way and for the keepalive ping's answer;
+	// zero when none runs.
+	prefaceDue, blockDue, pingDue time.Time
+	idle                          bool // no call came before KeepaliveTime
 
 	mu       sync.Mutex
 	streams  map[uint32]*h2stream
@@ -192,20 +198,70 @@ func releaseStream(st *h2stream) {
 	streamPool.Put(st)
 }
 
-// recorder keeps what is read from a connection until its first call is
-// known, for a handover to grpc-go.
+// recorder reads the connection for its reader, under the read
+// deadlines, and keeps what is read until the first call is known, for a
+// handover to grpc-go.
 type recorder struct {
-	r    io.Reader
+	c    *h2conn
 	buf  []byte
 	keep bool
 }
 
 func (r *recorder) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if r.keep {
-		r.buf = append(r.buf, p[:n]...)
+	c := r.c
+	for {
+		c.nc.SetReadDeadline(c.readDeadline(time.Now()))
+		n, err := c.nc.Read(p)
+		if r.keep {
+			r.buf = append(r.buf, p[:n]...)
+		}
+		if n > 0 {
+			c.pingDue = time.Time{}
+			return n, err
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) || !c.keepalive(time.Now()) {
+			return n, err
+		}
 	}
-	return n, err
+}
+
+// readDeadline is when the read under way fails: the preface's or the
+// header block's deadline, else KeepaliveTime from now, or the end of the
+// wait for the keepalive ping's answer.
+func (c *h2conn) readDeadline(now time.Time) time.Time {
+	dl := now.Add(c.s.cfg.KeepaliveTime)
+	switch {
+	case !c.prefaceDue.IsZero():
+		dl = c.prefaceDue
+	case !c.pingDue.IsZero():
+		dl = c.pingDue
+	}
+	if !c.blockDue.IsZero() && c.blockDue.Before(dl) {
+		dl = c.blockDue
+	}
+	return dl
+}
+
+// keepalive acts on a read that timed out and reports whether to read
+// on: a connection that sent nothing for KeepaliveTime is pinged, once;
+// one not yet known to be a proxy's goes to grpc-go, which keeps it alive
+// as it does its own. A preface, a header block or a ping overdue ends
+// the connection.
+func (c *h2conn) keepalive(now time.Time) bool {
+	switch {
+	case !c.prefaceDue.IsZero(), !c.blockDue.IsZero() && !now.Before(c.blockDue), !c.pingDue.IsZero():
+		return false
+	case !c.decided:
+		c.idle = true
+		return false
+	}
+	c.pingDue = now.Add(c.s.cfg.KeepaliveTimeout)
+	c.mu.Lock()
+	c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, 0, 0)
+	c.wbuf = append(c.wbuf, "keepaliv"...)
+	c.flushLocked()
+	c.mu.Unlock()
+	return true
 }
 
 // replayConn is a connection handed over: its reads return the recorded
@@ -241,7 +297,7 @@ func (e connError) Error() string { return "http2: " + e.code.String() + ": " + 
 func (s *Server) newConn(ctx context.Context, nc net.Conn) *h2conn {
 	c := &h2conn{s: s, nc: nc, streams: make(map[uint32]*h2stream), sendWin: 65535, initWin: 65535, maxFrame: 16384, recvWin: 65535}
 	c.ctx, c.cancel = context.WithCancel(ctx)
-	c.rec = &recorder{r: nc, keep: true}
+	c.rec = &recorder{c: c, keep: true}
 	c.drained.L = &c.mu
 	return c
 }
@@ -260,6 +316,7 @@ func (c *h2conn) serve() {
 	c.fr.SetMaxReadFrameSize(16384) // SETTINGS_MAX_FRAME_SIZE left at its default
 	c.dec = hpack.NewDecoder(4096, c.onField)
 	c.dec.SetMaxStringLength(maxHeaderBlock)
+	c.prefaceDue = time.Now().Add(c.s.cfg.ConnectionTimeout)
 
 	// The server's preface: an empty SETTINGS, all defaults, as grpc-go's
 	// would be bar an explicit default frame size, so that a connection
@@ -286,7 +343,8 @@ func (c *h2conn) serve() {
 		ce.code = se.Code
 	}
 	if ce.code != 0 {
-		// Said after the write under way.
+		// Said after the write under way, which a peer that reads
+		// nothing holds up to KeepaliveTimeout.
 		for c.writing && c.werr == nil {
 			c.drained.Wait()
 		}
@@ -323,7 +381,16 @@ func (c *h2conn) read(br *bufio.Reader) error {
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
+			if c.idle {
+				return c.handOver(br)
+			}
 			return err
+		}
+		if !c.prefaceDue.IsZero() {
+			if f, ok := f.(*http2.SettingsFrame); !ok || f.IsAck() {
+				return connError{http2.ErrCodeProtocol, "the client preface is not followed by SETTINGS"}
+			}
+			c.prefaceDue = time.Time{}
 		}
 		if c.decided {
 			if err := c.onFrame(f); err != nil {
@@ -427,6 +494,7 @@ func (c *h2conn) throttle() error {
 // handOver gives the connection, and every byte read from it, to the
 // grpc-go server.
 func (c *h2conn) handOver(br *bufio.Reader) error {
+	c.nc.SetDeadline(time.Time{}) // grpc-go sets its own
 	if err := c.s.handOver(&replayConn{Conn: c.nc, replay: c.rec.buf}); err != nil {
 		return err
 	}
@@ -594,6 +662,7 @@ func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
 		return connError{http2.ErrCodeCompression, err.Error()}
 	}
 	if !f.HeadersEnded() {
+		c.blockDue = time.Now().Add(c.s.cfg.ConnectionTimeout)
 		return nil
 	}
 	if err := c.dec.Close(); err != nil {
@@ -613,6 +682,7 @@ func (c *h2conn) onContinuation(f *http2.ContinuationFrame) error {
 	if !f.HeadersEnded() {
 		return nil
 	}
+	c.blockDue = time.Time{}
 	if err := c.dec.Close(); err != nil {
 		return connError{http2.ErrCodeCompression, err.Error()}
 	}
@@ -947,6 +1017,9 @@ func (c *h2conn) flushLocked() {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
 		c.mu.Unlock()
+		// A peer that takes in nothing for this long is as dead as one
+		// that leaves a keepalive ping unanswered.
+		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.KeepaliveTimeout))
 		_, err := c.nc.Write(buf)
 		if err != nil {
 			c.nc.Close() // and the reader's read fails

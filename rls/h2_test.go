@@ -766,3 +766,93 @@ func TestTransportHeaderBlocks(t *testing.T) {
 		}
 	})
 }
+
+// TestTransportTimeouts holds connections open doing nothing, on servers
+// of short timeouts (and long ones for what the case does not test): a
+// connection without its preface or first SETTINGS, or in the middle of
+// a header block, is closed; one idle after a call is pinged, and closed
+// if it does not answer; one idle before any call is handed to grpc-go.
+func TestTransportTimeouts(t *testing.T) {
+	const short, long = 20 * time.Millisecond, time.Hour
+	preface := Config{ConnectionTimeout: short, KeepaliveTime: long, KeepaliveTimeout: long}
+	// raw is a connection whose peer sends what it is given, not the
+	// preface and SETTINGS.
+	raw := func(t *testing.T, s *Server, sent []byte) *peer {
+		a, b := net.Pipe()
+		p := &peer{t: t, nc: a, fr: http2.NewFramer(a, a), frames: make(chan frame, 64), done: make(chan struct{}), next: 1}
+		p.c = s.newConn(context.Background(), b)
+		go func() { defer close(p.done); p.c.serve() }()
+		go p.readAll()
+		t.Cleanup(func() { a.Close(); waitClosed(t, p.done, "the connection's reader") })
+		if _, err := a.Write(sent); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	t.Run("nothing", func(t *testing.T) {
+		s, _ := transportServer(t, preface, nil)
+		raw(t, s, nil).awaitEnd()
+	})
+	t.Run("preface only", func(t *testing.T) {
+		s, _ := transportServer(t, preface, nil)
+		raw(t, s, []byte(http2.ClientPreface)).awaitEnd()
+	})
+	t.Run("half a header block", func(t *testing.T) {
+		s, _ := transportServer(t, preface, nil)
+		p := startPeer(t, s, nil)
+		p.trailersOf(p.call())
+		if err := p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: p.next, BlockFragment: p.block(pathShouldRateLimit)}); err != nil {
+			t.Fatal(err)
+		}
+		p.awaitEnd()
+	})
+	t.Run("ping unanswered", func(t *testing.T) {
+		s, _ := transportServer(t, Config{ConnectionTimeout: long, KeepaliveTime: short, KeepaliveTimeout: short}, nil)
+		p := startPeer(t, s, nil)
+		p.trailersOf(p.call())
+		p.await("a keepalive ping", func(f frame) bool { return f.typ == http2.FramePing && !f.flags.Has(http2.FlagPingAck) })
+		p.awaitEnd()
+	})
+	t.Run("ping answered", func(t *testing.T) {
+		s, _ := transportServer(t, Config{ConnectionTimeout: long, KeepaliveTime: short, KeepaliveTimeout: long}, nil)
+		p := startPeer(t, s, nil)
+		p.trailersOf(p.call())
+		for range 3 {
+			f := p.await("a keepalive ping", func(f frame) bool { return f.typ == http2.FramePing && !f.flags.Has(http2.FlagPingAck) })
+			if err := p.fr.WritePing(true, [8]byte(f.data)); err != nil {
+				t.Fatalf("answering the ping: %v", err)
+			}
+		}
+		if f := p.trailersOf(p.call()); f.fields["grpc-status"] != "0" {
+			t.Errorf("a call after = %v, want grpc-status 0", f.fields)
+		}
+	})
+	t.Run("answers unread", func(t *testing.T) {
+		s, _ := transportServer(t, Config{ConnectionTimeout: long, KeepaliveTime: long, KeepaliveTimeout: short}, nil)
+		a, b := net.Pipe()
+		defer a.Close()
+		done := make(chan struct{})
+		go func() { defer close(done); s.newConn(context.Background(), b).serve() }()
+		go func() {
+			// The request is sent, and nothing is ever read.
+			var in bytes.Buffer
+			fr := http2.NewFramer(&in, nil)
+			p := &peer{t: t, fr: fr, next: 1}
+			p.enc = hpack.NewEncoder(&p.hbuf)
+			in.WriteString(http2.ClientPreface)
+			_ = fr.WriteSettings()
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: p.block(pathShouldRateLimit), EndHeaders: true})
+			_ = fr.WriteData(1, true, rlsMessage(t))
+			_, _ = a.Write(in.Bytes())
+		}()
+		waitClosed(t, done, "a connection whose peer reads nothing")
+	})
+	t.Run("idle before a call", func(t *testing.T) {
+		s, handed := transportServer(t, Config{ConnectionTimeout: long, KeepaliveTime: short, KeepaliveTimeout: long}, nil)
+		p := startPeer(t, s, nil)
+		p.awaitEnd()
+		if handed.Load() != 1 {
+			t.Errorf("an idle connection without a call was not handed to grpc-go")
+		}
+	})
+}

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -92,6 +93,20 @@ type Config struct {
 	// stack on every call; a kept goroutine has grown it once. Calls
 	// beyond the workers each get a new goroutine, as without them.
 	StreamWorkers int
+	// ConnectionTimeout bounds how long a new connection may take to send
+	// the client preface and its first SETTINGS frame, and how long a
+	// header block may take from its HEADERS frame to its last
+	// CONTINUATION; zero is 120 s, grpc-go's default. grpc-go applies
+	// it to the preface (grpc.ConnectionTimeout).
+	ConnectionTimeout time.Duration
+	// KeepaliveTime is how long a connection may send nothing before the
+	// server pings it, and KeepaliveTimeout how long the ping may then
+	// go unanswered (nothing read) before the connection is closed; it
+	// is also how long one write of answers may block on a peer that
+	// reads nothing. Zero is grpc-go's default, 2 h and 20 s; both
+	// servers apply them (grpc.KeepaliveParams).
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -127,6 +142,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.StreamWorkers <= 0 {
 		cfg.StreamWorkers = DefaultStreamWorkers
 	}
+	if cfg.ConnectionTimeout <= 0 {
+		cfg.ConnectionTimeout = 120 * time.Second
+	}
+	if cfg.KeepaliveTime <= 0 {
+		cfg.KeepaliveTime = 2 * time.Hour
+	}
+	if cfg.KeepaliveTimeout <= 0 {
+		cfg.KeepaliveTimeout = 20 * time.Second
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -158,7 +182,9 @@ func (s *Server) now() time.Time {
 // refused and in-flight ones finish (up to ShutdownTimeout). See h2.go for
 // which connections its own transport serves and which grpc-go does.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)))
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
+		grpc.ConnectionTimeout(s.cfg.ConnectionTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout}))
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
