@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -853,6 +854,137 @@ func TestTransportTimeouts(t *testing.T) {
 		p.awaitEnd()
 		if handed.Load() != 1 {
 			t.Errorf("an idle connection without a call was not handed to grpc-go")
+		}
+	})
+}
+
+// memConn is a connection whose input is given and whose output is kept:
+// reads return the input, then io.EOF; each write is kept whole.
+type memConn struct {
+	in     *bytes.Reader
+	mu     sync.Mutex
+	out    bytes.Buffer
+	closed bool
+}
+
+func (m *memConn) Read(b []byte) (int, error) { return m.in.Read(b) }
+
+func (m *memConn) Write(b []byte) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return 0, net.ErrClosed
+	}
+	return m.out.Write(b)
+}
+
+func (m *memConn) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	return nil
+}
+
+func (m *memConn) LocalAddr() net.Addr                { return &net.TCPAddr{} }
+func (m *memConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
+func (m *memConn) SetDeadline(t time.Time) error      { return nil }
+func (m *memConn) SetReadDeadline(t time.Time) error  { return nil }
+func (m *memConn) SetWriteDeadline(t time.Time) error { return nil }
+
+// FuzzTransport gives arbitrary bytes to the transport as one
+// connection's input: no panic, the connection's reader and its calls
+// end, and what it wrote is HTTP/2 frames.
+func FuzzTransport(f *testing.F) {
+	var seed bytes.Buffer
+	fr := http2.NewFramer(&seed, nil)
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	block := func(path string) []byte {
+		hbuf.Reset()
+		for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", path}, {":authority", "rls"}, {"content-type", "application/grpc"}, {"grpc-timeout", "1S"}} {
+			_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+		}
+		return append([]byte(nil), hbuf.Bytes()...)
+	}
+	msg := rlsMessage(f)
+	start := func() {
+		seed.Reset()
+		seed.WriteString(http2.ClientPreface)
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+	}
+	add := func(build func()) {
+		hbuf.Reset()
+		enc = hpack.NewEncoder(&hbuf)
+		start()
+		build()
+		f.Add(append([]byte(nil), seed.Bytes()...))
+	}
+	call := func(id uint32) {
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block(pathShouldRateLimit), EndHeaders: true})
+		_ = fr.WriteData(id, true, msg)
+	}
+	add(func() { call(1) })
+	add(func() {
+		call(1)
+		call(3)
+		_ = fr.WriteRSTStream(3, http2.ErrCodeCancel)
+		_ = fr.WritePing(false, [8]byte{1})
+	})
+	add(func() {
+		b := block(pathShouldRateLimit)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b[:3]})
+		_ = fr.WriteContinuation(1, false, nil)
+		_ = fr.WriteContinuation(1, true, b[3:])
+		_ = fr.WriteData(1, false, nil)
+		_ = fr.WriteData(1, true, msg)
+	})
+	add(func() { call(1); _ = fr.WriteWindowUpdate(0, maxWindow); call(3) })
+	add(func() {
+		call(1)
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		call(3)
+		_ = fr.WriteWindowUpdate(3, 100)
+	})
+	add(func() {
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block(pathHealthCheck), EndHeaders: true, EndStream: true})
+	})
+	add(func() {
+		call(1)
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: block("/x.Y/Z"), EndHeaders: true})
+	})
+	add(func() { call(1); _ = fr.WriteGoAway(1, http2.ErrCodeNo, nil); call(3) })
+
+	s, _ := transportServer(f, Config{}, nil)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m := &memConn{in: bytes.NewReader(in)}
+		c := s.newConn(context.Background(), m)
+		done := make(chan struct{})
+		go func() { defer close(done); c.serve() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the connection's reader did not end")
+		}
+		calls := make(chan struct{})
+		go func() { s.calls.Wait(); close(calls) }()
+		select {
+		case <-calls:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the connection's calls did not end")
+		}
+		m.mu.Lock()
+		out := append([]byte(nil), m.out.Bytes()...)
+		m.mu.Unlock()
+		rd := http2.NewFramer(nil, bytes.NewReader(out))
+		rd.SetMaxReadFrameSize(1 << 24)
+		for {
+			_, err := rd.ReadFrame()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("the transport wrote %x: %v", out, err)
+			}
 		}
 	})
 }
