@@ -32,8 +32,31 @@ import (
 // The transport is HTTP/2 without TLS (prior knowledge, as grpc-go's
 // plaintext servers are): the client's preface, frames read with
 // golang.org/x/net/http2's Framer, header blocks decoded with its hpack
-// decoder, and answers written as literal header fields, without the
-// dynamic table, so that the encoder keeps no state.
+// decoder, and answers' header blocks written by hpackTable.
+//
+// Its peers are not trusted, and what one connection may make it hold is
+// bounded:
+//   - calls in flight: maxStreams streams open, a call counting until it
+//     is answered even if the peer resets its stream (a peer that opens
+//     and resets streams in a loop is refused, REFUSED_STREAM, past it);
+//   - requests' bytes: connWindow for the connection, flow control
+//     returning a request's bytes once its call is answered, and
+//     streamWindow and maxDataFrames for one request;
+//   - header blocks: maxHeaderBlock bytes as sent (CONTINUATION frames
+//     counted with their frame headers), maxHeaderList bytes as decoded,
+//     and ConnectionTimeout from a block's first frame to its last;
+//   - answers and control frames (PING and SETTINGS acks, RST_STREAM)
+//     waiting on a peer that does not read: maxWriteBuffer bytes, and
+//     those of the calls in flight, before the connection stops reading
+//     from the peer; a write blocked for KeepaliveTimeout ends it;
+//   - time: ConnectionTimeout for the preface and first SETTINGS, and,
+//     as grpc-go does, a ping after KeepaliveTime of silence and the end
+//     after KeepaliveTimeout more; a connection silent before its first
+//     call is handed to grpc-go instead;
+//   - flow control: a window taken past 2^31-1 is a FLOW_CONTROL_ERROR,
+//     of the connection or of the stream, as RFC 9113 6.9 says.
+//
+// A connection error ends the connection with a GOAWAY of its code.
 
 const (
 	pathShouldRateLimit = "/" + ServiceName + "/ShouldRateLimit"
