@@ -17,6 +17,15 @@
 # (user=u<i>), so no user nears its limit: every answer must be OK, and the
 # script fails on an OVER_LIMIT or an error during saturation.
 #
+# The load comes from bench/rlsload with its own lean HTTP/2 client
+# (RLS_CLIENT=h2, the default): on a machine of few cores the generator
+# shares the CPU with both servers, and grpc-go's client, which spends per
+# call about what a server does, would compress every ratio toward 1, as a
+# heavy HTTP client would where wrk is used. Both systems get the same
+# requests with the same headers; RLS_CLIENT=grpc drives them with
+# grpc-go's client instead. The generator's own CPU time per call is
+# printed beside the servers'.
+#
 # Phases, interleaved round by round (the order reversed every other round):
 #   1. saturation: bench/rlsload, closed loop, RLS_STREAMS calls in flight
 #      over RLS_CONNS connections, ROUNDS x ROUND_SECS per system; the
@@ -49,6 +58,7 @@ RLS_CONNS=${RLS_CONNS:-4}
 RLS_STREAMS=${RLS_STREAMS:-50}
 RLS_RATE=${RLS_RATE:-auto}
 RATE_FRACTION=${RATE_FRACTION:-0.7}
+RLS_CLIENT=${RLS_CLIENT:-h2}
 RLS_SYSTEMS=${RLS_SYSTEMS:-"sluice_redis envoy_ratelimit"}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
@@ -106,7 +116,7 @@ addr[envoy_ratelimit]="127.0.0.1:$rg_port"
 # load SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
 load() {
   local s=$1; shift
-  "$work/rlsload" -addr "${addr[$s]}" -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
+  "$work/rlsload" -client "$RLS_CLIENT" -addr "${addr[$s]}" -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
 # field NAME: NAME=value of the RESULT line in $res.
 field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
@@ -139,8 +149,11 @@ fi
 order() {
   if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
 }
-declare -A sat lat50 lat99 satm cpu rcpu
+declare -A sat lat50 lat99 satm cpu rcpu gcpu
 tck=$(getconf CLK_TCK)
+# childticks: the CPU time so far of this shell's waited-for children
+# (rlsload among them), in clock ticks.
+childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
 # per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
 per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
 has_sluice=0
@@ -149,17 +162,18 @@ if [ $has_sluice = 1 ]; then before_all=$(checks); before_store=$(store_checks);
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r"); do
     pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis")
+    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis"); g0=$(childticks)
     out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis")
+    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis"); g1=$(childticks)
     res=$(echo "$out" | grep '^RESULT')
     cpu[$s]="${cpu[$s]:-} $(per_call "$c0" "$c1")"
     rcpu[$s]="${rcpu[$s]:-} $(per_call "$r0" "$r1")"
+    gcpu[$s]="${gcpu[$s]:-} $(per_call "$g0" "$g1")"
     [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] ||
       { echo "$out" >&2; die "$s: not every answer was OK"; }
     sat[$s]="${sat[$s]:-} $(field achieved)"
-    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$c0" "$c1") us, Redis's $(per_call "$r0" "$r1") us"
+    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$c0" "$c1") us, Redis's $(per_call "$r0" "$r1") us, rlsload's $(per_call "$g0" "$g1") us"
   done
 done
 for s in $RLS_SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
@@ -213,6 +227,7 @@ for s in $RLS_SYSTEMS; do
   printf 'BENCH peers_rls_%s_p99_us_at_fixed_rate %s us\n' "$s" "$(echo "${lat99[$s]}" | median)"
   printf 'BENCH peers_rls_%s_cpu_us_per_call %s us\n' "$s" "$(echo "${cpu[$s]}" | median)"
   printf 'BENCH peers_rls_%s_redis_cpu_us_per_call %s us\n' "$s" "$(echo "${rcpu[$s]}" | median)"
+  printf 'BENCH peers_rls_%s_rlsload_cpu_us_per_call %s us\n' "$s" "$(echo "${gcpu[$s]}" | median)"
 done
 printf 'BENCH peers_rls_fixed_rate %s req/s\n' "$RLS_RATE"
 if [ $has_sluice = 1 ]; then

@@ -69,9 +69,9 @@ func (d *Daemon) DecideStates(ctx context.Context, subject string, applied []quo
 
 // leastRemainingPerName keeps, of the items sharing a name, the one with
 // least available, in the order names first appear: a structured field
-// list should name each policy once.
+// list should name each policy once. It filters items in place.
 func leastRemainingPerName(items []headerItem) []headerItem {
-	out := items[:0:0]
+	out := items[:0]
 	for _, it := range items {
 		dup := false
 		for j := range out {

@@ -7,11 +7,12 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/quota"
 )
 
-// BenchmarkShouldRateLimit is one call in process (no gRPC transport) on
+// BenchmarkShouldRateLimit is one call in process (no network) on
 // the memory store, for 10 000 addresses that are never over the limit:
 // one descriptor, and three (address, route, user) decided together.
 func BenchmarkShouldRateLimit(b *testing.B) {
@@ -40,6 +41,29 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		three bool
 	}{{"one-descriptor", false}, {"three-descriptors", true}} {
 		rs := reqs(tt.three)
+		wire := make([][]byte, n)
+		for i, r := range rs {
+			m, err := proto.Marshal(r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			wire[i] = append([]byte{0, 0, 0, 0, byte(len(m))}, m...)
+		}
+		// The transport's work on a call: the request's bytes decoded,
+		// decided and the answer encoded, as on a connection it serves.
+		b.Run("transport-"+tt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			st := newStream(1, headerState{method: methodRLS, contentType: true}, 65535)
+			i := 0
+			for b.Loop() {
+				st.body = append(st.body[:0], wire[i%n]...)
+				s.answer(context.Background(), st)
+				if st.code != 0 || len(st.out) < 5 {
+					b.Fatalf("answer = %v %s", st.code, st.msg)
+				}
+				i++
+			}
+		})
 		b.Run(tt.name, func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0

@@ -7,6 +7,11 @@
 // A request's descriptors are matched one by one, as envoyproxy/ratelimit
 // matches them, and then decided together in one all-or-nothing engine
 // call: either every limited descriptor spends its hits or none does.
+//
+// Serve answers a proxy's connections (those whose first call is
+// ShouldRateLimit) with a small HTTP/2 transport of its own, h2.go, and
+// every other connection with grpc-go, which also serves health checking
+// and server reflection.
 package rls
 
 import (
@@ -18,6 +23,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -27,6 +34,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -85,6 +93,20 @@ type Config struct {
 	// stack on every call; a kept goroutine has grown it once. Calls
 	// beyond the workers each get a new goroutine, as without them.
 	StreamWorkers int
+	// ConnectionTimeout bounds how long a new connection may take to send
+	// the client preface and its first SETTINGS frame, and how long a
+	// header block may take from its HEADERS frame to its last
+	// CONTINUATION; zero is 120 s, grpc-go's default. grpc-go applies
+	// it to the preface (grpc.ConnectionTimeout).
+	ConnectionTimeout time.Duration
+	// KeepaliveTime is how long a connection may send nothing before the
+	// server pings it, and KeepaliveTimeout how long the ping may then
+	// go unanswered (nothing read) before the connection is closed; it
+	// is also how long one write of answers may block on a peer that
+	// reads nothing. Zero is grpc-go's default, 2 h and 20 s; both
+	// servers apply them (grpc.KeepaliveParams).
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -97,6 +119,16 @@ type Server struct {
 	cfg      Config
 	log      *slog.Logger
 	requests *prometheus.CounterVec
+	// The series of requests, resolved once.
+	ok, overLimit, invalid prometheus.Counter
+
+	// Of Serve: its workers' queue, the calls its transport has in
+	// flight, whether shutdown has begun, and how a connection is handed
+	// to grpc-go.
+	work     chan h2job
+	calls    sync.WaitGroup
+	stopping atomic.Bool
+	handOver func(net.Conn) error
 }
 
 // New returns a Server; it registers its metrics on cfg.Registerer.
@@ -110,6 +142,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.StreamWorkers <= 0 {
 		cfg.StreamWorkers = DefaultStreamWorkers
 	}
+	if cfg.ConnectionTimeout <= 0 {
+		cfg.ConnectionTimeout = 120 * time.Second
+	}
+	if cfg.KeepaliveTime <= 0 {
+		cfg.KeepaliveTime = 2 * time.Hour
+	}
+	if cfg.KeepaliveTimeout <= 0 {
+		cfg.KeepaliveTimeout = 20 * time.Second
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -118,6 +159,9 @@ func New(cfg Config) (*Server, error) {
 		Name: "sluice_rls_requests_total",
 		Help: "Rate limit service calls by answer: ok, over_limit or invalid (INVALID_ARGUMENT).",
 	}, []string{"code"})
+	s.ok = s.requests.WithLabelValues("ok")
+	s.overLimit = s.requests.WithLabelValues("over_limit")
+	s.invalid = s.requests.WithLabelValues("invalid")
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(s.requests); err != nil {
 			return nil, fmt.Errorf("rls: metrics: %w", err)
@@ -135,34 +179,80 @@ func (s *Server) now() time.Time {
 
 // Serve answers on ln, with gRPC health checking and server reflection,
 // until ctx is cancelled; then health turns NOT_SERVING, new calls are
-// refused and in-flight ones finish (up to ShutdownTimeout).
+// refused and in-flight ones finish (up to ShutdownTimeout). See h2.go for
+// which connections its own transport serves and which grpc-go does.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)))
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
+		grpc.ConnectionTimeout(s.cfg.ConnectionTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout}))
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	errc := make(chan error, 1)
+	handed := newConnQueue(ln.Addr())
+	s.handOver = handed.put
+	s.work = make(chan h2job)
+	for range s.cfg.StreamWorkers {
+		go func() {
+			for j := range s.work {
+				j.run()
+			}
+		}()
+	}
+	defer close(s.work)
+
+	errc := make(chan error, 2)
 	s.log.Info("rate limit service listening", "addr", ln.Addr().String())
-	go func() { errc <- gs.Serve(ln) }()
+	go func() { errc <- gs.Serve(handed) }()
+	var conns sync.Map // the *h2conn being served
+	var readers sync.WaitGroup
+	connCtx, cancelConns := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelConns()
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				errc <- err
+				return
+			}
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				c := s.newConn(connCtx, nc)
+				conns.Store(c, struct{}{})
+				defer conns.Delete(c)
+				c.serve()
+			}()
+		}
+	}()
+	var err error
 	select {
-	case err := <-errc:
-		return err
+	case err = <-errc:
 	case <-ctx.Done():
 	}
+	s.stopping.Store(true)
+	ln.Close()
 	hs.Shutdown()
 	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
+	go func() {
+		conns.Range(func(c, _ any) bool { c.(*h2conn).goAway(); return true })
+		gs.GracefulStop()
+		readers.Wait()
+		s.calls.Wait()
+		close(stopped)
+	}()
 	t := time.NewTimer(s.cfg.ShutdownTimeout)
 	defer t.Stop()
 	select {
 	case <-stopped:
 	case <-t.C:
 		gs.Stop()
+		cancelConns()
 		<-stopped
 	}
-	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	handed.Close()
+	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
 	return nil
@@ -170,18 +260,29 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 // ShouldRateLimit answers one request; see the package documentation and
 // docs/api.md for the mapping.
-func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	resp, err := s.decide(ctx, req)
+func (s *Server) ShouldRateLimit(ctx context.Context, m *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	var req request
+	req.fromMessage(m)
+	r := &reply{}
+	err := s.decide(ctx, &req, r, &scratch{})
+	s.count(r, err)
+	if err != nil {
+		return nil, err
+	}
+	return &r.resp, nil
+}
+
+// count counts an answer in sluice_rls_requests_total.
+func (s *Server) count(r *reply, err error) {
 	switch {
 	case err != nil && status.Code(err) == codes.InvalidArgument:
-		s.requests.WithLabelValues("invalid").Inc()
+		s.invalid.Inc()
 	case err != nil:
-	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
-		s.requests.WithLabelValues("over_limit").Inc()
+	case r.resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
+		s.overLimit.Inc()
 	default:
-		s.requests.WithLabelValues("ok").Inc()
+		s.ok.Inc()
 	}
-	return resp, err
 }
 
 // descriptor is one validated descriptor of a request.
@@ -196,76 +297,70 @@ func invalidArg(field, format string, args ...any) error {
 
 // validate checks a request and returns its descriptors, in buf when it
 // is long enough; every error is INVALID_ARGUMENT naming the field. The
-// entries of all descriptors share one allocation.
-func validate(req *rlsv3.RateLimitRequest, buf []descriptor) ([]descriptor, error) {
-	if req.GetDomain() == "" {
+// descriptors' entries are req's.
+func validate(req *request, buf []descriptor) ([]descriptor, error) {
+	if req.domain == "" {
 		return nil, invalidArg("domain", "required")
 	}
-	if err := quota.ValidDescriptorText(req.GetDomain(), quota.MaxDomainBytes); err != nil {
+	if err := quota.ValidDescriptorText(req.domain, quota.MaxDomainBytes); err != nil {
 		return nil, invalidArg("domain", "%v", err)
 	}
-	ds := req.GetDescriptors()
+	ds := req.descs
 	switch {
 	case len(ds) == 0:
 		return nil, invalidArg("descriptors", "at least one descriptor is required")
 	case len(ds) > MaxDescriptors:
 		return nil, invalidArg("descriptors", "at most %d descriptors, got %d", MaxDescriptors, len(ds))
 	}
-	if req.GetHitsAddend() > MaxHitsAddend {
-		return nil, invalidArg("hits_addend", "at most %d, got %d", MaxHitsAddend, req.GetHitsAddend())
+	if req.hitsAddend > MaxHitsAddend {
+		return nil, invalidArg("hits_addend", "at most %d, got %d", MaxHitsAddend, req.hitsAddend)
 	}
-	hits := max(int64(req.GetHitsAddend()), 1)
+	hits := max(int64(req.hitsAddend), 1)
 	out := buf[:0]
 	if len(ds) > cap(buf) {
 		out = make([]descriptor, 0, len(ds))
 	}
 	out = out[:len(ds)]
-	n := 0
-	for _, d := range ds {
-		n += min(len(d.GetEntries()), quota.MaxDescriptorEntries)
-	}
-	entries := make([]quota.DescriptorEntry, 0, n) // of every descriptor, in turn
-	for i, d := range ds {
+	for i := range ds {
+		d := &ds[i]
 		// Field names are built only for an error: this runs on every call.
 		f := func(rest string) string { return "descriptors[" + strconv.Itoa(i) + "]" + rest }
-		if d == nil {
+		if d.null {
 			return nil, invalidArg(f(""), "must not be null")
 		}
-		es := d.GetEntries()
+		es := d.entries
 		switch {
 		case len(es) == 0:
 			return nil, invalidArg(f(".entries"), "at least one entry is required")
 		case len(es) > quota.MaxDescriptorEntries:
 			return nil, invalidArg(f(".entries"), "at most %d entries, got %d", quota.MaxDescriptorEntries, len(es))
 		}
-		if d.GetLimit() != nil {
+		if d.hasLimit {
 			return nil, invalidArg(f(".limit"), "a limit override in the request is not supported: the limit comes from the policies")
 		}
-		if d.GetIsNegativeHits() {
+		if d.negative {
 			return nil, invalidArg(f(".is_negative_hits"), "returning hits is not supported")
 		}
 		out[i].hits = hits
-		if h := d.GetHitsAddend(); h != nil {
-			if h.GetValue() > MaxHitsAddend {
-				return nil, invalidArg(f(".hits_addend"), "at most %d, got %d", MaxHitsAddend, h.GetValue())
+		if d.hasHits {
+			if d.hits > MaxHitsAddend {
+				return nil, invalidArg(f(".hits_addend"), "at most %d, got %d", MaxHitsAddend, d.hits)
 			}
-			out[i].hits = int64(h.GetValue())
+			out[i].hits = int64(d.hits)
 		}
-		first := len(entries)
 		for j, e := range es {
 			ef := func(rest string) string { return f(".entries[" + strconv.Itoa(j) + "]" + rest) }
-			if e.GetKey() == "" {
+			if e.Key == "" {
 				return nil, invalidArg(ef(".key"), "required")
 			}
-			if err := quota.ValidDescriptorText(e.GetKey(), quota.MaxDescriptorKeyBytes); err != nil {
+			if err := quota.ValidDescriptorText(e.Key, quota.MaxDescriptorKeyBytes); err != nil {
 				return nil, invalidArg(ef(".key"), "%v", err)
 			}
-			if err := quota.ValidDescriptorText(e.GetValue(), quota.MaxDescriptorValueBytes); err != nil {
+			if err := quota.ValidDescriptorText(e.Value, quota.MaxDescriptorValueBytes); err != nil {
 				return nil, invalidArg(ef(".value"), "%v", err)
 			}
-			entries = append(entries, quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		out[i].entries = entries[first:len(entries):len(entries)]
+		out[i].entries = es
 	}
 	return out, nil
 }
@@ -332,49 +427,72 @@ type descStatus struct {
 	reset durationpb.Duration
 }
 
-// newReply is an OK response with n OK statuses.
-func newReply(n int) *reply {
-	r := &reply{}
-	r.resp.OverallCode = rlsv3.RateLimitResponse_OK
-	r.sts, r.resp.Statuses = r.one[:], r.onePtr[:]
-	if n != 1 {
-		r.sts, r.resp.Statuses = make([]descStatus, n), make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+// init makes r an OK response with n OK statuses, reusing r's room.
+func (r *reply) init(n int) {
+	sts, ptrs := r.sts, r.resp.Statuses
+	r.resp = rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	switch {
+	case n == 1:
+		sts, ptrs = r.one[:], r.onePtr[:]
+	case cap(sts) < n || len(sts) > 0 && &sts[0] == &r.one[0]:
+		sts, ptrs = make([]descStatus, n), make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
 	}
+	r.sts, r.resp.Statuses = sts[:n], ptrs[:n]
 	for i := range r.sts {
+		r.sts[i] = descStatus{}
 		r.sts[i].st.Code = rlsv3.RateLimitResponse_OK
 		r.resp.Statuses[i] = &r.sts[i].st
 	}
-	return r
+}
+
+// scratch is room a call works in that would otherwise be allocated on
+// every call: the slices that leave for the Matcher and the Decider (an
+// interface call's arguments live on the heap), and the engine subject of
+// the last domain seen. The transport keeps one per pooled stream.
+type scratch struct {
+	ms      []quota.DescriptorMatch
+	applied []quota.Applied
+	domain  string
+	subject string
+}
+
+// subjectOf is subjectOf(domain), remembered for the next call.
+func (sc *scratch) subjectOf(domain string) string {
+	if sc.subject == "" || sc.domain != domain {
+		sc.domain, sc.subject = domain, subjectOf(domain)
+	}
+	return sc.subject
 }
 
 // Most requests carry this many descriptors or fewer: their matching
 // works in buffers on the stack.
 const fewDescriptors = 4
 
-func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// decide answers req in r, or returns a gRPC status error.
+func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch) error {
 	var dsBuf [fewDescriptors]descriptor
 	ds, err := validate(req, dsBuf[:])
 	if err != nil {
-		return nil, err
+		return err
 	}
-	r := newReply(len(ds))
-	domain := req.GetDomain()
+	r.init(len(ds))
+	domain := req.domain
 	if !s.cfg.Matcher.HasDomain(domain) {
-		return &r.resp, nil // an unknown domain limits nothing
+		return nil // an unknown domain limits nothing
 	}
 	var usesBuf [fewDescriptors]use
 	var unlimitedBuf [fewDescriptors]bool
-	m, applied, err := s.match(domain, ds, matched{uses: usesBuf[:0], unlimited: unlimitedBuf[:0]})
+	m, applied, err := s.match(domain, ds, matched{uses: usesBuf[:0], unlimited: unlimitedBuf[:0]}, sc)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	v := region.StatesVerdict{Allowed: true}
 	if len(applied) > 0 {
-		if v, err = s.cfg.Decider.DecideStates(ctx, subjectOf(domain), applied); err != nil {
+		if v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied); err != nil {
 			if ctx.Err() != nil {
-				return nil, status.FromContextError(ctx.Err()).Err()
+				return status.FromContextError(ctx.Err()).Err()
 			}
-			return nil, invalidArg("descriptors", "%v", err)
+			return invalidArg("descriptors", "%v", err)
 		}
 	}
 	allowed := v.Allowed && !m.denied
@@ -386,7 +504,7 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		r.resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now)
-	return &r.resp, nil
+	return nil
 }
 
 // match finds each descriptor's policies, leaves out those that a policy
@@ -396,9 +514,9 @@ func (s *Server) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 // spend nothing: the engine only reads the other states, for their figures.
 // It returns what matched, in the buffers of into.uses and into.unlimited
 // when they are large enough, and the checks.
-func (s *Server) match(domain string, ds []descriptor, into matched) (matched, []quota.Applied, error) {
+func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch) (matched, []quota.Applied, error) {
 	m := into
-	var ms []quota.DescriptorMatch
+	ms := sc.ms
 	uses := m.uses[:0]
 	var replaced []string
 	for i, d := range ds {
@@ -408,13 +526,19 @@ func (s *Server) match(domain string, ds []descriptor, into matched) (matched, [
 			uses = append(uses, use{desc: i, policy: m.Policy, limit: m.Limit, applied: -1})
 		}
 	}
+	clear(ms) // keeps no policy alive in the pool
+	sc.ms = ms[:0]
 	if cap(m.unlimited) < len(ds) {
 		m.unlimited = make([]bool, len(ds))
 	}
 	m.unlimited = m.unlimited[:len(ds)]
 	clear(m.unlimited)
 	// Every check comes from one use: room for all of them at once.
-	applied := make([]quota.Applied, 0, len(uses))
+	applied := sc.applied[:0]
+	if cap(applied) < len(uses) {
+		applied = make([]quota.Applied, 0, len(uses))
+	}
+	sc.applied = applied
 	// The uses kept are written over those read, never ahead of them.
 	m.uses = uses[:0]
 	for _, u := range uses {

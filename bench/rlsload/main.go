@@ -5,7 +5,10 @@
 // count of OK, OVER_LIMIT and failed calls.
 //
 // -streams calls are in flight at most, spread over -conns connections
-// (HTTP/2, so several streams share one connection). Every request names
+// (HTTP/2, so several streams share one connection). -client h2, the
+// default, is the generator's own lean HTTP/2 client (see h2.go), which
+// leaves more of a shared machine's CPU to the servers than grpc-go's
+// client (-client grpc) does; both send the same requests. Every request names
 // -domain and one descriptor of -entries, whose values may hold the
 // placeholder {user}, replaced by u0 .. u(N-1) in turn so that the load
 // spreads over -users subjects.
@@ -60,6 +63,7 @@ type config struct {
 	conns    int
 	streams  int
 	timeout  time.Duration
+	client   string
 }
 
 // entry is one descriptor entry; {user} in Value is replaced.
@@ -87,6 +91,7 @@ func run() error {
 	flag.IntVar(&cfg.conns, "conns", 4, "connections")
 	flag.IntVar(&cfg.streams, "streams", 50, "calls in flight at most (one sender each), spread over the connections")
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "per-call deadline; a call past it counts as an error")
+	flag.StringVar(&cfg.client, "client", "h2", "h2: the generator's own lean HTTP/2 client; grpc: grpc-go's client")
 	flag.Parse()
 	var err error
 	if cfg.entries, err = parseEntries(entries); err != nil {
@@ -107,19 +112,21 @@ func run() error {
 		return fmt.Errorf("-streams: must be at least -conns (%d)", cfg.conns)
 	case cfg.duration <= 0:
 		return errors.New("-duration: must be positive")
+	case cfg.client != "h2" && cfg.client != "grpc":
+		return fmt.Errorf("-client: h2 or grpc, got %q", cfg.client)
 	}
-	clients := make([]rlsv3.RateLimitServiceClient, cfg.conns)
-	for i := range clients {
-		cc, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
+	reqs := buildRequests(cfg)
+	conns := make([]conn, cfg.conns)
+	for i := range conns {
+		var err error
+		if conns[i], err = dial(cfg, reqs); err != nil {
 			return fmt.Errorf("-addr: %w", err)
 		}
-		defer cc.Close()
-		clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+		defer conns[i].Close()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	res := drive(ctx, cfg, clients, buildRequests(cfg))
+	res := drive(ctx, cfg, conns, len(reqs))
 	fmt.Print(res.report(cfg))
 	if res.requests == 0 {
 		return errors.New("no call answered")
@@ -197,9 +204,77 @@ func (r *result) report(cfg config) string {
 	return b.String()
 }
 
-// drive runs the senders, sender w on connection w mod len(clients), and
-// merges what they measured.
-func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest) *result {
+// conn is one connection to the service; each sender calls through its
+// own sender of it.
+type conn interface {
+	newSender() sender
+	Close() error
+}
+
+// sender makes one call at a time: user's request, within cfg.timeout.
+type sender interface {
+	call(ctx context.Context, user int) (rlsv3.RateLimitResponse_Code, error)
+}
+
+func dial(cfg config, reqs []*rlsv3.RateLimitRequest) (conn, error) {
+	if cfg.client == "h2" {
+		c, err := dialH2(cfg.addr, cfg.timeout, reqs)
+		if err != nil {
+			return nil, err
+		}
+		return h2Conn{c, cfg.timeout}, nil
+	}
+	cc, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return grpcConn{cc, rlsv3.NewRateLimitServiceClient(cc), reqs, cfg.timeout}, nil
+}
+
+type grpcConn struct {
+	cc      *grpc.ClientConn
+	client  rlsv3.RateLimitServiceClient
+	reqs    []*rlsv3.RateLimitRequest
+	timeout time.Duration
+}
+
+func (c grpcConn) newSender() sender { return c }
+func (c grpcConn) Close() error      { return c.cc.Close() }
+
+func (c grpcConn) call(ctx context.Context, user int) (rlsv3.RateLimitResponse_Code, error) {
+	cctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	resp, err := c.client.ShouldRateLimit(cctx, c.reqs[user])
+	return resp.GetOverallCode(), err
+}
+
+type h2Conn struct {
+	c       *h2conn
+	timeout time.Duration
+}
+
+func (c h2Conn) Close() error { return c.c.Close() }
+func (c h2Conn) newSender() sender {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &h2Sender{c: c.c, timeout: c.timeout, timer: t, cl: &h2call{done: make(chan h2result, 2)}}
+}
+
+type h2Sender struct {
+	c       *h2conn
+	timeout time.Duration
+	timer   *time.Timer
+	cl      *h2call
+}
+
+func (s *h2Sender) call(_ context.Context, user int) (rlsv3.RateLimitResponse_Code, error) {
+	return s.c.call(s.cl, user, s.timer, s.timeout)
+}
+
+// drive runs the senders, sender w on connection w mod len(conns), each
+// naming the users in turn from its own offset, and merges what they
+// measured.
+func drive(ctx context.Context, cfg config, conns []conn, users int) *result {
 	start := time.Now()
 	measureFrom := start.Add(cfg.warmup)
 	end := measureFrom.Add(cfg.duration)
@@ -207,7 +282,7 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 	var wg sync.WaitGroup
 	parts := make([]result, cfg.streams)
 	for w := range parts {
-		res, client, user := &parts[w], clients[w%len(clients)], w*len(reqs)/cfg.streams
+		res, snd, user := &parts[w], conns[w%len(conns)].newSender(), w*users/cfg.streams
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -220,14 +295,12 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 					res.unsent++
 					continue
 				}
-				req := reqs[user]
-				if user++; user == len(reqs) {
+				u := user
+				if user++; user == users {
 					user = 0
 				}
 				sent := time.Now()
-				cctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-				resp, err := client.ShouldRateLimit(cctx, req)
-				cancel()
+				code, err := snd.call(ctx, u)
 				done := time.Now()
 				res.all++
 				if at.Before(measureFrom) {
@@ -235,13 +308,13 @@ func drive(ctx context.Context, cfg config, clients []rlsv3.RateLimitServiceClie
 				}
 				res.lastDone = done
 				if err == nil {
-					switch resp.GetOverallCode() {
+					switch code {
 					case rlsv3.RateLimitResponse_OK:
 						res.ok++
 					case rlsv3.RateLimitResponse_OVER_LIMIT:
 						res.overLimit++
 					default:
-						err = fmt.Errorf("overall_code %v", resp.GetOverallCode())
+						err = fmt.Errorf("overall_code %v", code)
 					}
 				}
 				if err != nil {

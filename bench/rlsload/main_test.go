@@ -11,7 +11,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 func TestParseEntries(t *testing.T) {
@@ -65,24 +64,24 @@ func TestDriveCountsAnswersByCode(t *testing.T) {
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	go gs.Serve(ln)
 	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	clients := []rlsv3.RateLimitServiceClient{rlsv3.NewRateLimitServiceClient(cc)}
-
 	for _, tt := range []struct {
-		name string
-		rate float64
-	}{{"closed loop", 0}, {"open loop", 2000}} {
+		name   string
+		client string
+		rate   float64
+	}{{"closed loop", "h2", 0}, {"open loop", "h2", 2000}, {"closed loop, grpc-go client", "grpc", 0}, {"open loop, grpc-go client", "grpc", 2000}} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := config{addr: ln.Addr().String(), domain: "bench", entries: []entry{{"user", "{user}"}}, users: 10,
-				rate: tt.rate, duration: 200 * time.Millisecond, conns: 1, streams: 2, timeout: 5 * time.Second}
+				rate: tt.rate, duration: 200 * time.Millisecond, conns: 1, streams: 2, timeout: 5 * time.Second, client: tt.client}
 			srv.mu.Lock()
 			clear(srv.seen)
 			srv.mu.Unlock()
-			res := drive(context.Background(), cfg, clients, buildRequests(cfg))
+			reqs := buildRequests(cfg)
+			c, err := dial(cfg, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			res := drive(context.Background(), cfg, []conn{c}, len(reqs))
 			if res.errors != 0 || res.requests == 0 || res.ok+res.overLimit != res.requests {
 				t.Fatalf("drive = %d requests, %d OK, %d OVER_LIMIT, %d errors (%v); want some, all answered OK or OVER_LIMIT",
 					res.requests, res.ok, res.overLimit, res.errors, res.firstErr)

@@ -1,0 +1,372 @@
+package rls
+
+import (
+	"errors"
+	"unicode/utf8"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/sluice-rl/sluice/quota"
+)
+
+// request is a RateLimitRequest as the service reads it: decoded from the
+// wire by decodeRequest, or copied from a message by fromMessage. Its
+// strings and entries are its own; reset keeps their room for the next.
+type request struct {
+	domain     string
+	hitsAddend uint32
+	descs      []reqDescriptor
+	entries    []quota.DescriptorEntry // of every descriptor, in turn
+}
+
+// reqDescriptor is one descriptor of a request, not yet validated.
+type reqDescriptor struct {
+	entries  []quota.DescriptorEntry
+	null     bool // a nil message in a request built in process
+	hasLimit bool // a limit override was sent
+	negative bool // is_negative_hits
+	hasHits  bool // hits_addend was sent; hits is its value
+	hits     uint64
+}
+
+func (r *request) reset() {
+	r.domain, r.hitsAddend = "", 0
+	r.descs, r.entries = r.descs[:0], r.entries[:0]
+}
+
+// fromMessage fills r from m, as decodeRequest would from m's encoding.
+func (r *request) fromMessage(m *rlsv3.RateLimitRequest) {
+	r.reset()
+	r.domain, r.hitsAddend = m.GetDomain(), m.GetHitsAddend()
+	for _, d := range m.GetDescriptors() {
+		first := len(r.entries)
+		for _, e := range d.GetEntries() {
+			r.entries = append(r.entries, quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		rd := reqDescriptor{null: d == nil, hasLimit: d.GetLimit() != nil, negative: d.GetIsNegativeHits()}
+		if h := d.GetHitsAddend(); h != nil {
+			rd.hasHits, rd.hits = true, h.GetValue()
+		}
+		rd.entries = r.entries[first:len(r.entries):len(r.entries)]
+		r.descs = append(r.descs, rd)
+	}
+}
+
+var errMalformed = errors.New("malformed RateLimitRequest")
+
+// Field numbers of the messages decodeRequest reads (rls.proto and
+// ratelimit.proto of envoy's API).
+const (
+	fieldRequestDomain      = 1
+	fieldRequestDescriptors = 2
+	fieldRequestHitsAddend  = 3
+
+	fieldDescriptorEntries        = 1
+	fieldDescriptorLimit          = 2
+	fieldDescriptorHitsAddend     = 3
+	fieldDescriptorIsNegativeHits = 4
+
+	fieldEntryKey   = 1
+	fieldEntryValue = 2
+
+	fieldUInt64Value = 1
+)
+
+// decodeRequest decodes a RateLimitRequest's protobuf encoding into r,
+// with the semantics of proto.Unmarshal: unknown fields, and known ones of
+// another wire type, are skipped; the last of a repeated scalar wins;
+// strings must be UTF-8. r's strings share one copy of b.
+func decodeRequest(b []byte, r *request) error {
+	r.reset()
+	s := string(b) // the strings of r are substrings of it
+	type span struct{ first, end int }
+	var spansBuf [fewDescriptors]span
+	spans := spansBuf[:0]
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return errMalformed
+		}
+		off += n
+		switch {
+		case num == fieldRequestDomain && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 || !utf8.Valid(v) {
+				return errMalformed
+			}
+			r.domain = s[off+n-len(v) : off+n]
+			off += n
+		case num == fieldRequestHitsAddend && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			r.hitsAddend = uint32(v)
+			off += n
+		case num == fieldRequestDescriptors && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			start := off + n - len(v)
+			first := len(r.entries)
+			d, err := r.decodeDescriptor(v, s[start:start+len(v)])
+			if err != nil {
+				return err
+			}
+			r.descs = append(r.descs, d)
+			spans = append(spans, span{first, len(r.entries)})
+			off += n
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			off += n
+		}
+	}
+	// r.entries may have moved while growing: the slices are taken last.
+	for i, sp := range spans {
+		r.descs[i].entries = r.entries[sp.first:sp.end:sp.end]
+	}
+	return nil
+}
+
+// decodeDescriptor decodes a RateLimitDescriptor, b, whose copy is s; its
+// entries are appended to r.entries.
+func (r *request) decodeDescriptor(b []byte, s string) (reqDescriptor, error) {
+	var d reqDescriptor
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return d, errMalformed
+		}
+		off += n
+		switch {
+		case num == fieldDescriptorEntries && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 {
+				return d, errMalformed
+			}
+			start := off + n - len(v)
+			e, err := decodeEntry(v, s[start:start+len(v)])
+			if err != nil {
+				return d, err
+			}
+			r.entries = append(r.entries, e)
+			off += n
+		case num == fieldDescriptorLimit && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 || !validMessage(v) {
+				return d, errMalformed
+			}
+			d.hasLimit = true
+			off += n
+		case num == fieldDescriptorHitsAddend && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 {
+				return d, errMalformed
+			}
+			d.hasHits = true
+			if err := decodeUInt64Value(v, &d.hits); err != nil {
+				return d, err
+			}
+			off += n
+		case num == fieldDescriptorIsNegativeHits && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b[off:])
+			if n < 0 {
+				return d, errMalformed
+			}
+			d.negative = v != 0
+			off += n
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b[off:])
+			if n < 0 {
+				return d, errMalformed
+			}
+			off += n
+		}
+	}
+	return d, nil
+}
+
+// decodeEntry decodes a RateLimitDescriptor.Entry, b, whose copy is s.
+func decodeEntry(b []byte, s string) (quota.DescriptorEntry, error) {
+	var e quota.DescriptorEntry
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return e, errMalformed
+		}
+		off += n
+		if (num == fieldEntryKey || num == fieldEntryValue) && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 || !utf8.Valid(v) {
+				return e, errMalformed
+			}
+			str := s[off+n-len(v) : off+n]
+			if num == fieldEntryKey {
+				e.Key = str
+			} else {
+				e.Value = str
+			}
+			off += n
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b[off:])
+		if n < 0 {
+			return e, errMalformed
+		}
+		off += n
+	}
+	return e, nil
+}
+
+// decodeUInt64Value merges a google.protobuf.UInt64Value, b, into v.
+func decodeUInt64Value(b []byte, v *uint64) error {
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return errMalformed
+		}
+		off += n
+		if num == fieldUInt64Value && typ == protowire.VarintType {
+			x, n := protowire.ConsumeVarint(b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			*v = x
+			off += n
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b[off:])
+		if n < 0 {
+			return errMalformed
+		}
+		off += n
+	}
+	return nil
+}
+
+// validMessage reports whether b is a well-formed sequence of fields, as
+// a message the service does not read must be for the request to decode.
+// Its strings are not checked for UTF-8: RateLimitOverride has none.
+func validMessage(b []byte) bool {
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return false
+		}
+		off += n
+		if n = protowire.ConsumeFieldValue(num, typ, b[off:]); n < 0 {
+			return false
+		}
+		off += n
+	}
+	return true
+}
+
+// consumeTag is protowire.ConsumeTag, refusing the field numbers above
+// protowire.MaxValidNumber that proto.Unmarshal refuses too.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n >= 0 && num > protowire.MaxValidNumber {
+		return 0, 0, -1
+	}
+	return num, typ, n
+}
+
+// appendResponse appends the protobuf encoding of r, byte for byte what
+// proto.Marshal writes, for the fields decide sets: overall_code, the
+// statuses (code, current_limit's requests_per_unit, unit and name,
+// limit_remaining, duration_until_reset) and response_headers_to_add
+// (key and value). Any other field of r must be unset.
+func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
+	if r.OverallCode != 0 {
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(r.OverallCode))
+	}
+	for _, st := range r.Statuses {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeStatus(st)))
+		b = appendStatus(b, st)
+	}
+	for _, h := range r.ResponseHeadersToAdd {
+		b = protowire.AppendTag(b, 3, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeString(1, h.Key)+sizeString(2, h.Value)))
+		b = appendString(b, 1, h.Key)
+		b = appendString(b, 2, h.Value)
+	}
+	return b
+}
+
+func appendStatus(b []byte, st *rlsv3.RateLimitResponse_DescriptorStatus) []byte {
+	b = appendVarintField(b, 1, uint64(st.Code))
+	if l := st.CurrentLimit; l != nil {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeLimit(l)))
+		b = appendVarintField(b, 1, uint64(l.RequestsPerUnit))
+		b = appendVarintField(b, 2, uint64(l.Unit))
+		b = appendString(b, 3, l.Name)
+	}
+	b = appendVarintField(b, 3, uint64(st.LimitRemaining))
+	if d := st.DurationUntilReset; d != nil {
+		b = protowire.AppendTag(b, 4, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeVarintField(1, uint64(d.Seconds))+sizeVarintField(2, uint64(int64(d.Nanos)))))
+		b = appendVarintField(b, 1, uint64(d.Seconds))
+		b = appendVarintField(b, 2, uint64(int64(d.Nanos)))
+	}
+	return b
+}
+
+func sizeStatus(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
+	n := sizeVarintField(1, uint64(st.Code)) + sizeVarintField(3, uint64(st.LimitRemaining))
+	if l := st.CurrentLimit; l != nil {
+		n += sizeMessage(2, sizeLimit(l))
+	}
+	if d := st.DurationUntilReset; d != nil {
+		n += sizeMessage(4, sizeVarintField(1, uint64(d.Seconds))+sizeVarintField(2, uint64(int64(d.Nanos))))
+	}
+	return n
+}
+
+func sizeLimit(l *rlsv3.RateLimitResponse_RateLimit) int {
+	return sizeVarintField(1, uint64(l.RequestsPerUnit)) + sizeVarintField(2, uint64(l.Unit)) + sizeString(3, l.Name)
+}
+
+// The helpers below leave out a zero value, as proto3 does.
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+func sizeVarintField(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(v)
+}
+
+func sizeString(num protowire.Number, s string) int {
+	if s == "" {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
+}
+
+func sizeMessage(num protowire.Number, n int) int {
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
