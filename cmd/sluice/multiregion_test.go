@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -20,24 +19,10 @@ import (
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
-// freeGossipPort returns a loopback port free for both TCP and UDP.
+// freeGossipPort returns a loopback port free for both TCP and UDP (freePort).
 func freeGossipPort(t *testing.T) int {
 	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port for both TCP and UDP")
-	return 0
+	return freePort(t, true)
 }
 
 // regionView is the part of GET /v1/regions the tests read.

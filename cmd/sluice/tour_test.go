@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -153,12 +154,37 @@ func TestTour(t *testing.T) {
 // freeLoopbackPort is a TCP port free on 127.0.0.1 a moment ago.
 func freeLoopbackPort(t *testing.T) int {
 	t.Helper()
-	_, p, _ := net.SplitHostPort(freeLoopbackAddr(t))
-	port, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
+	return freePort(t, false)
+}
+
+// freePort is a loopback port nothing listens on (for UDP as well, if udp),
+// picked below the kernel's ephemeral range (32768 up). A port picked
+// there stays free until a daemon binds it: an outgoing connection of
+// another test takes its local port from the ephemeral range, and it could
+// take the port meanwhile, or, connecting to it while nothing listens,
+// connect to itself.
+func freePort(t *testing.T, udp bool) int {
+	t.Helper()
+	for range 100 {
+		port := 10000 + mrand.IntN(22000)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		free := true
+		if udp {
+			u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if free = err == nil; free {
+				u.Close()
+			}
+		}
+		l.Close()
+		if free {
+			return port
+		}
 	}
-	return port
+	t.Fatal("no free loopback port below 32768")
+	return 0
 }
 
 func goEnv(t *testing.T, name string) string {
