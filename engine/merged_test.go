@@ -138,3 +138,27 @@ func TestRedisMergedCallFailsOnlyBadChecks(t *testing.T) {
 		t.Errorf("state of bad-2 under its good policy: exists=%d err=%v, want nothing written by a failed check", n, err)
 	}
 }
+
+// TestRedisMergedCallAfterScriptFlush sends a batch as one call to a server
+// that has lost the script (a restart, SCRIPT FLUSH): the store sends it
+// again with EVAL, and every check is decided.
+func TestRedisMergedCallAfterScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
+	mustCheck(t, s, one("warm", "p", tb, 0)) // the script is loaded
+	if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []Request{one("a", "p", tb, 1), one("b", "p", tb, 1), one("a", "p", tb, 1)}
+	for i, a := range sendMerged(t, s, reqs) {
+		d, err := scriptDecision(reqs[i], a.v)
+		if a.err != nil || err != nil || !d.Allowed {
+			t.Errorf("check %d (%s) after SCRIPT FLUSH = %+v, %v, %v; want allowed", i, reqs[i].Subject, d, a.err, err)
+		}
+		if want := int64(9 - i/2); d.Results[0].Remaining != want {
+			t.Errorf("check %d (%s): remaining %d, want %d", i, reqs[i].Subject, d.Results[0].Remaining, want)
+		}
+	}
+}
