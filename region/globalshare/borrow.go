@@ -13,7 +13,7 @@ import (
 // Borrowing between rebalances (share-algorithms.md §3 step 6), driven
 // exactly as the simulator drives it, with the same share functions:
 //
-//   - Every BorrowTick (250 ms by default) the core takes the engine usage its owner
+//   - Every BorrowTick (250 ms) the core takes the engine usage its owner
 //     passed to Tick since the last one (kept for the interval's report
 //     too) and derives, per global key, the
 //     region's offered rate over that tick and an estimate of the region's
@@ -273,13 +273,7 @@ func (c *Core) borrowTick(now time.Time) {
 // checkEvery is how often the core looks for a key that has started
 // rejecting between two borrow ticks: a shortage is asked for at the
 // first look that sees it, not at the next tick.
-func (c *Core) checkEvery() time.Duration {
-	d := min(c.cfg.BorrowTick, 100*time.Millisecond)
-	if e := c.cfg.Share.BorrowEvery / 10; e > 0 {
-		d = min(d, e) // a compressed borrow cadence looks as often, relatively
-	}
-	return d
-}
+func (c *Core) checkEvery() time.Duration { return min(c.cfg.BorrowTick, 100*time.Millisecond) }
 
 // shortage asks at once for the keys the engine has rejected since the
 // last borrow tick, with their offered rate over that time (at least one

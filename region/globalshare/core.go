@@ -93,8 +93,7 @@ type CoreConfig struct {
 	Limit          func(policy string) (ratePerSec float64, ok bool)
 	Quota          func(policy string) (window time.Duration, ok bool)
 	NodeLocalStore bool
-	// Collect and BorrowTick are as in Config (defaults Settle/3 and
-	// Share.BorrowEvery/4, 250 ms at the default).
+	// Collect and BorrowTick are as in Config (defaults Settle/3, 250 ms).
 	Collect    time.Duration
 	BorrowTick time.Duration
 	// Bucket reports whether a policy is a token bucket whose burst is at
@@ -188,12 +187,7 @@ func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error)
 		cfg.Collect = cfg.Share.Settle / 3
 	}
 	if cfg.BorrowTick == 0 {
-		// Tied to the borrow cadence, so that a compressed timing (the
-		// live simulation, tests) keeps the proportions of the default.
-		cfg.BorrowTick = cfg.Share.BorrowEvery / 4
-		if cfg.BorrowTick <= 0 {
-			cfg.BorrowTick = 250 * time.Millisecond // borrowing is off
-		}
+		cfg.BorrowTick = 250 * time.Millisecond
 	}
 	switch {
 	case cfg.Silence < 0 || cfg.ContactLag < 0:

@@ -111,9 +111,9 @@ type Config struct {
 	// documentation); nil keeps them in memory only.
 	Store Store
 	// BorrowTick is how often the coordinator measures each key's offered
-	// rate and bucket level and asks for or serves loans (default
-	// Share.BorrowEvery/4: 250 ms at the default, the simulator's rate time
-	// constant). Borrowing is off when Share.BorrowEvery is zero.
+	// rate and bucket level and asks for or serves loans (default 250 ms,
+	// the simulator's rate time constant). Borrowing is off when
+	// Share.BorrowEvery is zero.
 	BorrowTick time.Duration
 	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
 	// tokens as well as rate. Nil: rate only.

@@ -362,7 +362,6 @@ func liveShare(sc simulator.Scenario, f float64) share.Config {
 	c.Settle = scale(c.Settle)
 	c.BorrowHorizon = scale(c.BorrowHorizon)
 	c.BorrowEvery = scale(c.BorrowEvery)
-	c.BurstSpread = scale(c.BurstSpread)
 	return c
 }
 
