@@ -175,9 +175,21 @@ func TestLimitStepFollowsVirtual(t *testing.T) {
 // not: with one second of L per window (Count 100 live) that was 3%, and
 // the log admitted 95.2% of its oracle, too near a 5-point bound; so the
 // burst here is five seconds of L (Count 500). Measured then: leaky_bucket
-// p99 0.4% (98.3% of the oracle admitted), sliding_window_log 2.9%
-// (97.7%), sliding_window_counter 0.9% (98.3%), virtual token bucket
-// 0.04%. Bound: 5 points, for rounding, window edges and live noise.
+// p99 0.4% (98.3% of the oracle admitted), sliding_window_counter 0.9%
+// (98.3%), virtual token bucket 0.04%.
+//
+// The log gets ten seconds (Count 1000). A full log admits again only when
+// an arrival follows an expiry, so each slot loses the wait for the next
+// arrival, and time lost so is never made up: a token bucket banks the
+// refill it could not hand out, a log does not. The wait is longer where
+// a region's arrivals are fewer and where they come in clumps, and a
+// loaded machine delivers them in clumps (a stall of S frees a run of
+// slots that all refill at its end, expire together a window later and
+// wait again), so the loss scales with stalls over the window length.
+// At five seconds it measured p99 1.4-4.7% on this test's own and beside
+// the simulator package's tests, and 5.2-13.2% in CI runs; at ten, beside
+// them, 0.2-1.5% (99.2-99.96% of the oracle). Bound: 5 points, for
+// rounding, window edges and live noise.
 func TestAlgorithmsMatchVirtual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live runs of 12 s each; skipped under -short")
@@ -191,23 +203,22 @@ func TestAlgorithmsMatchVirtual(t *testing.T) {
 	t.Logf("virtual token_bucket: %+v", virt.Summary)
 	for _, alg := range []string{"leaky_bucket", "sliding_window_log", "sliding_window_counter"} {
 		t.Run(alg, func(t *testing.T) {
-			if alg == "sliding_window_log" {
-				// Measured 2.9 once; in three clean CI runs, beside the
-				// simulator package's tests, 13.2, 5.2 and 6.0 against the
-				// 5-point bound, and 2.9 or less when run alone. Not yet
-				// understood, so not compared until it is.
-				t.Skip("sliding_window_log live measured 5.2-13.2 in CI against a 5-point bound; cause not found")
-			}
 			sc := base
 			sc.Name += "-" + alg
 			sc.Limit.Algorithm = alg
 			// Five seconds of L per window (500 ms live, Count 500): the
 			// regions' whole-unit rounding then costs at most 3 of 500.
+			// The log, ten (1 s live, Count 1000, the engine's most).
 			sc.Limit.Burst = 5 * sc.Limit.Rate
-			live, err := Run(ctx, sc, Options{Seed: 3})
+			if alg == "sliding_window_log" {
+				sc.Limit.Burst = 10 * sc.Limit.Rate
+			}
+			var st Stats
+			live, err := Run(ctx, sc, Options{Seed: 3, Stats: &st})
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Logf("live %s: checks answered %v (p50), %v (p99) after their instant", alg, st.LateP50, st.LateP99)
 			t.Logf("live %s: %+v", alg, live.Summary)
 			if d := live.Summary.GlobalErrorP99Pct - virt.Summary.GlobalErrorP99Pct; math.Abs(d) > 5 {
 				t.Errorf("global_error_p99_pct: live %s %.2f, virtual token_bucket %.2f: %.2f points apart, want ≤ 5",
