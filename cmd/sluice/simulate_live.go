@@ -30,7 +30,9 @@ func runLive(cmd *cobra.Command, sc simulator.Scenario, o liveOptions, jsonOut b
 	default:
 		return fmt.Errorf("--live-store %q: want memory or redis", o.store)
 	}
-	if o.interval < 100*time.Millisecond {
+	if !cmd.Flags().Changed("live-interval") {
+		o.interval = 0 // the runner's default: 1 s, longer when the scenario needs it
+	} else if o.interval < 100*time.Millisecond {
 		return fmt.Errorf("--live-interval %v: want at least 100ms", o.interval)
 	}
 	if err := live.Validate(sc); err != nil {

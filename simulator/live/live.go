@@ -43,6 +43,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -75,8 +76,11 @@ type Options struct {
 	Store string
 	// NodesPerRegion is the number of daemons per region (default 1).
 	NodesPerRegion int
-	// Interval is the live report interval (default 1 s); the scenario's
-	// interval maps onto it.
+	// Interval is the live report interval; the scenario's interval maps
+	// onto it. The default is 1 s (time compressed 10× at the simulator's
+	// 10 s interval), longer when a key's burst at the live L would hold
+	// too few checks for every region's share of it (minBurst): a run on
+	// a coarser grain measures rounding, not the allocation.
 	Interval time.Duration
 	// Limit is the live L_global in units per second (default 1000, the
 	// simulator's own L). The allocation estimates each region's rate from
@@ -87,7 +91,7 @@ type Options struct {
 	// L = 200 and 0.3% at 1000). Offered load is Traffic.Rate·Limit checks
 	// per second; a scenario whose peak Traffic.Rate would offer more than
 	// MaxLoad at 1000 gets a smaller default (zipf-keys, at 1000·L, runs at
-	// L = 4).
+	// L = 4, and so with a 30 s Interval: see Interval).
 	Limit float64
 	// Logger receives the daemons' logs (default: discarded).
 	Logger *slog.Logger
@@ -111,12 +115,42 @@ type Stats struct {
 	// Errors and Dropped count checks not answered and not sent (the
 	// daemon's queue was full).
 	Errors, Dropped int64
+	// Offered is the number of checks the run sent.
+	Offered int64
+	// MaxLate is the most LateP99 may be for the run to count (half a
+	// burst of L, live time; see ErrBehind).
+	MaxLate time.Duration
 }
+
+// ErrBehind is returned, wrapped, with the result of a run the machine
+// could not drive: more than 2% of its checks not sent (a daemon's queue
+// full), or checks answered later than Stats.MaxLate (p99) after their
+// instants.
+// Such a run's figures measure the machine, not the limiter.
+var ErrBehind = errors.New("live: the machine could not drive the run's offered load")
 
 const policyID = "live-global"
 
 // MaxLoad is the most checks per second the default Options.Limit offers.
 const MaxLoad = 4000
+
+// minBurst is the fewest live checks a key's burst (a bucket's burst, a
+// window's count, at the lowest limit step) may hold per region: the
+// daemons scale the limit by each region's share (share.Scale), and a
+// region's part of a burst of a few checks rounds to one check or to none.
+// At a live L of 4/s and 10× compression a burst of one second of L is
+// 0.4 checks, which the policy rounds up to 1: no region's share of it
+// holds a whole check, so every daemon rejects every check while the
+// oracle, at the full burst, admits.
+const minBurst = 4
+
+// burstChecks is how many live checks the burst of l holds.
+func burstChecks(l engine.Limit) float64 {
+	if l.Algorithm.Windowed() {
+		return l.Count
+	}
+	return l.Burst
+}
 
 // peakRate is the largest Traffic.Rate of sc (in multiples of L), bursts
 // included.
@@ -140,9 +174,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.NodesPerRegion <= 0 {
 		o.NodesPerRegion = 1
-	}
-	if o.Interval <= 0 {
-		o.Interval = time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -558,12 +589,23 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 			opt.Limit = math.Floor(MaxLoad / p)
 		}
 	}
+	factors := append([]float64{1}, stepFactors(sc)...)
+	if opt.Interval <= 0 {
+		opt.Interval = defaultInterval(sc, opt, factors)
+	}
 	f := float64(opt.Interval) / float64(sc.Share.Interval.D()) // live seconds per scenario second
 	// Every limit the run will enforce must be valid (a sliding window
-	// log's count within its maximum) before any daemon starts.
-	for _, factor := range append([]float64{1}, stepFactors(sc)...) {
-		if _, err := liveLimit(sc, opt, f, factor); err != nil {
+	// log's count within its maximum) and hold minBurst checks per region
+	// before any daemon starts.
+	for _, factor := range factors {
+		l, err := liveLimit(sc, opt, f, factor)
+		if err != nil {
 			return simulator.Result{}, err
+		}
+		if b := burstChecks(l); b < minBurst*float64(sc.Regions) {
+			return simulator.Result{}, fmt.Errorf("scenario %s: at L = %g/s live and a %v interval a key's burst holds %g checks, "+
+				"fewer than %d for each of %d regions' shares: lengthen the interval (at least %v) or raise L",
+				sc.Name, opt.Limit*factor, opt.Interval, b, minBurst, sc.Regions, defaultInterval(sc, opt, factors))
 		}
 	}
 
@@ -578,20 +620,51 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 	return res, err
 }
 
+// defaultInterval is the live report interval of a run of sc at opt.Limit:
+// 1 s, or the shortest whole number of seconds at which every limit (at
+// each factor) holds minBurst checks per region.
+func defaultInterval(sc simulator.Scenario, opt Options, factors []float64) time.Duration {
+	iv := time.Second
+	for _, factor := range factors {
+		f := float64(iv) / float64(sc.Share.Interval.D())
+		l, err := liveLimit(sc, opt, f, factor)
+		if err != nil {
+			continue // Run reports it
+		}
+		need := minBurst * float64(sc.Regions)
+		if b := burstChecks(l); b < need {
+			// The burst grows in proportion to the interval (before
+			// rounding): stretch by the shortfall, then check again.
+			for burstChecks(l) < need && iv < time.Hour {
+				iv += time.Second
+				f = float64(iv) / float64(sc.Share.Interval.D())
+				if l, err = liveLimit(sc, opt, f, factor); err != nil {
+					break
+				}
+			}
+		}
+	}
+	return iv
+}
+
 // scaling says how a live run maps the scenario, for Result.Description.
 func scaling(sc simulator.Scenario, opt Options, f float64, cl *cluster, st Stats) string {
 	l, _ := liveLimit(sc, opt, f, 1)
-	s := fmt.Sprintf("[live: %d daemon(s) per region on loopback, %s store, real memberlist and HTTP; time compressed %g×: "+
-		"report interval %v live for %v, %v of scenario time in %v; L = %g/s live, %g live arrivals per scenario unit",
-		opt.NodesPerRegion, opt.Store, 1/f, opt.Interval, sc.Share.Interval.D(), sc.Duration.D(),
+	pace := fmt.Sprintf("time compressed %.3g×", 1/f)
+	if f > 1 {
+		pace = fmt.Sprintf("time slowed %.3g× (for a key's burst to hold enough checks)", f)
+	}
+	s := fmt.Sprintf("[live: %d daemon(s) per region on loopback, %s store, real memberlist and HTTP; %s: "+
+		"report interval %v live for %v, %v of scenario time in %v; L = %g/s live, %.3g live arrivals per scenario unit",
+		opt.NodesPerRegion, opt.Store, pace, opt.Interval, sc.Share.Interval.D(), sc.Duration.D(),
 		time.Duration(float64(sc.Duration)*f).Round(time.Millisecond), opt.Limit, liveUnits(sc, opt, f))
 	if sc.Quota != nil {
 		s += fmt.Sprintf("; quota %g per %v live", l.Count, l.Window)
 	}
 	c := cl.net.Counts()
 	s += fmt.Sprintf("; faults: %d packets and %d streams cut, %d streams lost, %d delayed", c.CutPackets, c.CutStreams, c.LostStreams, c.DelayedStreams)
-	s += fmt.Sprintf("; checks answered after their instant: p50 %v, p99 %v live; %d unanswered, %d not sent]",
-		st.LateP50.Round(100*time.Microsecond), st.LateP99.Round(100*time.Microsecond), st.Errors, st.Dropped)
+	s += fmt.Sprintf("; checks answered after their instant: p50 %v, p99 %v live (at most %v counts); %d unanswered, %d not sent]",
+		st.LateP50.Round(100*time.Microsecond), st.LateP99.Round(100*time.Microsecond), st.MaxLate, st.Errors, st.Dropped)
 	return s
 }
 
@@ -883,7 +956,7 @@ func (p *player) play(ctx context.Context, at time.Time) (simulator.Result, erro
 	res := p.m.result()
 	p.m.mu.Lock()
 	errs, drops, offered, firstErr := p.m.errs, p.m.drops, p.m.checks/2, p.m.firstErr
-	st := Stats{Errors: errs, Dropped: drops}
+	st := Stats{Errors: errs, Dropped: drops, Offered: offered, MaxLate: p.maxLate()}
 	st.LateP50, st.LateP99 = p.m.lateness()
 	p.m.mu.Unlock()
 	if p.opt.Stats != nil {
@@ -895,11 +968,29 @@ func (p *player) play(ctx context.Context, at time.Time) (simulator.Result, erro
 	}
 	if bad := errs + drops; bad > 0 {
 		p.opt.Logger.Warn("live: checks not answered", "errors", errs, "dropped", drops, "of", offered+drops, "first_error", firstErr)
-		if float64(bad) > 0.02*float64(offered+drops) && len(sc.Gossip.Crashes) == 0 {
-			return res, fmt.Errorf("live: %d of %d checks failed or were dropped: the machine cannot drive this load; lower Options.Limit", bad, offered+drops)
+		switch all := 0.02 * float64(offered+drops); {
+		case float64(drops) > all:
+			return res, fmt.Errorf("%w: %d of %d checks not sent (a daemon's queue was full); lower Options.Limit", ErrBehind, drops, offered+drops)
+		case float64(bad) > all && len(sc.Gossip.Crashes) == 0:
+			return res, fmt.Errorf("live: %d of %d checks failed or were dropped (first error: %v)", bad, offered+drops, firstErr)
 		}
 	}
+	if st.LateP99 > st.MaxLate {
+		return res, fmt.Errorf("%w: checks were answered up to %v (p99) after their instants, more than %v (half a burst of L, live): "+
+			"they reached the daemons bunched, and the figures measure the machine", ErrBehind,
+			st.LateP99.Round(time.Millisecond), st.MaxLate)
+	}
 	return res, nil
+}
+
+// maxLate is Stats.MaxLate: half the live time in which L fills a key's
+// burst (one second of L, 100 ms live, at the default compression gives
+// 50 ms). Checks that reach the daemons later than that bunch by more
+// than their buckets absorb, and they reject what the oracle, deciding at
+// each scheduled instant, admits.
+func (p *player) maxLate() time.Duration {
+	secs := p.f * p.sc.Limit.Burst / p.sc.Limit.Rate / 2
+	return time.Duration(secs * float64(time.Second))
 }
 
 // stepLimits changes the global policy's limit at each limit step's live

@@ -2,6 +2,7 @@ package live
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"strings"
@@ -29,10 +30,7 @@ func TestSteadyUnevenMatchesVirtual(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	live, err := Run(ctx, sc, Options{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	live := runOrSkip(t, ctx, sc, Options{Seed: 1})
 	t.Logf("live run took %v, %d checks", time.Since(start).Round(time.Millisecond), live.Checks)
 	t.Logf("virtual: %+v", virt.Summary)
 	t.Logf("live:    %+v", live.Summary)
@@ -60,8 +58,11 @@ func TestRedisStoreTwoNodesPerRegion(t *testing.T) {
 	}
 	sc := simulator.Scenario{Name: "short-uneven", Regions: 3, Duration: simulator.Duration(80 * time.Second),
 		Limit: simulator.LimitSpec{Rate: 1000}, Traffic: simulator.Traffic{Rate: 2, Split: []float64{70, 20, 10}}}
+	// Its bounds are loose: a run the machine fell behind on still counts.
 	res, err := Run(context.Background(), sc, Options{Seed: 2, Store: "redis", NodesPerRegion: 2, Limit: 300})
-	if err != nil {
+	if errors.Is(err, ErrBehind) {
+		t.Log(err)
+	} else if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("live redis 3×2: %+v", res.Summary)
@@ -78,6 +79,20 @@ func TestRedisStoreTwoNodesPerRegion(t *testing.T) {
 func uneven(name string, d time.Duration) simulator.Scenario {
 	return simulator.Scenario{Name: name, Regions: 3, Duration: simulator.Duration(d),
 		Limit: simulator.LimitSpec{Rate: 1000}, Traffic: simulator.Traffic{Rate: 2, Poisson: true, Split: []float64{70, 20, 10}}}
+}
+
+// runOrSkip runs sc live and skips the test if the machine could not drive
+// the run (ErrBehind): its figures would measure the machine.
+func runOrSkip(t *testing.T, ctx context.Context, sc simulator.Scenario, opt Options) simulator.Result {
+	t.Helper()
+	res, err := Run(ctx, sc, opt)
+	if errors.Is(err, ErrBehind) {
+		t.Skipf("%v; nothing measured", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
 
 // stepLogger passes the runner's own records ("live: ...") to t.Log and
@@ -131,10 +146,7 @@ func TestLimitStepFollowsVirtual(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, err := Run(ctx, sc, Options{Seed: 1, Logger: slog.New(stepLogger{t})})
-	if err != nil {
-		t.Fatal(err)
-	}
+	live := runOrSkip(t, ctx, sc, Options{Seed: 1, Logger: slog.New(stepLogger{t})})
 	t.Logf("virtual: %+v", virt.Summary)
 	t.Logf("live:    %+v", live.Summary)
 	for i, w := range live.Windows {
@@ -214,10 +226,7 @@ func TestAlgorithmsMatchVirtual(t *testing.T) {
 				sc.Limit.Burst = 10 * sc.Limit.Rate
 			}
 			var st Stats
-			live, err := Run(ctx, sc, Options{Seed: 3, Stats: &st})
-			if err != nil {
-				t.Fatal(err)
-			}
+			live := runOrSkip(t, ctx, sc, Options{Seed: 3, Stats: &st})
 			t.Logf("live %s: checks answered %v (p50), %v (p99) after their instant", alg, st.LateP50, st.LateP99)
 			t.Logf("live %s: %+v", alg, live.Summary)
 			if d := live.Summary.GlobalErrorP99Pct - virt.Summary.GlobalErrorP99Pct; math.Abs(d) > 5 {
@@ -294,5 +303,44 @@ func TestSlidingWindowLogCountBeyondMax(t *testing.T) {
 	_, err := Run(context.Background(), sc, Options{})
 	if err == nil || !strings.Contains(err.Error(), "sliding_window_log") {
 		t.Errorf("Run(log of count 2000) = %v, want the engine's refusal", err)
+	}
+}
+
+// TestBurstHoldsChecksPerRegion checks the grain of a live run: zipf-keys
+// offers 1000·L, so its live L is 4/s, and at the default 1 s interval a
+// key's burst (one second of L, 100 ms live) would be 0.4 checks, rounded
+// up to one that no region's share of it can hold. The runner's default
+// interval is long enough for 4 checks per region, and a run asked for the
+// coarser grain is refused before any daemon starts.
+func TestBurstHoldsChecksPerRegion(t *testing.T) {
+	sc, ok := simulator.Builtin("zipf-keys")
+	if !ok {
+		t.Fatal("no built-in zipf-keys")
+	}
+	_, err := Run(context.Background(), sc, Options{Limit: 4, Interval: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "burst holds 1 checks") {
+		t.Errorf("Run(zipf-keys, L = 4/s, 1 s interval) = %v, want a refusal naming the burst", err)
+	}
+	sc = sc.WithDefaults()
+	opt := Options{Limit: 4}
+	if got, want := defaultInterval(sc, opt, []float64{1}), 29*time.Second; got != want {
+		t.Errorf("defaultInterval(zipf-keys at L = 4/s) = %v, want %v (a burst of round(4·2.9) = 12 checks, 4 per region)", got, want)
+	}
+	if got := defaultInterval(sc, Options{Limit: 1000}, []float64{1, 0.5}); got != time.Second {
+		t.Errorf("defaultInterval(zipf-keys at L = 1000/s) = %v, want 1s", got)
+	}
+	for _, b := range simulator.Builtins() {
+		if Validate(b) != nil {
+			continue
+		}
+		b = b.WithDefaults()
+		lim := 1000.0
+		if p := peakRate(b); p*lim > MaxLoad {
+			lim = math.Floor(MaxLoad / p)
+		}
+		iv := defaultInterval(b, Options{Limit: lim}, append([]float64{1}, stepFactors(b)...))
+		if b.Name != "zipf-keys" && iv != time.Second {
+			t.Errorf("defaultInterval(%s) = %v, want 1s", b.Name, iv)
+		}
 	}
 }
