@@ -310,8 +310,9 @@ func TestSlidingWindowLogCountBeyondMax(t *testing.T) {
 // offers 1000·L, so its live L is 4/s, and at the default 1 s interval a
 // key's burst (one second of L, 100 ms live) would be 0.4 checks, rounded
 // up to one that no region's share of it can hold. The runner's default
-// interval is long enough for 4 checks per region, and a run asked for the
-// coarser grain is refused before any daemon starts.
+// interval is long enough for the scenario's own grain (a burst of 20
+// units, 20 checks), and a run asked for a coarser one is refused before
+// any daemon starts.
 func TestBurstHoldsChecksPerRegion(t *testing.T) {
 	sc, ok := simulator.Builtin("zipf-keys")
 	if !ok {
@@ -323,8 +324,8 @@ func TestBurstHoldsChecksPerRegion(t *testing.T) {
 	}
 	sc = sc.WithDefaults()
 	opt := Options{Limit: 4}
-	if got, want := defaultInterval(sc, opt, []float64{1}), 29*time.Second; got != want {
-		t.Errorf("defaultInterval(zipf-keys at L = 4/s) = %v, want %v (a burst of round(4·2.9) = 12 checks, 4 per region)", got, want)
+	if got, want := defaultInterval(sc, opt, []float64{1}), 50*time.Second; got != want {
+		t.Errorf("defaultInterval(zipf-keys at L = 4/s) = %v, want %v (a burst of 4·5 = 20 checks)", got, want)
 	}
 	if got := defaultInterval(sc, Options{Limit: 1000}, []float64{1, 0.5}); got != time.Second {
 		t.Errorf("defaultInterval(zipf-keys at L = 1000/s) = %v, want 1s", got)
