@@ -35,6 +35,14 @@ import (
 // EOF); a delayed one is delivered Delay plus up to Jitter later, without
 // holding up its sender.
 //
+// A node on a FaultNet sends its packets uncompressed (memberlist's
+// EnableCompression off): memberlist compresses each packet with a fresh
+// LZW writer, a 64 KB table, and the daemons' contact pings (every
+// interval/40 to every node of the other regions) at the live
+// simulator's tenfold compressed time, ten daemons on one machine, made
+// that garbage, and the GC after it, half the run's CPU. What the faults
+// model does not depend on packet sizes.
+//
 // Faults are applied by the sending node, on both sides, so a cut holds in
 // both directions. Nodes are told apart by the address they bind; a node
 // restarted on a new port is known again once it is created. The zero
@@ -201,6 +209,7 @@ func (f *FaultNet) attach(mc *memberlist.Config, region string) error {
 	f.regionOf[self] = region
 	f.mu.Unlock()
 	mc.Transport = &faultTransport{NetTransport: inner, net: f, region: region, self: self}
+	mc.EnableCompression = false // see FaultNet
 	if f.Detect > 0 {
 		p := max(f.Detect/5, 10*time.Millisecond)
 		mc.ProbeInterval = p

@@ -2,9 +2,11 @@ package gossip
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-rl/sluice/share"
 )
@@ -143,5 +145,23 @@ func TestContactFollowsReachability(t *testing.T) {
 	}
 	if got := contact(eu2, "eu-1"); !got.IsZero() {
 		t.Errorf("eu-2's contact with eu-1, of its own region, = %v, want zero (never pinged)", got)
+	}
+}
+
+// TestFaultNetSendsUncompressed checks that a node on a FaultNet turns off
+// memberlist's packet compression (see FaultNet).
+func TestFaultNetSendsUncompressed(t *testing.T) {
+	mc := memberlist.DefaultLocalConfig()
+	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
+	mc.LogOutput = io.Discard
+	if !mc.EnableCompression {
+		t.Fatal("memberlist's local preset no longer compresses: this test checks nothing")
+	}
+	if err := NewFaultNet(1).attach(mc, "r0"); err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Transport.Shutdown()
+	if mc.EnableCompression {
+		t.Error("attach left EnableCompression on")
 	}
 }
