@@ -314,6 +314,7 @@ func livePolicy(l engine.Limit) quota.Policy {
 type node struct {
 	region int
 	d      *region.Daemon
+	reg    *prometheus.Registry // the daemon's metrics
 	addr   string
 	cancel context.CancelFunc
 	done   chan error
@@ -478,7 +479,7 @@ func (cl *cluster) spawn(ctx context.Context, r int) error {
 			return err
 		}
 		nctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		n := &node{region: r, d: d, addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+		n := &node{region: r, d: d, reg: reg, addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 		go func() { n.done <- d.Serve(nctx, ln, nil) }()
 		ns = append(ns, n)
 	}
@@ -520,6 +521,37 @@ func (cl *cluster) formed(ctx context.Context, within time.Duration) error {
 		case <-time.After(20 * time.Millisecond): // polling interval
 		}
 	}
+}
+
+// missingReports sums, over every daemon ever started, the other regions'
+// reports its coordinator rebalanced without (not received by the settle
+// deadline: lost, or late) and the reports it would have had with none
+// missing (rebalances times the other regions). Both count every daemon
+// of a region, so their ratio is the share of reports missing.
+func (cl *cluster) missingReports() (missing, expected float64) {
+	cl.mu.Lock()
+	all := slices.Clone(cl.all)
+	cl.mu.Unlock()
+	for _, n := range all {
+		mfs, err := n.reg.Gather()
+		if err != nil {
+			continue
+		}
+		var miss, rebal float64
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				switch mf.GetName() {
+				case "sluice_globalshare_reports_missing_total":
+					miss += m.GetCounter().GetValue()
+				case "sluice_globalshare_rebalances_total":
+					rebal += m.GetCounter().GetValue()
+				}
+			}
+		}
+		missing += miss
+		expected += rebal * float64(cl.sc.Regions-1)
+	}
+	return missing, expected
 }
 
 // node returns the i-th daemon of region r (nil if it has none).
@@ -676,6 +708,9 @@ func scaling(sc simulator.Scenario, opt Options, f float64, cl *cluster, st Stat
 	}
 	c := cl.net.Counts()
 	s += fmt.Sprintf("; faults: %d packets and %d streams cut, %d streams lost, %d delayed", c.CutPackets, c.CutStreams, c.LostStreams, c.DelayedStreams)
+	if miss, exp := cl.missingReports(); exp > 0 {
+		s += fmt.Sprintf("; reports missing at rebalance: %.1f%%", 100*miss/exp)
+	}
 	s += fmt.Sprintf("; checks answered after their instant: p50 %v, p99 %v live (at most %v counts); %d unanswered, %d not sent]",
 		st.LateP50.Round(100*time.Microsecond), st.LateP99.Round(100*time.Microsecond), st.MaxLate, st.Errors, st.Dropped)
 	return s
