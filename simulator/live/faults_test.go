@@ -59,11 +59,13 @@ func compare(t *testing.T, sc simulator.Scenario) (live, virt simulator.Result) 
 	return live, virt
 }
 
-// TestFaultsMatchVirtual plays crash, global-daily-quota and partition,
-// shortened, live (real daemons, memberlist and its pings through a
-// FaultNet, HTTP checks; 1 s per 10 s interval) and on virtual time, and
-// requires their global_error_p99_pct within 3 percentage points. It
-// skips only a run the machine could not serve in time (compare).
+// TestFaultsMatchVirtual plays crash, global-daily-quota and partition and
+// the transients shift and flash-crowd, shortened, live (real daemons,
+// memberlist and its pings through a FaultNet, HTTP checks; 1 s per 10 s
+// interval) and on virtual time, and requires their global_error_p99_pct
+// within 3 percentage points. It skips a run the machine could not serve
+// in time (compare), and the transients while live borrowing is slower
+// than the virtual run's (slowBorrow).
 //
 // The partition is the case membership alone gets wrong live: the cut-off
 // region's memberlist declares the majority dead well after the majority
@@ -73,25 +75,51 @@ func compare(t *testing.T, sc simulator.Scenario) (live, virt simulator.Result) 
 // pings instead (docs/architecture.md, "Losing a region").
 func TestFaultsMatchVirtual(t *testing.T) {
 	if testing.Short() {
-		t.Skip("live runs of about a minute in all; skipped under -short")
+		t.Skip("live runs of about a minute in all (two more once the transients run); skipped under -short")
 	}
-	for _, sc := range []simulator.Scenario{
-		shortened(t, "crash", func(sc *simulator.Scenario) { sc.Duration = secs(150) }),
+	// slowBorrow is why a transient cannot match yet: the daemon's
+	// coordinator measures rates and asks for loans every BorrowTick, 250 ms
+	// of real time whatever the interval (globalshare.Config has no way to
+	// set it from region.GossipConfig), while the virtual run's core does
+	// so every 250 ms of scenario time. Compressed 10×, live borrowing
+	// reacts ten times slower: the region a load moves to waits 2.5 s of
+	// scenario time for loans where the virtual one waits 0.25 s. Measured
+	// on the shortened runs below: shift −17.7% live in the shift's window
+	// against −4.76% virtual, flash-crowd −13.0% against −2.83%.
+	const slowBorrow = "live borrowing ticks every 250 ms of real time, 2.5 s of scenario time, against 250 ms of scenario time virtual"
+	for _, c := range []struct {
+		sc   simulator.Scenario
+		skip string
+	}{
+		{sc: shortened(t, "crash", func(sc *simulator.Scenario) { sc.Duration = secs(150) })},
 		// A 150 s quota window (of 100 000·150/3600 units) instead of an
 		// hour, twice: the quota runs out 42 s into each.
-		shortened(t, "global-daily-quota", func(sc *simulator.Scenario) {
+		{sc: shortened(t, "global-daily-quota", func(sc *simulator.Scenario) {
 			sc.Duration = secs(300)
 			sc.Quota.Window = secs(150)
 			sc.Quota.Limit = 100_000 * 150 / 3600
-		}),
-		shortened(t, "partition", func(sc *simulator.Scenario) {
+		})},
+		{sc: shortened(t, "partition", func(sc *simulator.Scenario) {
 			sc.Duration = secs(180)
 			sc.Gossip.Partitions[0].Start, sc.Gossip.Partitions[0].End = secs(40), secs(100)
 			sc.ChangeAt = secs(100)
-		}),
+		})},
+		// The shift still half way through an interval.
+		{sc: shortened(t, "shift", func(sc *simulator.Scenario) {
+			sc.Duration = secs(130)
+			sc.Traffic.Steps[0].At, sc.ChangeAt = secs(65), secs(65)
+		}), skip: slowBorrow},
+		// The crowd of 3L in r1 for 60 s, as long as in the built-in.
+		{sc: shortened(t, "flash-crowd", func(sc *simulator.Scenario) {
+			sc.Duration = secs(160)
+			sc.Traffic.Steps[0].At, sc.Traffic.Steps[1].At, sc.ChangeAt = secs(45), secs(105), secs(45)
+		}), skip: slowBorrow},
 	} {
-		t.Run(sc.Name, func(t *testing.T) {
-			live, virt := compare(t, sc)
+		t.Run(c.sc.Name, func(t *testing.T) {
+			if c.skip != "" {
+				t.Skip(c.skip)
+			}
+			live, virt := compare(t, c.sc)
 			if d := math.Abs(live.Summary.GlobalErrorP99Pct - virt.Summary.GlobalErrorP99Pct); d > 3 {
 				t.Errorf("global_error_p99_pct: live %.2f, virtual %.2f: %.2f points apart, want ≤ 3",
 					live.Summary.GlobalErrorP99Pct, virt.Summary.GlobalErrorP99Pct, d)
