@@ -3,7 +3,8 @@
 // loopback, joined by real memberlist gossip, each region on the embedded
 // memory store or its own redis-server, with every arrival a real HTTP
 // check. Time is compressed: the scenario's report interval (10 s by
-// default) becomes Options.Interval (1 s), and every scenario time (duration,
+// default) becomes Options.Interval (1 s, longer when a key's burst would
+// hold too few checks: needChecks), and every scenario time (duration,
 // steps, warm-up, windows) is scaled by the same factor, so a 300 s scenario
 // runs in 30 s. Rates are scaled too: the scenario's multiples of L apply to
 // Options.Limit, the live L_global.
@@ -91,7 +92,7 @@ type Options struct {
 	// L = 200 and 0.3% at 1000). Offered load is Traffic.Rate·Limit checks
 	// per second; a scenario whose peak Traffic.Rate would offer more than
 	// MaxLoad at 1000 gets a smaller default (zipf-keys, at 1000·L, runs at
-	// L = 4, and so with a 30 s Interval: see Interval).
+	// L = 4, and so on a 50 s Interval: see Interval).
 	Limit float64
 	// Logger receives the daemons' logs (default: discarded).
 	Logger *slog.Logger
