@@ -28,11 +28,12 @@ func shortened(t *testing.T, name string, mod func(*simulator.Scenario)) simulat
 
 func secs(s float64) simulator.Duration { return simulator.Duration(s * float64(time.Second)) }
 
-// compare runs sc live and on virtual time at seed 1, logs both window by
+// compare runs sc live, with the live report interval iv (0: the runner's
+// default, 1 s), and on virtual time at seed 1, logs both window by
 // window and returns them; it skips the test when the machine could not
 // drive the live run (ErrBehind: checks answered more than half a burst
 // late, or not sent).
-func compare(t *testing.T, sc simulator.Scenario) (live, virt simulator.Result) {
+func compare(t *testing.T, sc simulator.Scenario, iv time.Duration) (live, virt simulator.Result) {
 	t.Helper()
 	ctx := context.Background()
 	virt, err := simulator.Run(ctx, sc, simulator.Options{Seed: 1})
@@ -40,7 +41,7 @@ func compare(t *testing.T, sc simulator.Scenario) (live, virt simulator.Result) 
 		t.Fatal(err)
 	}
 	start := time.Now()
-	live, err = Run(ctx, sc, Options{Seed: 1, Logger: slog.New(stepLogger{t})})
+	live, err = Run(ctx, sc, Options{Seed: 1, Interval: iv, Logger: slog.New(stepLogger{t})})
 	behind := errors.Is(err, ErrBehind)
 	if err != nil && !behind {
 		t.Fatal(err)
@@ -61,36 +62,33 @@ func compare(t *testing.T, sc simulator.Scenario) (live, virt simulator.Result) 
 
 // TestFaultsMatchVirtual plays crash, global-daily-quota and partition and
 // the transients shift and flash-crowd, shortened, live (real daemons,
-// memberlist and its pings through a FaultNet, HTTP checks; 1 s per 10 s
-// interval) and on virtual time, and requires their global_error_p99_pct
-// within 3 percentage points. It skips a run the machine could not serve
-// in time (compare), and the transients while live borrowing is slower
-// than the virtual run's (slowBorrow).
+// memberlist and its pings through a FaultNet, HTTP checks) and on virtual
+// time, and requires their global_error_p99_pct within 3 percentage
+// points. It skips a run the machine could not serve in time (compare).
 //
-// The partition is the case membership alone gets wrong live: the cut-off
-// region's memberlist declares the majority dead well after the majority
-// has declared it dead (no confirmers, and Lifeguard slows its probes), so
-// a majority that reclaimed on membership's verdict would overshoot while
-// the minority still admits. The coordinator times both sides from the
-// pings instead (docs/architecture.md, "Losing a region").
+// The faults run compressed, 1 s per 10 s interval. The partition is the
+// case membership alone gets wrong live: the cut-off region's memberlist
+// declares the majority dead well after the majority has declared it dead
+// (no confirmers, and Lifeguard slows its probes), so a majority that
+// reclaimed on membership's verdict would overshoot while the minority
+// still admits. The coordinator times both sides from the pings instead
+// (docs/architecture.md, "Losing a region").
+//
+// The transients run at the daemon's own timings, a 10 s interval, as
+// long as the scenario, two at once. Compressed they cannot match: the
+// daemon's coordinator measures rates and asks for loans every
+// BorrowTick, 250 ms of real time whatever the interval, so at 1 s per
+// interval the region a load moves to waits 2.5 s of scenario time for
+// loans where the virtual run's waits 0.25 s (measured so, checks answered
+// within 3 ms: shift 26.4 live against 4.76 virtual, flash-crowd 11.9
+// against 2.83).
 func TestFaultsMatchVirtual(t *testing.T) {
 	if testing.Short() {
-		t.Skip("live runs of about a minute in all (two more once the transients run); skipped under -short")
+		t.Skip("live runs of about four minutes in all; skipped under -short")
 	}
-	// slowBorrow is why a transient cannot match yet: the daemon's
-	// coordinator measures rates and asks for loans every BorrowTick, 250 ms
-	// of real time whatever the interval (globalshare.Config has no way to
-	// set it from region.GossipConfig), while the virtual run's core does
-	// so every 250 ms of scenario time. Compressed 10×, live borrowing
-	// reacts ten times slower: the region a load moves to waits 2.5 s of
-	// scenario time for loans where the virtual one waits 0.25 s. Measured
-	// on the shortened runs below, checks answered within 3 ms (p99):
-	// global_error_p99_pct of shift 26.4 live against 4.76 virtual, of
-	// flash-crowd 11.9 against 2.83, each in the window of the change.
-	const slowBorrow = "live borrowing ticks every 250 ms of real time, 2.5 s of scenario time, against 250 ms of scenario time virtual"
 	for _, c := range []struct {
-		sc   simulator.Scenario
-		skip string
+		sc simulator.Scenario
+		iv time.Duration
 	}{
 		{sc: shortened(t, "crash", func(sc *simulator.Scenario) { sc.Duration = secs(150) })},
 		// A 150 s quota window (of 100 000·150/3600 units) instead of an
@@ -109,18 +107,18 @@ func TestFaultsMatchVirtual(t *testing.T) {
 		{sc: shortened(t, "shift", func(sc *simulator.Scenario) {
 			sc.Duration = secs(130)
 			sc.Traffic.Steps[0].At, sc.ChangeAt = secs(65), secs(65)
-		}), skip: slowBorrow},
+		}), iv: 10 * time.Second},
 		// The crowd of 3L in r1 for 60 s, as long as in the built-in.
 		{sc: shortened(t, "flash-crowd", func(sc *simulator.Scenario) {
 			sc.Duration = secs(160)
 			sc.Traffic.Steps[0].At, sc.Traffic.Steps[1].At, sc.ChangeAt = secs(45), secs(105), secs(45)
-		}), skip: slowBorrow},
+		}), iv: 10 * time.Second},
 	} {
 		t.Run(c.sc.Name, func(t *testing.T) {
-			if c.skip != "" {
-				t.Skip(c.skip)
+			if c.iv > 0 {
+				t.Parallel() // mostly waiting: they run beside each other and the rest
 			}
-			live, virt := compare(t, c.sc)
+			live, virt := compare(t, c.sc, c.iv)
 			if d := math.Abs(live.Summary.GlobalErrorP99Pct - virt.Summary.GlobalErrorP99Pct); d > 3 {
 				t.Errorf("global_error_p99_pct: live %.2f, virtual %.2f: %.2f points apart, want ≤ 3",
 					live.Summary.GlobalErrorP99Pct, virt.Summary.GlobalErrorP99Pct, d)
@@ -139,7 +137,7 @@ func TestCrashRestartLive(t *testing.T) {
 	}
 	sc := uneven("crash-restart", 140*time.Second)
 	sc.Gossip.Crashes = []simulator.Crash{{Region: 2, At: secs(40), Restart: secs(80)}}
-	live, virt := compare(t, sc)
+	live, virt := compare(t, sc, 0)
 	var during, after int64
 	for _, w := range live.Windows {
 		switch {
