@@ -66,22 +66,25 @@ func compare(t *testing.T, sc simulator.Scenario, iv time.Duration) (live, virt 
 // time, and requires their global_error_p99_pct within 3 percentage
 // points. It skips a run the machine could not serve in time (compare).
 //
-// The faults run compressed, 1 s per 10 s interval. The partition is the
-// case membership alone gets wrong live: the cut-off region's memberlist
-// declares the majority dead well after the majority has declared it dead
-// (no confirmers, and Lifeguard slows its probes), so a majority that
-// reclaimed on membership's verdict would overshoot while the minority
-// still admits. The coordinator times both sides from the pings instead
-// (docs/architecture.md, "Losing a region").
+// The partition is the case membership alone gets wrong live: the cut-off
+// region's memberlist declares the majority dead well after the majority
+// has declared it dead (no confirmers, and Lifeguard slows its probes), so
+// a majority that reclaimed on membership's verdict would overshoot while
+// the minority still admits. The coordinator times both sides from the
+// pings instead (docs/architecture.md, "Losing a region").
 //
-// The transients run at the daemon's own timings, a 10 s interval, as
-// long as the scenario, two at once. Compressed they cannot match: the
-// daemon's coordinator measures rates and asks for loans every
+// All but the quota run at the daemon's own timings, a 10 s interval, as
+// long as the scenario, four at once (mostly waiting); the quota runs
+// compressed, 1 s per interval. Compressed, the transients cannot match:
+// the daemon's coordinator measures rates and asks for loans every
 // BorrowTick, 250 ms of real time whatever the interval, so at 1 s per
 // interval the region a load moves to waits 2.5 s of scenario time for
 // loans where the virtual run's waits 0.25 s (measured so, checks answered
 // within 3 ms: shift 26.4 live against 4.76 virtual, flash-crowd 11.9
-// against 2.83).
+// against 2.83). And a crash or a partition compressed exposes the
+// contact rule to a late packet reader (100 ms live of silence instead
+// of 1 s; docs/simulator.md, Known limits): one window in three crash
+// runs lost 19.9% so.
 func TestFaultsMatchVirtual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live runs of about four minutes in all; skipped under -short")
@@ -90,7 +93,7 @@ func TestFaultsMatchVirtual(t *testing.T) {
 		sc simulator.Scenario
 		iv time.Duration
 	}{
-		{sc: shortened(t, "crash", func(sc *simulator.Scenario) { sc.Duration = secs(150) })},
+		{sc: shortened(t, "crash", func(sc *simulator.Scenario) { sc.Duration = secs(150) }), iv: 10 * time.Second},
 		// A 150 s quota window (of 100 000·150/3600 units) instead of an
 		// hour, twice: the quota runs out 42 s into each.
 		{sc: shortened(t, "global-daily-quota", func(sc *simulator.Scenario) {
@@ -102,7 +105,7 @@ func TestFaultsMatchVirtual(t *testing.T) {
 			sc.Duration = secs(180)
 			sc.Gossip.Partitions[0].Start, sc.Gossip.Partitions[0].End = secs(40), secs(100)
 			sc.ChangeAt = secs(100)
-		})},
+		}), iv: 10 * time.Second},
 		// The shift still half way through an interval.
 		{sc: shortened(t, "shift", func(sc *simulator.Scenario) {
 			sc.Duration = secs(130)
@@ -116,7 +119,7 @@ func TestFaultsMatchVirtual(t *testing.T) {
 	} {
 		t.Run(c.sc.Name, func(t *testing.T) {
 			if c.iv > 0 {
-				t.Parallel() // mostly waiting: they run beside each other and the rest
+				t.Parallel()
 			}
 			live, virt := compare(t, c.sc, c.iv)
 			if d := math.Abs(live.Summary.GlobalErrorP99Pct - virt.Summary.GlobalErrorP99Pct); d > 3 {
