@@ -672,12 +672,21 @@ func Run(ctx context.Context, sc simulator.Scenario, opt Options) (simulator.Res
 }
 
 // defaultInterval is the live report interval of a run of sc at opt.Limit:
-// 1 s, or the shortest whole number of seconds at which a key's burst at
-// every factor of L holds needChecks before the policy rounds it (so that
-// rounding does not stand in for the grain). The burst grows in
-// proportion to the interval.
+// a second per four daemons (rounded up), or the shortest whole number of
+// seconds at which a key's burst at every factor of L holds needChecks
+// before the policy rounds it (so that rounding does not stand in for the
+// grain), whichever is longer. The burst grows in proportion to the
+// interval.
+//
+// Every scenario's settle leaves 400 ms of scenario time between a
+// delayed report's arrival and the rebalance, 40 ms live at 1 s, and the
+// daemons' gossip work grows with their number and the compression. Ten
+// daemons at 1 s (lossy-ten) kept a 2-core machine so busy that checks
+// were answered 105-304 ms late (p99) and reports missed the rebalance;
+// at 3 s they were answered within 6 ms and matched the virtual run.
 func defaultInterval(sc simulator.Scenario, opt Options, factors []float64) time.Duration {
-	iv := time.Second
+	daemons := sc.Regions * max(1, opt.NodesPerRegion)
+	iv := time.Duration((daemons+3)/4) * time.Second
 	for _, factor := range factors {
 		// Checks in a key's burst per live second of interval: L·factor
 		// times the burst's length in scenario seconds over the

@@ -323,11 +323,11 @@ func TestBurstHoldsChecksPerRegion(t *testing.T) {
 		t.Errorf("Run(zipf-keys, L = 4/s, 1 s interval) = %v, want a refusal naming the burst", err)
 	}
 	sc = sc.WithDefaults()
-	opt := Options{Limit: 4}
+	opt := Options{Limit: 4, NodesPerRegion: 1}
 	if got, want := defaultInterval(sc, opt, []float64{1}), 50*time.Second; got != want {
 		t.Errorf("defaultInterval(zipf-keys at L = 4/s) = %v, want %v (a burst of 4·5 = 20 checks)", got, want)
 	}
-	if got := defaultInterval(sc, Options{Limit: 1000}, []float64{1, 0.5}); got != time.Second {
+	if got := defaultInterval(sc, Options{Limit: 1000, NodesPerRegion: 1}, []float64{1, 0.5}); got != time.Second {
 		t.Errorf("defaultInterval(zipf-keys at L = 1000/s) = %v, want 1s", got)
 	}
 	for _, b := range simulator.Builtins() {
@@ -339,9 +339,10 @@ func TestBurstHoldsChecksPerRegion(t *testing.T) {
 		if p := peakRate(b); p*lim > MaxLoad {
 			lim = math.Floor(MaxLoad / p)
 		}
-		iv := defaultInterval(b, Options{Limit: lim}, append([]float64{1}, stepFactors(b)...))
-		if b.Name != "zipf-keys" && iv != time.Second {
-			t.Errorf("defaultInterval(%s) = %v, want 1s", b.Name, iv)
+		iv := defaultInterval(b, Options{Limit: lim, NodesPerRegion: 1}, append([]float64{1}, stepFactors(b)...))
+		want := time.Duration((b.Regions+3)/4) * time.Second // a second per four daemons
+		if b.Name != "zipf-keys" && iv != want {
+			t.Errorf("defaultInterval(%s, %d daemons) = %v, want %v", b.Name, b.Regions, iv, want)
 		}
 	}
 }
