@@ -38,7 +38,8 @@ type Allocator struct {
 	gen             uint64
 	loans           map[Key]float64
 	asked           map[Key]time.Time
-	pending         map[pendKey]int // index into pendList
+	tokenAsked      map[Key]time.Time // token requests (tokens.go)
+	pending         map[pendKey]int   // index into pendList
 	pendList        []pending
 	accepted        map[loanID]bool // loans applied this generation
 	lendSeq         uint64
@@ -65,20 +66,21 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		return nil, fmt.Errorf("share: region name must not be empty")
 	}
 	a := &Allocator{
-		cfg:       cfg,
-		self:      self,
-		lastHeard: map[string]uint64{},
-		keys:      map[Key]*keyState{},
-		demand:    map[Key]float64{},
-		loans:     map[Key]float64{},
-		asked:     map[Key]time.Time{},
-		pending:   map[pendKey]int{},
-		accepted:  map[loanID]bool{},
-		bursts:    map[Key]burst{},
-		dead:      map[string]bool{},
-		silent:    map[string]bool{},
-		live:      map[string]bool{},
-		gen:       startGeneration(epoch),
+		cfg:        cfg,
+		self:       self,
+		lastHeard:  map[string]uint64{},
+		keys:       map[Key]*keyState{},
+		demand:     map[Key]float64{},
+		loans:      map[Key]float64{},
+		asked:      map[Key]time.Time{},
+		tokenAsked: map[Key]time.Time{},
+		pending:    map[pendKey]int{},
+		accepted:   map[loanID]bool{},
+		bursts:     map[Key]burst{},
+		dead:       map[string]bool{},
+		silent:     map[string]bool{},
+		live:       map[string]bool{},
+		gen:        startGeneration(epoch),
 	}
 	a.SetMembers(epoch, members)
 	a.next = NewTable(a.defaultShare(), nil)
@@ -374,6 +376,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 	a.gen = epoch
 	clear(a.loans)
 	clear(a.asked)
+	clear(a.tokenAsked)
 	clear(a.accepted)
 	clear(a.bursts)
 	clear(a.pending)
