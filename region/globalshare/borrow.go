@@ -295,6 +295,7 @@ func (c *Core) shortage(now time.Time) {
 			surge = append(surge, key)
 		}
 	}
+	c.askTokens(now, dt, nodes)
 	slices.SortFunc(short, compareKeys)
 	for _, k := range short {
 		u := c.b.fast[engine.UsageKey{Policy: k.Policy, Subject: k.Subject}]
@@ -442,6 +443,10 @@ func (c *Core) borrowRequest(now time.Time, r share.BorrowRequest) {
 	if !ok {
 		return
 	}
+	if r.Version >= share.TokenVersion {
+		c.tokenRequest(now, r, limit)
+		return
+	}
 	if l, ok := c.alloc.Lend(now, r, limit, c.use(r.Key)); ok {
 		c.publish(now) // a lender cuts before its loan leaves
 		c.lent(l)
@@ -460,7 +465,7 @@ func (c *Core) loan(now time.Time, from string, l share.Loan) {
 			c.m.borrow.WithLabelValues("accepted").Inc()
 			c.publish(now)
 		}
-	case l.Lender == c.self:
+	case l.Lender == c.self && l.Version < share.TokenVersion: // a token loan cuts no share
 		id := mirrorID{node: from, seq: l.Seq}
 		if l.Epoch != c.b.gen || c.b.mirrored[id] {
 			return
@@ -485,3 +490,120 @@ func (c *Core) bucket(policy string) bool { return c.cfg.Bucket != nil && c.cfg.
 // mark the onset of a shortage (BorrowRequest.Burst), and for this
 // region's bucket estimate to be trusted as a lender's (Use.Tokens).
 func (c *Core) quiet() time.Duration { return 2 * c.cfg.Share.BorrowEvery }
+
+// Token pooling (share/tokens.go) for keys whose L_global is below
+// BorrowMinRate, on the acting node, when the owner carries out Spends
+// (CoreConfig.PoolTokens).
+const (
+	// tokenLow is the bucket level (units) below which a region asks for
+	// tokens before its next arrival is rejected: a request's answer
+	// takes two deliveries, in which a region of a 20/s key sees one or
+	// two arrivals.
+	tokenLow = 2
+	// tokenKeep is the part of its bucket's capacity (one second of its
+	// refill) a lender keeps for its own traffic.
+	tokenKeep = 0.3
+)
+
+// Spend is a token loan waiting for its tokens: the owner takes them out
+// of this region's bucket for Key and then sends the loan. It reads the
+// bucket (an engine check of cost 0 at the scale it enforces for the key),
+// takes n = Take(remaining) units with a check of cost n at that scale,
+// and, if n > 0 and that check is allowed, sends Of(n) as it sends Loans.
+// If it takes nothing it sends nothing: the request goes unanswered, which
+// only leaves the borrower short.
+type Spend struct {
+	Key share.Key
+	// Max is the most to take (units): what the borrower asked for, at
+	// most one second of L_global (the most a loan can carry).
+	Max float64
+	// Keep is what the bucket keeps for this region's own traffic (units).
+	Keep float64
+	// Limit is L_global of the key (units/s).
+	Limit float64
+	// Loan is the loan to fill (Of).
+	Loan share.Loan
+}
+
+// Take is how many whole units to take from a bucket holding remaining
+// units: up to Max, leaving Keep; 0 if that is less than one.
+func (s Spend) Take(remaining float64) int64 {
+	n := math.Floor(min(s.Max, remaining-s.Keep))
+	if !(n >= 1) {
+		return 0
+	}
+	return int64(n)
+}
+
+// Of is the loan handing over units taken out of the bucket.
+func (s Spend) Of(units int64) share.Loan { return share.TokenLoanOf(s.Loan, float64(units), s.Limit) }
+
+// askTokens asks for tokens for every key of the last dt seconds below
+// BorrowMinRate that was rejected here, or whose bucket estimate is below
+// tokenLow, at most once per TokenEvery per key.
+func (c *Core) askTokens(now time.Time, dt, nodes float64) {
+	if !c.cfg.PoolTokens {
+		return
+	}
+	var keys []share.Key
+	want := map[share.Key]float64{}
+	for k, u := range c.b.fast {
+		limit, ok := c.cfg.Limit(k.Policy)
+		if !ok || !(limit > 0) || limit >= c.cfg.Share.BorrowMinRate || !c.bucket(k.Policy) {
+			continue
+		}
+		key := share.Key{Policy: k.Policy, Subject: k.Subject}
+		capacity := c.Share(k.Policy, k.Subject) * limit // one second of refill
+		level := 0.0
+		if u.Demand <= u.Admitted {
+			tok, seen := c.b.tokens[key]
+			if !seen {
+				tok = capacity
+			}
+			level = min(max(tok+capacity*dt-float64(u.Admitted)*nodes, 0), capacity)
+			if level >= tokenLow {
+				continue
+			}
+		}
+		keys = append(keys, key)
+		want[key] = max(capacity-level, 1) / limit
+	}
+	slices.SortFunc(keys, compareKeys)
+	for _, k := range keys {
+		limit, _ := c.cfg.Limit(k.Policy)
+		if req, ok := c.alloc.AskTokens(now, k, limit, want[k]); ok {
+			c.m.borrow.WithLabelValues("tokens_requested").Inc()
+			c.rd.Borrows = append(c.rd.Borrows, req)
+		}
+	}
+}
+
+// tokenRequest answers a peer's token request with a Spend, unless this
+// region's bucket estimate holds no more than it keeps.
+func (c *Core) tokenRequest(now time.Time, r share.BorrowRequest, limit float64) {
+	if !c.cfg.PoolTokens || !c.bucket(r.Policy) {
+		return
+	}
+	capacity := c.Share(r.Policy, r.Subject) * limit
+	keep := tokenKeep * capacity
+	est, seen := c.b.tokens[r.Key]
+	if !seen {
+		est = capacity // no traffic here lately: the bucket is full
+	} else {
+		est = min(est+capacity*now.Sub(c.b.fastAt).Seconds(), capacity)
+	}
+	if est-keep < 1 {
+		return
+	}
+	l, ok := c.alloc.TokenLoan(now, r, limit)
+	if !ok {
+		return
+	}
+	sp := Spend{Key: r.Key, Max: min(r.Want, 1) * limit, Keep: keep, Limit: limit, Loan: l}
+	if seen {
+		// What the owner is about to take is gone from the estimate.
+		c.b.tokens[r.Key] = max(est-min(sp.Max, est-keep), 0)
+	}
+	c.m.borrow.WithLabelValues("tokens_offered").Inc()
+	c.rd.Spends = append(c.rd.Spends, sp)
+}

@@ -604,11 +604,11 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 	key := share.Key{Policy: policy, Subject: "hot"}
 	borrow := func(region string, epoch uint64, want float64) gossip.Message {
 		return gossip.Message{Kind: gossip.KindBorrow, From: region + "-1", Region: region, Borrow: share.BorrowRequest{
-			Version: share.BorrowVersion, Region: region, Epoch: epoch, Key: key, Want: want}}
+			Version: share.RateVersion, Region: region, Epoch: epoch, Key: key, Want: want}}
 	}
 	loan := func(lender string, epoch uint64, amount, tokens float64) gossip.Message {
 		return gossip.Message{Kind: gossip.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
-			Version: share.BorrowVersion, Lender: lender, Borrower: "eu", Epoch: epoch, Key: key, Amount: amount, Tokens: tokens, Seq: 1}}
+			Version: share.RateVersion, Lender: lender, Borrower: "eu", Epoch: epoch, Key: key, Amount: amount, Tokens: tokens, Seq: 1}}
 	}
 	for _, tt := range []struct {
 		name string

@@ -586,6 +586,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		borrow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_borrow_total",
 			Help: "Borrowing events on this node: requested (a borrow request sent), lent (a loan sent, own share cut), " +
 				"accepted (a loan applied), mirrored (another node of this region lent: cut applied here), " +
+				"tokens_requested (a token request sent), tokens_offered (a token loan handed to the owner to fill), " +
 				"send_dropped (outbox full), send_failed."}, []string{"event"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_messages_dropped_total",
 			Help: "Received messages the coordinator did not apply: unknown_region, epoch (future or too old), " +
