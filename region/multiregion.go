@@ -144,7 +144,8 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 		d.log.Warn("gossip in development mode: unencrypted and unauthenticated, bound to loopback only", "listen", g.Addr())
 	}
 	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
-		Limit: d.globalLimit, Quota: d.globalQuota, Bucket: d.globalBucket, NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
+		Limit: d.globalLimit, Quota: d.globalQuota, Bucket: d.globalBucket, Spend: d.spendTokens,
+		NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
 	if d.redis != nil {
 		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
 	}
@@ -224,6 +225,53 @@ func (d *Daemon) globalBucket(id string) bool {
 	}
 	l := p.Limit()
 	return l.Algorithm == engine.TokenBucket && l.Rate > 0 && l.Burst >= l.Rate
+}
+
+// spendTokens carries out a token loan's spend (globalshare.Config.Spend):
+// it takes sp.Take(remaining) units out of this region's bucket of the key
+// through the limiter, as a check of the subject would: the policy's limit
+// after any override in force for the subject, its engine state (the key's
+// policy is the state name the check path tracks usage under; a
+// descriptor's state names its policy before the first separator), the
+// share this region enforces and the policy's version. It reads the bucket
+// with a check of cost 0, then takes the units with a check of that cost,
+// and returns them only if that check was allowed by the store itself: a
+// store that cannot decide must not hand over tokens, whatever the
+// policy's failure mode, so both checks fail closed and a degraded answer
+// takes nothing. A subject exempt by an override, or a policy that is no
+// longer a global token bucket, gives none.
+func (d *Daemon) spendTokens(ctx context.Context, sp globalshare.Spend) (int64, error) {
+	id, _, _ := strings.Cut(sp.Key.Policy, "\x1f")
+	p, ok := d.reg.Get(id)
+	if !ok || p.Scope != quota.ScopeGlobal {
+		return 0, nil
+	}
+	l, _, exempt := d.reg.SubjectLimit(&p, sp.Key.Subject)
+	if exempt != nil || l.Algorithm != engine.TokenBucket {
+		return 0, nil
+	}
+	c := [1]engine.Check{{Policy: sp.Key.Policy, Limit: l, Scale: share.Scale(d.shares.Share(p.ID, sp.Key.Subject)),
+		Version: uint64(p.Version), OnFailure: engine.FailClosed}}
+	read, err := d.lim.Check(ctx, engine.Request{Subject: sp.Key.Subject, Checks: c[:]})
+	if err != nil {
+		return 0, fmt.Errorf("read bucket of %s: %w", id, err)
+	}
+	if read.Degraded || read.Source == engine.FromDenyCache || read.N != 1 {
+		return 0, nil
+	}
+	n := sp.Take(float64(read.Results[0].Remaining))
+	if n <= 0 {
+		return 0, nil
+	}
+	c[0].Cost = n
+	took, err := d.lim.Check(ctx, engine.Request{Subject: sp.Key.Subject, Checks: c[:]})
+	if err != nil {
+		return 0, fmt.Errorf("take %d tokens of %s: %w", n, id, err)
+	}
+	if !took.Allowed || took.Degraded {
+		return 0, nil
+	}
+	return n, nil
 }
 
 // globalQuota is the window of a global quota: a scope: global
