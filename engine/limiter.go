@@ -235,6 +235,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
 		return Outcome{Decision: Decision{Decider: -1}}, err
 	}
 	now := l.clock.Now()
+	if req.Checks[0].Deposit {
+		return l.deposit(ctx, req)
+	}
 	var fp uint64
 	if l.deny != nil {
 		fp = l.fingerprint(req)
@@ -259,6 +262,25 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
 		}
 	}
 	l.track(req, d)
+	return Outcome{Decision: d, Source: FromStore}, nil
+}
+
+// deposit runs a deposit (Check.Deposit): always through the store, never
+// tracked, and a store that cannot decide deposits nothing whatever the
+// policy's failure mode (the outcome is then degraded and not allowed).
+// A deposit ends the subject's remembered rejections: its next check must
+// see the tokens.
+func (l *Limiter) deposit(ctx context.Context, req Request) (Outcome, error) {
+	d, err := l.callStore(ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Outcome{Decision: Decision{Decider: -1}}, ctx.Err()
+		}
+		return Outcome{Decision: Decision{Decider: -1, N: d.N}, Degraded: true, Err: err}, nil
+	}
+	if l.deny != nil {
+		l.deny.forget(req.Subject)
+	}
 	return Outcome{Decision: d, Source: FromStore}, nil
 }
 
@@ -522,6 +544,7 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
 	for i := range checks {
 		checks[i].Cost = 0
 		checks[i].Track = false
+		checks[i].Deposit = false
 	}
 	req.Checks = checks
 	if err := req.validate(); err != nil {
