@@ -494,10 +494,14 @@ func (l *Limiter) fingerprint(req Request) uint64 {
 }
 
 func (l *Limiter) track(req Request, d Decision) {
+	var now time.Time
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		if c.Track {
-			l.usage.add(req.Subject, c.Policy, c.Cost, d.Allowed)
+			if now.IsZero() {
+				now = l.clock.Now()
+			}
+			l.usage.add(req.Subject, c.Policy, c.Cost, d.Allowed, d.Results[i].Remaining, now)
 		}
 	}
 }
@@ -659,9 +663,12 @@ type UsageKey struct {
 
 // Usage is what a tracked pair demanded (allowed and rejected alike: a
 // starved region must still show its demand) and what was admitted, in
-// cost units.
+// cost units, and what the pair's last decision left (Remaining) and when
+// (At; zero if none was tracked).
 type Usage struct {
 	Demand, Admitted int64
+	Remaining        int64
+	At               time.Time
 }
 
 type usageTracker struct {
@@ -671,7 +678,7 @@ type usageTracker struct {
 
 func newUsageTracker() *usageTracker { return &usageTracker{m: make(map[UsageKey]*Usage)} }
 
-func (u *usageTracker) add(subject, policy string, cost int64, allowed bool) {
+func (u *usageTracker) add(subject, policy string, cost int64, allowed bool, remaining int64, at time.Time) {
 	k := UsageKey{subject, policy}
 	u.mu.Lock()
 	e := u.m[k]
@@ -682,6 +689,9 @@ func (u *usageTracker) add(subject, policy string, cost int64, allowed bool) {
 	e.Demand += cost
 	if allowed {
 		e.Admitted += cost
+	}
+	if !at.Before(e.At) {
+		e.Remaining, e.At = remaining, at
 	}
 	u.mu.Unlock()
 }
