@@ -53,6 +53,11 @@ type Allocator struct {
 type keyState struct {
 	limit  float64
 	shares []float64 // indexed like regions
+	// offered is the key's offered rate over the regions at the last
+	// rebalance, a fraction of L_global: each reporting region's larger
+	// of its interval rate and its smoothed demand, and the share of the
+	// others.
+	offered float64
 }
 
 // NewAllocator returns the allocator of region self. members lists the
@@ -329,8 +334,14 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 			ks.limit = limit
 		}
 		allReported, pressured := true, false
+		ks.offered = 0
 		for i := range slots {
 			kr := krs[i]
+			if kr != nil {
+				ks.offered += max(kr.Offered, kr.Demand) / ks.limit
+			} else {
+				ks.offered += ks.shares[i]
+			}
 			switch {
 			case kr != nil:
 				slots[i] = Slot{State: Reported, Demand: kr.Demand / ks.limit, Recent: kr.Recent / ks.limit,

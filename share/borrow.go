@@ -334,8 +334,8 @@ func (a *Allocator) Pending() int { return len(a.pending) }
 // generation (the borrower or the lender has rebalanced since) are dropped:
 // the lender's cut has expired or will at its own Rebalance.
 //
-// A loan of TokenVersion moves no share: its tokens are spent as an extra
-// share for Config.BurstSpread, as the tokens of a rate loan are.
+// A loan of TokenVersion moves no share and changes no share: the owner
+// deposits its tokens into the region's bucket.
 func (a *Allocator) Accept(now time.Time, l Loan) bool {
 	if l.Borrower != a.self || l.Epoch != a.gen || !(l.Amount > 0) || a.isolated {
 		return false
@@ -349,11 +349,7 @@ func (a *Allocator) Accept(now time.Time, l Loan) bool {
 	}
 	a.accepted[id] = true
 	if l.Version >= TokenVersion {
-		if t := min(l.Tokens, l.Amount); t > 0 && a.cfg.BurstSpread > 0 {
-			a.addBurst(now, l.Key, t)
-			a.refresh()
-		}
-		return true
+		return true // the owner deposits the tokens into its bucket
 	}
 	a.loans[l.Key] += l.Amount
 	delete(a.asked, l.Key) // still short after this loan: ask again at once

@@ -70,7 +70,7 @@ type Config struct {
 	// TokenEvery is the least time between two token requests for one
 	// key from one region (tokens.go): keys whose L_global is below
 	// BorrowMinRate, too slow for rate loans, pool their buckets' tokens
-	// instead (default 500 ms; zero disables token pooling).
+	// instead (default 200 ms; zero disables token pooling).
 	TokenEvery time.Duration
 	// NoiseZ is how many standard deviations of Poisson counting noise a
 	// rate measured over Recent must stand out by before the allocation
@@ -110,7 +110,7 @@ func DefaultConfig() Config {
 		LendFraction:       1,
 		BorrowMinRate:      40,
 		BurstSpread:        500 * time.Millisecond,
-		TokenEvery:         500 * time.Millisecond,
+		TokenEvery:         200 * time.Millisecond,
 		NoiseZ:             3,
 		NoiseSmoothing:     0.5,
 	}

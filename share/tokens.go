@@ -19,16 +19,21 @@ import "time"
 //
 // The lender's owner takes the units out of the region's bucket (an
 // engine check of that cost) before the Loan leaves, and sends nothing if
-// the check is rejected; the borrower spends them as an extra share of
-// Tokens/Config.BurstSpread for Config.BurstSpread (Accept), which ends at
-// the next Rebalance. No share moves and nothing is raised later, so no
-// clock or delivery delay enters the bound: a token is spent at most once,
-// in the lender's bucket or, after it was taken out, in the borrower's; a
-// loan lost, late or of another generation only destroys it.
+// the check is rejected; the borrower's owner deposits them into its
+// region's bucket (an engine deposit, up to the bucket's capacity), where
+// the next arrival the bucket would have rejected spends them. Spending
+// them instead as an extra share for a moment raises a small bucket's
+// capacity just as long, and most of the tokens are clamped away when it
+// falls back. No share moves and nothing is raised later, so no clock or
+// delivery delay enters the bound: a token is spent at most once, in the
+// lender's bucket or, after it was taken out, in the borrower's, and a
+// bucket never holds more than its capacity; a loan lost, late or of
+// another generation only destroys it.
 
 // AskTokens decides whether this region asks its peers for tokens of key
 // at now: want is what it asks for, in seconds of L_global (limit, units/s),
-// at most 1. At most once per Config.TokenEvery per key; only for keys
+// at most 1. At most once per Config.TokenEvery per key, and not for a key
+// offered tokenHot times its limit or more; only for keys
 // below Config.BorrowMinRate (faster keys borrow share, Borrow), with
 // another region to ask and not while isolated. The caller sends the
 // request to every peer it can reach.
@@ -36,12 +41,22 @@ func (a *Allocator) AskTokens(now time.Time, key Key, limit, want float64) (Borr
 	if !a.pools(limit) || !(want > 0) {
 		return BorrowRequest{}, false
 	}
+	if ks, ok := a.keys[key]; ok && ks.offered >= tokenHot {
+		return BorrowRequest{}, false // short everywhere: no peer has tokens to spare
+	}
 	if last, ok := a.tokenAsked[key]; ok && now.Sub(last) < a.cfg.TokenEvery {
 		return BorrowRequest{}, false
 	}
 	a.tokenAsked[key] = now
 	return BorrowRequest{Version: TokenVersion, Region: a.self, Epoch: a.gen, Key: key, Want: min(want, 1)}, true
 }
+
+// tokenHot is the offered rate, a multiple of L_global over all regions at
+// the last rebalance, from which a key asks for no tokens: it is short in
+// every region, no peer has tokens to spare, and its requests would only
+// cost messages (zipf-keys' hottest keys, offered up to a hundred times
+// their limit, sent most of the requests).
+const tokenHot = 1.5
 
 // pools reports whether keys of L_global limit pool tokens here now.
 func (a *Allocator) pools(limit float64) bool {

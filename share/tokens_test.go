@@ -1,7 +1,6 @@
 package share
 
 import (
-	"math"
 	"testing"
 	"time"
 )
@@ -76,7 +75,7 @@ func TestTokenPooling(t *testing.T) {
 		t.Errorf("lender's share after a token loan = %v, want 1/3: tokens come out of its bucket, not its share", got)
 	}
 
-	// The borrower spends 0.15 s of L as 0.3 of L for BurstSpread.
+	// The borrower's share does not move: its owner deposits the tokens.
 	filled := TokenLoanOf(loan, 3, slow)
 	at := now.Add(200 * time.Millisecond)
 	if !b.Accept(at, filled) {
@@ -85,13 +84,49 @@ func TestTokenPooling(t *testing.T) {
 	if b.Accept(at, filled) {
 		t.Error("Accept applied a duplicate token loan")
 	}
-	if got, want := b.Table(at).Share(key.Policy, key.Subject), 1.0/3+0.3; math.Abs(got-want) > 1e-12 {
-		t.Errorf("borrower's share while spending the tokens = %v, want %v", got, want)
+	if got := b.Table(at).Share(key.Policy, key.Subject); got != 1.0/3 {
+		t.Errorf("borrower's share after a token loan = %v, want 1/3: the tokens go into its bucket", got)
 	}
 	if got := b.Loans(key); got != 0 {
 		t.Errorf("borrower's loans after a token loan = %v, want 0: no share moved", got)
 	}
-	if got := b.Table(at.Add(cfg.BurstSpread)).Share(key.Policy, key.Subject); got != 1.0/3 {
-		t.Errorf("borrower's share after BurstSpread = %v, want 1/3", got)
+}
+
+// TestTokenRequestsOfHotKeys: a key offered tokenHot times its limit or
+// more over the regions at the last rebalance asks for no tokens (it is
+// short everywhere); a key offered about its limit does.
+func TestTokenRequestsOfHotKeys(t *testing.T) {
+	cfg := DefaultConfig()
+	regions := []string{"r0", "r1"}
+	const epoch, slow = 1000, 20.0
+	for _, tt := range []struct {
+		name    string
+		offered float64 // units/s in the other region
+		ask     bool
+	}{
+		// This region's own report is not in the reports: it counts at
+		// its share, 0.5.
+		{"about its limit", 10, true},
+		{"offered 1.4 L", 18, true},
+		{"offered 1.5 L", 20, false},
+		{"offered 25 L", 1000, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := NewAllocator(cfg, "r1", regions, epoch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := Key{Policy: "p", Subject: "k"}
+			var reports []Report
+			for _, r := range regions {
+				reports = append(reports, Report{Region: r, Epoch: epoch, Keys: []KeyReport{{Key: key, Limit: slow,
+					Offered: tt.offered, Recent: tt.offered, Demand: tt.offered, Admitted: min(tt.offered, slow/2), Share: 0.5}}})
+			}
+			now := cfg.EpochStart(epoch + 1).Add(cfg.Settle)
+			a.Rebalance(now, epoch, reports)
+			if _, ok := a.AskTokens(now, key, slow, 0.2); ok != tt.ask {
+				t.Errorf("AskTokens of a key offered %v/s in the other region (L %v/s) = %v, want %v", tt.offered, slow, ok, tt.ask)
+			}
+		})
 	}
 }
