@@ -107,10 +107,12 @@ type CoreConfig struct {
 	// unreachable: a region out of contact with enough others to lose its
 	// majority cuts to Safe then. Default Interval/10.
 	Silence time.Duration
-	// PoolTokens says the owner carries out Ready.Spends: then keys whose
-	// L_global is below share.Config.BorrowMinRate, too slow for rate
-	// loans, pool their buckets' tokens between regions (share/tokens.go).
-	// False: no token requests are sent and none are answered.
+	// PoolTokens says the owner carries out Ready.Spends and
+	// Ready.Deposits: then keys whose L_global is below
+	// share.Config.BorrowMinRate, too slow for rate loans, pool their
+	// buckets' tokens between regions (share/tokens.go). False: no token
+	// requests are sent, none are answered and token loans received are
+	// dropped unspent.
 	PoolTokens bool
 	// ContactLag bounds how old the last answered ping to a reachable
 	// region may be: the gossip layer's ping period plus its ping timeout
@@ -133,6 +135,9 @@ type Ready struct {
 	// Spends are token loans to send once their tokens have been taken
 	// out of this region's bucket (CoreConfig.PoolTokens); see Spend.
 	Spends []Spend
+	// Deposits are tokens received from other regions, to put into this
+	// region's bucket (CoreConfig.PoolTokens); see Deposit.
+	Deposits []Deposit
 	// Save, if set, is this region's shares to persist.
 	Save *Saved
 	// Dropped is why Step refused its message (a Drop* reason), or empty.

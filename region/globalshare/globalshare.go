@@ -118,8 +118,9 @@ type Config struct {
 	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
 	// tokens as well as rate. Nil: rate only.
 	Bucket func(policy string) bool
-	// Spend, if set, carries out the core's token spends (Ready.Spends,
-	// see Spend) and turns token pooling on (CoreConfig.PoolTokens): it
+	// Spend and Deposit, if both are set, carry out the core's token spends
+	// and deposits and turn token pooling on (CoreConfig.PoolTokens).
+	// Spend carries out a Ready.Spends entry (see Spend): it
 	// reads this region's bucket of sp.Key at the scale the region
 	// enforces, takes sp.Take(remaining) units out of it with a check of
 	// that cost, and returns the units taken, 0 when it took none. It must
@@ -128,6 +129,11 @@ type Config struct {
 	// from its send goroutine, never from Run's, and sends the filled loan
 	// only when it returns more than 0 without error.
 	Spend func(ctx context.Context, sp Spend) (int64, error)
+	// Deposit carries out a Ready.Deposits entry (see Deposit): it puts
+	// dp.Units into this region's bucket of dp.Key at the scale the region
+	// enforces, up to the bucket's capacity, and must put nothing when the
+	// store cannot decide. Called from the send goroutine, like Spend.
+	Deposit func(ctx context.Context, dp Deposit) error
 	// Silence is CoreConfig.Silence (default Share.Interval/10).
 	Silence time.Duration
 	// Clock drives the timers; nil means real time.
@@ -182,6 +188,7 @@ type Coordinator struct {
 	// those whose tokens were taken and whose loan was sent.
 	reqSent, loansSent, reqIn, loansIn atomic.Int64
 	spends, spendsSent, spendsDone     atomic.Int64
+	deposits, depositsDone             atomic.Int64
 }
 
 type regionShares struct {
@@ -204,10 +211,11 @@ const outboxSize = 256
 const maxMail = 4096
 
 type outMsg struct {
-	req    share.BorrowRequest
-	loan   share.Loan
-	isLoan bool
-	spend  *Spend // a token loan to fill (Config.Spend) before it is sent
+	req     share.BorrowRequest
+	loan    share.Loan
+	isLoan  bool
+	spend   *Spend   // a token loan to fill (Config.Spend) before it is sent
+	deposit *Deposit // tokens received, for Config.Deposit
 }
 
 // New validates cfg and registers the message handler on cfg.Gossip.
@@ -234,7 +242,7 @@ func New(cfg Config) (*Coordinator, error) {
 	core, err := newCore(CoreConfig{Share: cfg.Share, Region: cfg.Gossip.Region(), Node: cfg.Gossip.Name(),
 		Limit: cfg.Limit, Quota: cfg.Quota, NodeLocalStore: cfg.NodeLocalStore,
 		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick, Bucket: cfg.Bucket,
-		Silence: cfg.Silence, ContactLag: lag, PoolTokens: cfg.Spend != nil}, cfg.Gossip.Members(), m)
+		Silence: cfg.Silence, ContactLag: lag, PoolTokens: cfg.Spend != nil && cfg.Deposit != nil}, cfg.Gossip.Members(), m)
 	if err != nil {
 		return nil, err
 	}
@@ -521,6 +529,13 @@ func (c *Coordinator) do(ctx context.Context, rd Ready) {
 		c.spends.Add(1)
 		c.enqueue(outMsg{spend: &rd.Spends[i]})
 	}
+	for i := range rd.Deposits {
+		if c.cfg.Deposit == nil {
+			break // the core asks for none without Config.Deposit
+		}
+		c.deposits.Add(1)
+		c.enqueue(outMsg{deposit: &rd.Deposits[i]})
+	}
 	if rd.Save != nil && c.cfg.Store != nil {
 		sctx, cancel := context.WithTimeout(ctx, c.cfg.Share.Interval/4)
 		defer cancel()
@@ -562,6 +577,10 @@ func (c *Coordinator) sendLoop(ctx context.Context) {
 			var err error
 			if m.spend != nil {
 				c.spend(ctx, *m.spend)
+				continue
+			}
+			if m.deposit != nil {
+				c.depositTokens(ctx, *m.deposit)
 				continue
 			}
 			if m.isLoan {
@@ -608,6 +627,20 @@ func (c *Coordinator) spend(ctx context.Context, sp Spend) {
 	c.m.borrow.WithLabelValues("tokens_lent").Inc()
 }
 
+// depositTokens carries out one deposit on sendLoop's goroutine. One that
+// fails is lost: it leaves this region short, never over.
+func (c *Coordinator) depositTokens(ctx context.Context, dp Deposit) {
+	defer c.depositsDone.Add(1)
+	if err := c.cfg.Deposit(ctx, dp); err != nil {
+		if ctx.Err() == nil {
+			c.m.borrow.WithLabelValues("deposit_failed").Inc()
+			c.log.Debug("globalshare: token deposit", "policy", dp.Key.Policy, "err", err)
+		}
+		return
+	}
+	c.m.borrow.WithLabelValues("tokens_deposited").Inc()
+}
+
 var _ Gossip = (*gossip.Node)(nil)
 
 type metrics struct {
@@ -643,7 +676,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"accepted (a loan applied), mirrored (another node of this region lent: cut applied here), " +
 				"tokens_requested (a token request sent), tokens_offered (a token loan handed to the owner to fill), " +
 				"tokens_lent (its tokens taken out of the bucket and the loan sent), spend_empty (the bucket had none to spare), " +
-				"spend_failed (the engine could not take them), send_dropped (outbox full), send_failed."}, []string{"event"}),
+				"spend_failed (the engine could not take them), tokens_accepted (a token loan received, to deposit), " +
+				"tokens_deposited, deposit_failed, send_dropped (outbox full), send_failed."}, []string{"event"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_messages_dropped_total",
 			Help: "Received messages the coordinator did not apply: unknown_region, epoch (future or too old), " +
 				"number (NaN, infinite, negative or above the whole limit), malformed, queue_full."}, []string{"reason"}),

@@ -74,7 +74,8 @@ func TestCoordinatorCarriesOutSpends(t *testing.T) {
 				Spend: func(_ context.Context, sp Spend) (int64, error) {
 					spends <- sp
 					return tt.took, tt.err
-				}})
+				},
+				Deposit: func(context.Context, Deposit) error { return nil }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,5 +136,91 @@ func TestCoordinatorCarriesOutSpends(t *testing.T) {
 				t.Errorf("loans sent = %+v, want one token loan of %v s of L", got, tt.tokens)
 			}
 		})
+	}
+}
+
+// TestCoordinatorCarriesOutDeposits: a token loan addressed to this region
+// reaches the owner's Deposit, off Run's goroutine, with its units; a
+// duplicate, one of another generation and one from an unknown region do
+// not; and a coordinator without Spend and Deposit pools nothing.
+func TestCoordinatorCarriesOutDeposits(t *testing.T) {
+	sc := share.DefaultConfig()
+	const slow = 20.0
+	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive}, {Node: "us-1", Region: "us", State: gossip.StateAlive}}
+	start := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
+	clk := &fakeClock{now: start}
+	g := &stubGossip{members: members}
+	deposits := make(chan Deposit, 8)
+	c, err := New(Config{Share: sc, Gossip: g, Clock: clk,
+		Usage:  func() map[engine.UsageKey]engine.Usage { return nil },
+		Limit:  func(p string) (float64, bool) { return slow, p == policy },
+		Bucket: func(p string) bool { return p == policy },
+		Spend:  func(context.Context, Spend) (int64, error) { return 0, nil },
+		Deposit: func(_ context.Context, dp Deposit) error {
+			deposits <- dp
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 5*time.Second, "the coordinator's handler", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.handler != nil
+	})
+	g.mu.Lock()
+	h := g.handler
+	g.mu.Unlock()
+	var gen uint64
+	waitFor(t, 5*time.Second, "the core started", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.core.alloc == nil {
+			return false
+		}
+		gen = c.core.alloc.Generation()
+		return true
+	})
+	key := share.Key{Policy: policy, Subject: "k"}
+	loan := func(lender string, epoch uint64, seq uint64) gossip.Message {
+		return gossip.Message{Kind: gossip.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
+			Version: share.TokenVersion, Lender: lender, Borrower: "us", Epoch: epoch, Key: key, Amount: 0.15, Tokens: 0.15, Seq: seq}}
+	}
+	h(loan("eu", gen, 1))
+	h(loan("eu", gen, 1))   // a duplicate
+	h(loan("eu", gen-1, 2)) // another generation
+	h(loan("mars", gen, 3)) // an unknown region
+	h(loan("eu", gen, 4))
+	for i, want := range []int64{3, 3} {
+		select {
+		case dp := <-deposits:
+			if dp.Key != key || dp.Units != want {
+				t.Errorf("deposit %d = %+v, want %d units of %v", i, dp, want, key)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("deposit %d never made", i)
+		}
+	}
+	waitFor(t, 5*time.Second, "every message stepped", func() bool { return c.loansIn.Load() == 5 })
+	waitFor(t, 5*time.Second, "the deposits carried out", func() bool { return c.depositsDone.Load() == 2 })
+	select {
+	case dp := <-deposits:
+		t.Errorf("a third deposit %+v, want none (duplicate, expired and unknown-region loans are dropped)", dp)
+	default:
+	}
+
+	// Without Spend and Deposit the core does not pool.
+	off, err := New(Config{Share: sc, Gossip: &stubGossip{members: members}, Clock: clk,
+		Usage: func() map[engine.UsageKey]engine.Usage { return nil },
+		Limit: func(p string) (float64, bool) { return slow, p == policy }, Bucket: func(p string) bool { return p == policy }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off.core.cfg.PoolTokens {
+		t.Error("a coordinator without Spend and Deposit pools tokens")
 	}
 }
