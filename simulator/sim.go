@@ -422,6 +422,7 @@ func (s *sim) arrive(r *region, k int) {
 	if ok {
 		u.Admitted++
 	}
+	u.Remaining, u.At = d.Results[0].Remaining, r.local(s.now)
 	r.usage[uk] = u
 	od, err := s.oracle.Check(context.Background(), engine.Request{Subject: sub, Checks: s.ochecks[:]})
 	if err != nil {
@@ -474,8 +475,9 @@ func (s *sim) deliver(r *region, t int64) {
 }
 
 // do sends what a Ready asks, as the daemon's adapter does: reports and
-// borrow requests to every other region, loans to the borrower, saves to
-// the region's store.
+// borrow requests to every other region, loans to the borrower (token
+// loans once their tokens are out of the region's bucket), token deposits
+// into the region's bucket, saves to the region's store.
 func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
 	for _, rep := range rd.Reports {
 		m := gossip.Message{Kind: gossip.KindReport, Report: rep, Size: rep.EncodedSizeEstimate()}
@@ -504,8 +506,23 @@ func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
 			s.send(r, s.regions[i], t, gossip.Message{Kind: gossip.KindLoan, Loan: l, Size: l.EncodedSizeEstimate()})
 		}
 	}
+	for _, dp := range rd.Deposits {
+		s.deposit(r, dp)
+	}
 	if rd.Save != nil {
 		r.saved = rd.Save
+	}
+}
+
+// deposit puts the tokens of a token loan into region r's bucket as the
+// owner of a core must (globalshare.Deposit): an engine deposit at the
+// scale the region enforces, up to the bucket's capacity.
+func (s *sim) deposit(r *region, dp globalshare.Deposit) {
+	chk := r.checks
+	chk[0].Scale = share.Scale(r.core.Share(dp.Key.Policy, dp.Key.Subject))
+	chk[0].Cost, chk[0].Deposit = dp.Units, true
+	if _, err := r.store.Check(context.Background(), engine.Request{Subject: dp.Key.Subject, Checks: chk[:]}); err != nil {
+		panic(err) // the policy is a token bucket and the cost positive
 	}
 }
 
