@@ -2,6 +2,7 @@ package globalshare
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -64,34 +65,36 @@ func TestCoreTokenPooling(t *testing.T) {
 		t.Fatalf("token request answered with %d loans and %d spends, want 0 and 1", len(rd.Loans), len(rd.Spends))
 	}
 	sp := rd.Spends[0]
-	if sp.Max != 10 || sp.Keep != 3 || sp.Limit != slow || sp.Loan.Borrower != "eu" || sp.Loan.Lender != "us" {
-		t.Errorf("Spend = %+v, want Max 10, Keep 3 (0.3 of a 10-unit bucket), Limit 20, from us to eu", sp)
+	// The borrower's bucket is empty (it asked for all of its 10 units):
+	// both buckets hold 10, so half of what us holds leaves both equally full.
+	if sp.Max != 10 || sp.Keep != 0 || sp.Part != 0.5 || sp.Limit != slow || sp.Loan.Borrower != "eu" || sp.Loan.Lender != "us" {
+		t.Errorf("Spend = %+v, want Max 10, Keep 0, Part 0.5, Limit 20, from us to eu", sp)
 	}
 	if got := us.Share(policy, "k"); got != before {
 		t.Errorf("lender's share after a token request = %v, want %v", got, before)
 	}
-	for _, tt := range []struct{ remaining, want float64 }{{10, 7}, {3.9, 0}, {4.5, 1}, {50, 10}} {
+	for _, tt := range []struct{ remaining, want float64 }{{10, 5}, {1.9, 0}, {4.5, 2}, {50, 10}} {
 		if got := sp.Take(tt.remaining); float64(got) != tt.want {
 			t.Errorf("Spend.Take(%v) = %d, want %v", tt.remaining, got, tt.want)
 		}
 	}
 
-	// eu spends the 7 units over BurstSpread: 0.35 s of L at 0.7 of L.
-	l := sp.Of(7)
+	// eu's acting node deposits the 5 units into its bucket; its share
+	// does not move.
+	l := sp.Of(5)
 	msg := gossip.Message{Kind: gossip.KindLoan, From: "us-1", Region: "us", Loan: l}
-	if rd := eu.Step(now, msg); rd.Dropped != "" {
+	rd = eu.Step(now, msg)
+	if rd.Dropped != "" {
 		t.Fatalf("token loan dropped: %s", rd.Dropped)
 	}
-	if got := eu.Share(policy, "k"); got != 1 {
-		t.Errorf("borrower's share while spending 7 tokens = %v, want 1 (0.5 + 0.7, clamped)", got)
+	if want := []Deposit{{Key: key, Units: 5}}; !slices.Equal(rd.Deposits, want) {
+		t.Errorf("deposits of a token loan of 5 units = %+v, want %+v", rd.Deposits, want)
 	}
-	end := now.Add(2 * sc.BurstSpread)
-	for t0 := now; t0.Before(end); t0 = t0.Add(10 * time.Millisecond) {
-		eu.Tick(t0, nil, nil)
-	}
-	eu.Tick(end, nil, nil)
 	if got := eu.Share(policy, "k"); got != 0.5 {
-		t.Errorf("borrower's share after spending the tokens = %v, want 0.5", got)
+		t.Errorf("borrower's share after a token loan = %v, want 0.5", got)
+	}
+	if rd := eu.Step(now, msg); len(rd.Deposits) != 0 {
+		t.Errorf("a duplicate token loan was deposited: %+v", rd.Deposits)
 	}
 	// us's other node mirrors no cut: a token loan moves no share.
 	if us2.Step(now, msg); us2.Share(policy, "k") != 0.5 {
@@ -109,5 +112,8 @@ func TestCoreTokenPooling(t *testing.T) {
 	off2 := newCore("us-1", "us", false)
 	if rd := off2.Step(now, gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req}); len(rd.Spends) != 0 {
 		t.Errorf("a core without PoolTokens answered with %d spends", len(rd.Spends))
+	}
+	if rd := off.Step(now, msg); len(rd.Deposits) != 0 {
+		t.Errorf("a core without PoolTokens deposited %+v", rd.Deposits)
 	}
 }
