@@ -174,6 +174,9 @@ func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	if cost <= tokens {
 		r.Allowed = true
 		tokens = tokens - cost
+		if tokens > burst {
+			tokens = burst // a deposit (a negative cost) fills up to the burst
+		}
 	} else {
 		retry := ceilUs((cost - tokens) * usPerSec / rate)
 		// Rounding must never make a client retry too early.

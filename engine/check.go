@@ -50,6 +50,13 @@ type Check struct {
 	// Track asks the Limiter to count this policy's demand and admissions
 	// for global shares (DrainUsage).
 	Track bool
+	// Deposit puts Cost units back into a token bucket instead of spending
+	// them, up to its capacity (units beyond it are lost, as refill of a
+	// full bucket is): the tokens another region took out of its own
+	// bucket and handed over. A deposit is always allowed, must be the
+	// request's only check, of a token bucket, with a positive cost, and
+	// is never tracked or answered from the deny cache.
+	Deposit bool
 }
 
 // Request asks whether Subject may spend under every one of Checks.
@@ -105,6 +112,9 @@ func (r *Request) validate() error {
 		if c.Cost < 0 {
 			return fmt.Errorf("%w: policy %q: negative cost %d", ErrBadRequest, c.Policy, c.Cost)
 		}
+		if c.Deposit && (len(r.Checks) != 1 || c.Limit.Algorithm != TokenBucket || c.Cost == 0 || c.Track) {
+			return fmt.Errorf("%w: policy %q: a deposit is the only check of its request, of a token bucket, untracked, with a positive cost", ErrBadRequest, c.Policy)
+		}
 		for j := 0; j < i; j++ {
 			if r.Checks[j].Policy == c.Policy {
 				return fmt.Errorf("%w: policy %q named twice", ErrBadRequest, c.Policy)
@@ -115,6 +125,15 @@ func (r *Request) validate() error {
 		}
 	}
 	return nil
+}
+
+// units is the cost the algorithms apply: Cost, or its negative for a
+// deposit (the token bucket then gains the units, up to its burst).
+func (c *Check) units() int64 {
+	if c.Deposit {
+		return -c.Cost
+	}
+	return c.Cost
 }
 
 // scale is the factor effective applies: Scale, or 1 for "all".

@@ -18,7 +18,8 @@ import (
 // small steps backwards), costs (zero, one, up to and beyond what is left
 // and beyond the capacity), fractional limits and changes of scale (among
 // them a share so small that a subject's first checks are rejected, when a
-// token bucket full at it is stored all the same), for each algorithm
+// token bucket full at it is stored all the same), deposits into token
+// buckets (Check.Deposit), for each algorithm
 // alone and for several policies per check.
 //
 // Even seeds keep each policy's scale fixed and take long steps that
@@ -83,6 +84,10 @@ func TestRedisConformance(t *testing.T) {
 						c.Cost = randomCost(rng, c.effective())
 					}
 					req := Request{Subject: subjects[rng.IntN(len(subjects))], Checks: append([]Check(nil), checks...)}
+					if n == 1 && checks[0].Limit.Algorithm == TokenBucket && rng.IntN(6) == 0 {
+						// A deposit: units handed back, up to the burst.
+						req.Checks[0].Deposit, req.Checks[0].Cost = true, max(1, req.Checks[0].Cost)
+					}
 					history = append(history, fmt.Sprintf("step %d at %d µs: %s", step, clock.Now().UnixMicro(), describeRequest(req)))
 					dm, errm := mem.Check(context.Background(), req)
 					dr, errr := red.Check(context.Background(), req)

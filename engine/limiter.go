@@ -235,6 +235,9 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
 		return Outcome{Decision: Decision{Decider: -1}}, err
 	}
 	now := l.clock.Now()
+	if req.Checks[0].Deposit {
+		return l.deposit(ctx, req)
+	}
 	var fp uint64
 	if l.deny != nil {
 		fp = l.fingerprint(req)
@@ -259,6 +262,25 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
 		}
 	}
 	l.track(req, d)
+	return Outcome{Decision: d, Source: FromStore}, nil
+}
+
+// deposit runs a deposit (Check.Deposit): always through the store, never
+// tracked, and a store that cannot decide deposits nothing whatever the
+// policy's failure mode (the outcome is then degraded and not allowed).
+// A deposit ends the subject's remembered rejections: its next check must
+// see the tokens.
+func (l *Limiter) deposit(ctx context.Context, req Request) (Outcome, error) {
+	d, err := l.callStore(ctx, req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Outcome{Decision: Decision{Decider: -1}}, ctx.Err()
+		}
+		return Outcome{Decision: Decision{Decider: -1, N: d.N}, Degraded: true, Err: err}, nil
+	}
+	if l.deny != nil {
+		l.deny.forget(req.Subject)
+	}
 	return Outcome{Decision: d, Source: FromStore}, nil
 }
 
@@ -472,10 +494,14 @@ func (l *Limiter) fingerprint(req Request) uint64 {
 }
 
 func (l *Limiter) track(req Request, d Decision) {
+	var now time.Time
 	for i := range req.Checks {
 		c := &req.Checks[i]
 		if c.Track {
-			l.usage.add(req.Subject, c.Policy, c.Cost, d.Allowed)
+			if now.IsZero() {
+				now = l.clock.Now()
+			}
+			l.usage.add(req.Subject, c.Policy, c.Cost, d.Allowed, d.Results[i].Remaining, now)
 		}
 	}
 }
@@ -522,6 +548,7 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
 	for i := range checks {
 		checks[i].Cost = 0
 		checks[i].Track = false
+		checks[i].Deposit = false
 	}
 	req.Checks = checks
 	if err := req.validate(); err != nil {
@@ -636,9 +663,12 @@ type UsageKey struct {
 
 // Usage is what a tracked pair demanded (allowed and rejected alike: a
 // starved region must still show its demand) and what was admitted, in
-// cost units.
+// cost units, and what the pair's last decision left (Remaining) and when
+// (At; zero if none was tracked).
 type Usage struct {
 	Demand, Admitted int64
+	Remaining        int64
+	At               time.Time
 }
 
 type usageTracker struct {
@@ -648,7 +678,7 @@ type usageTracker struct {
 
 func newUsageTracker() *usageTracker { return &usageTracker{m: make(map[UsageKey]*Usage)} }
 
-func (u *usageTracker) add(subject, policy string, cost int64, allowed bool) {
+func (u *usageTracker) add(subject, policy string, cost int64, allowed bool, remaining int64, at time.Time) {
 	k := UsageKey{subject, policy}
 	u.mu.Lock()
 	e := u.m[k]
@@ -659,6 +689,9 @@ func (u *usageTracker) add(subject, policy string, cost int64, allowed bool) {
 	e.Demand += cost
 	if allowed {
 		e.Admitted += cost
+	}
+	if !at.Before(e.At) {
+		e.Remaining, e.At = remaining, at
 	}
 	u.mu.Unlock()
 }

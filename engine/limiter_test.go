@@ -180,7 +180,8 @@ func TestUsageCountsDemandAndAdmissions(t *testing.T) {
 		}})
 	}
 	u := lim.DrainUsage()
-	if got, want := u[UsageKey{"g", "global"}], (Usage{Demand: 16, Admitted: 4}); got != want {
+	// Remaining and At are the last decision's: 1 of the 5 left, now.
+	if got, want := u[UsageKey{"g", "global"}], (Usage{Demand: 16, Admitted: 4, Remaining: 1, At: clock.Now()}); got != want {
 		t.Errorf("usage = %+v, want %+v", got, want)
 	}
 	if _, ok := u[UsageKey{"g", "local"}]; ok {

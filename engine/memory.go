@@ -219,7 +219,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 			q.next = counters{a: e.a, b: e.b, t: e.t}
 			oldT = e.t
 		}
-		decide(now, &q.next, &q.lim, float64(c.Cost), &d.Results[i])
+		decide(now, &q.next, &q.lim, float64(c.units()), &d.Results[i])
 		q.keep = !d.Results[i].Allowed && keepRejected(oldT, &q.next, &q.lim)
 	}
 	d.finish(checks)

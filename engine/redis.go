@@ -317,7 +317,7 @@ func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queue
 		l := c.effective()
 		a := &p.one
 		a.key = s.prefix + "{" + subject + "}:" + c.Policy
-		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), windowUs(&l), c.Cost, c.scale()
+		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), windowUs(&l), c.units(), c.scale()
 		a.p1, a.p2 = scriptLimit(&l)
 		p.cmd = append(p.cmdBuf[:0], "evalsha", s.sha, "1", &a.key, now, pad, "1", "1",
 			&a.alg, &a.p1, &a.p2, &a.window, &a.cost, &a.scale)
@@ -337,7 +337,7 @@ func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queue
 		// go-redis writes numbers itself, into its buffer: a float as
 		// its shortest exact decimal, which the script reads back bit for
 		// bit. That spares a string per argument.
-		p.cmd = append(p.cmd, int(l.Algorithm), p1, p2, windowUs(&l), c.Cost, c.scale())
+		p.cmd = append(p.cmd, int(l.Algorithm), p1, p2, windowUs(&l), c.units(), c.scale())
 	}
 	return p
 }

@@ -112,6 +112,8 @@ local function token_bucket(a, t, rate, burst, cost)
   if cost <= tokens then
     ok = 1
     tokens = tokens - cost
+    -- a deposit (a negative cost) fills up to the burst
+    if tokens > burst then tokens = burst end
   else
     retry = ceil_us((cost - tokens) * US / rate)
     for _ = 1, 3 do
@@ -170,7 +172,7 @@ local function one_bucket(k, j)
   local rate, burst, cost = ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 4] + 0
   local a, t = bucket_state(redis.call('GET', KEYS[k]), 1)
   local ok, limit, remaining, reset, retry, na, _, nt = token_bucket(a, t, rate, burst, cost)
-  if (ok == 1 and cost > 0) or (ok == 0 and full_bucket(t, na, nt, burst)) then
+  if (ok == 1 and cost ~= 0) or (ok == 0 and full_bucket(t, na, nt, burst)) then
     local us = bucket_ttl(na, rate, burst, ARGV[j + 5] + 0)
     redis.call('SET', KEYS[k], bucket_value(1, na, nt), 'PX', math.ceil(us / 1000) + ARGV[2])
   end

@@ -144,7 +144,8 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 		d.log.Warn("gossip in development mode: unencrypted and unauthenticated, bound to loopback only", "listen", g.Addr())
 	}
 	gsc := globalshare.Config{Share: sc, Gossip: g, Usage: d.lim.DrainUsage,
-		Limit: d.globalLimit, Quota: d.globalQuota, Bucket: d.globalBucket, NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
+		Limit: d.globalLimit, Quota: d.globalQuota, Bucket: d.globalBucket, Spend: d.spendTokens, Deposit: d.depositTokens,
+		NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
 	if d.redis != nil {
 		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
 	}
@@ -224,6 +225,84 @@ func (d *Daemon) globalBucket(id string) bool {
 	}
 	l := p.Limit()
 	return l.Algorithm == engine.TokenBucket && l.Rate > 0 && l.Burst >= l.Rate
+}
+
+// tokenBucketCheck is the check the check path makes of a global token
+// bucket for subject, resolved as it resolves it: the policy of the key's
+// state name (a descriptor's state names its policy before the first
+// separator), its limit after any override in force for the subject, the
+// share this region enforces and the policy's version; failing closed. ok
+// is false for a subject an override exempts, or a policy that is unknown,
+// not global or no longer a token bucket.
+func (d *Daemon) tokenBucketCheck(key share.Key) (c engine.Check, ok bool) {
+	id, _, _ := strings.Cut(key.Policy, "\x1f")
+	p, found := d.reg.Get(id)
+	if !found || p.Scope != quota.ScopeGlobal {
+		return c, false
+	}
+	l, _, exempt := d.reg.SubjectLimit(&p, key.Subject)
+	if exempt != nil || l.Algorithm != engine.TokenBucket {
+		return c, false
+	}
+	return engine.Check{Policy: key.Policy, Limit: l, Scale: share.Scale(d.shares.Share(p.ID, key.Subject)),
+		Version: uint64(p.Version), OnFailure: engine.FailClosed}, true
+}
+
+// spendTokens carries out a token loan's spend (globalshare.Config.Spend):
+// it takes sp.Take(remaining) units out of this region's bucket of the key
+// through the limiter, as a check of the subject would (tokenBucketCheck).
+// It reads the bucket with a check of cost 0, then takes the units with a
+// check of that cost, and returns them only if that check was allowed by
+// the store itself: a store that cannot decide must not hand over tokens,
+// whatever the policy's failure mode, so a degraded answer takes nothing.
+func (d *Daemon) spendTokens(ctx context.Context, sp globalshare.Spend) (int64, error) {
+	chk, ok := d.tokenBucketCheck(sp.Key)
+	if !ok {
+		return 0, nil
+	}
+	c := [1]engine.Check{chk}
+	read, err := d.lim.Check(ctx, engine.Request{Subject: sp.Key.Subject, Checks: c[:]})
+	if err != nil {
+		return 0, fmt.Errorf("read bucket of %s: %w", sp.Key.Policy, err)
+	}
+	if read.Degraded || read.Source == engine.FromDenyCache || read.N != 1 {
+		return 0, nil
+	}
+	n := sp.Take(float64(read.Results[0].Remaining))
+	if n <= 0 {
+		return 0, nil
+	}
+	c[0].Cost = n
+	took, err := d.lim.Check(ctx, engine.Request{Subject: sp.Key.Subject, Checks: c[:]})
+	if err != nil {
+		return 0, fmt.Errorf("take %d tokens of %s: %w", n, sp.Key.Policy, err)
+	}
+	if !took.Allowed || took.Degraded {
+		return 0, nil
+	}
+	return n, nil
+}
+
+// depositTokens carries out a token deposit (globalshare.Config.Deposit):
+// the units another region took out of its bucket go into this region's
+// bucket of the key, up to its capacity, through the limiter as a check of
+// the subject would reach it (tokenBucketCheck; engine.Check.Deposit). A
+// subject an override exempts, or a policy no longer a global token
+// bucket, takes none; a store that cannot decide deposits nothing.
+func (d *Daemon) depositTokens(ctx context.Context, dp globalshare.Deposit) error {
+	chk, ok := d.tokenBucketCheck(dp.Key)
+	if !ok || dp.Units <= 0 {
+		return nil
+	}
+	chk.Cost, chk.Deposit = dp.Units, true
+	out, err := d.lim.Check(ctx, engine.Request{Subject: dp.Key.Subject, Checks: []engine.Check{chk}})
+	if err != nil {
+		return fmt.Errorf("deposit %d tokens of %s: %w", dp.Units, dp.Key.Policy, err)
+	}
+	if out.Degraded {
+		return fmt.Errorf("deposit %d tokens of %s: %w", dp.Units, dp.Key.Policy, out.Err)
+	}
+	return nil
 }
 
 // globalQuota is the window of a global quota: a scope: global

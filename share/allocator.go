@@ -38,7 +38,8 @@ type Allocator struct {
 	gen             uint64
 	loans           map[Key]float64
 	asked           map[Key]time.Time
-	pending         map[pendKey]int // index into pendList
+	tokenAsked      map[Key]time.Time // token requests (tokens.go)
+	pending         map[pendKey]int   // index into pendList
 	pendList        []pending
 	accepted        map[loanID]bool // loans applied this generation
 	lendSeq         uint64
@@ -52,6 +53,11 @@ type Allocator struct {
 type keyState struct {
 	limit  float64
 	shares []float64 // indexed like regions
+	// offered is the key's offered rate over the regions at the last
+	// rebalance, a fraction of L_global: each reporting region's larger
+	// of its interval rate and its smoothed demand, and the share of the
+	// others.
+	offered float64
 }
 
 // NewAllocator returns the allocator of region self. members lists the
@@ -65,20 +71,21 @@ func NewAllocator(cfg Config, self string, members []string, epoch uint64) (*All
 		return nil, fmt.Errorf("share: region name must not be empty")
 	}
 	a := &Allocator{
-		cfg:       cfg,
-		self:      self,
-		lastHeard: map[string]uint64{},
-		keys:      map[Key]*keyState{},
-		demand:    map[Key]float64{},
-		loans:     map[Key]float64{},
-		asked:     map[Key]time.Time{},
-		pending:   map[pendKey]int{},
-		accepted:  map[loanID]bool{},
-		bursts:    map[Key]burst{},
-		dead:      map[string]bool{},
-		silent:    map[string]bool{},
-		live:      map[string]bool{},
-		gen:       startGeneration(epoch),
+		cfg:        cfg,
+		self:       self,
+		lastHeard:  map[string]uint64{},
+		keys:       map[Key]*keyState{},
+		demand:     map[Key]float64{},
+		loans:      map[Key]float64{},
+		asked:      map[Key]time.Time{},
+		tokenAsked: map[Key]time.Time{},
+		pending:    map[pendKey]int{},
+		accepted:   map[loanID]bool{},
+		bursts:     map[Key]burst{},
+		dead:       map[string]bool{},
+		silent:     map[string]bool{},
+		live:       map[string]bool{},
+		gen:        startGeneration(epoch),
 	}
 	a.SetMembers(epoch, members)
 	a.next = NewTable(a.defaultShare(), nil)
@@ -327,8 +334,14 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 			ks.limit = limit
 		}
 		allReported, pressured := true, false
+		ks.offered = 0
 		for i := range slots {
 			kr := krs[i]
+			if kr != nil {
+				ks.offered += max(kr.Offered, kr.Demand) / ks.limit
+			} else {
+				ks.offered += ks.shares[i]
+			}
 			switch {
 			case kr != nil:
 				slots[i] = Slot{State: Reported, Demand: kr.Demand / ks.limit, Recent: kr.Recent / ks.limit,
@@ -374,6 +387,7 @@ func (a *Allocator) Rebalance(now time.Time, epoch uint64, reports []Report) {
 	a.gen = epoch
 	clear(a.loans)
 	clear(a.asked)
+	clear(a.tokenAsked)
 	clear(a.accepted)
 	clear(a.bursts)
 	clear(a.pending)

@@ -23,9 +23,23 @@ import (
 // Config.BorrowEvery and lends as soon as it has (see ServeLoans), because a
 // region whose traffic just moved away still looks busy for a moment.
 
-// BorrowVersion is the version of the BorrowRequest and Loan layouts
-// (2 added BorrowRequest.Burst and Loan.Tokens).
-const BorrowVersion = 2
+// BorrowVersion is the newest version of the BorrowRequest and Loan
+// layouts this build knows (2 added BorrowRequest.Burst and Loan.Tokens;
+// 3 is the same layout carrying tokens only, see TokenVersion). A receiver
+// drops a version above its own, so a build that knows only 2 never sees
+// a token message.
+const BorrowVersion = TokenVersion
+
+// RateVersion is the version of requests and loans of share (rate, with
+// tokens at the onset of a shortage): what Borrow and Lend send.
+const RateVersion = 2
+
+// TokenVersion marks a request or loan of tokens only (tokens.go): a
+// BorrowRequest of this version asks for Want seconds of L_global of
+// tokens, and a Loan of it hands over Tokens (= Amount) seconds of
+// L_global that the lender has already taken out of its bucket; it moves
+// no share.
+const TokenVersion = 3
 
 // BorrowRequest asks every peer for part of its unused share of one key.
 type BorrowRequest struct {
@@ -162,7 +176,7 @@ func (a *Allocator) Borrow(now time.Time, key Key, limit, rate, tokens float64) 
 		return BorrowRequest{}, false
 	}
 	a.asked[key] = now
-	return BorrowRequest{Version: BorrowVersion, Region: a.self, Epoch: a.gen, Key: key, Want: want}, true
+	return BorrowRequest{Version: RateVersion, Region: a.self, Epoch: a.gen, Key: key, Want: want}, true
 }
 
 // Use is what a region measured of one key over its last borrow tick.
@@ -219,7 +233,8 @@ func (a *Allocator) lendKeep(k Key, u Use, limit float64) float64 {
 // from another generation, from unknown regions or while isolated are
 // dropped.
 func (a *Allocator) Lend(now time.Time, req BorrowRequest, limit float64, u Use) (Loan, bool) {
-	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) || limit < a.cfg.BorrowMinRate {
+	if req.Epoch != a.gen || req.Region == a.self || a.isolated || !(req.Want > 0) || limit < a.cfg.BorrowMinRate ||
+		req.Version >= TokenVersion {
 		return Loan{}, false
 	}
 	if _, ok := a.index[req.Region]; !ok {
@@ -254,7 +269,7 @@ func (a *Allocator) tryLend(now time.Time, req BorrowRequest, limit float64, u U
 	a.loans[req.Key] -= amt
 	a.refresh()
 	a.lendSeq++
-	return Loan{Version: BorrowVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key,
+	return Loan{Version: RateVersion, Lender: a.self, Borrower: req.Region, Epoch: a.gen, Key: req.Key,
 		Amount: amt, Tokens: a.lendTokens(req, s, amt, limit, u), Seq: a.lendSeq}, true
 }
 
@@ -318,6 +333,9 @@ func (a *Allocator) Pending() int { return len(a.pending) }
 // Accept applies a loan addressed to this region at now. Loans of another
 // generation (the borrower or the lender has rebalanced since) are dropped:
 // the lender's cut has expired or will at its own Rebalance.
+//
+// A loan of TokenVersion moves no share and changes no share: the owner
+// deposits its tokens into the region's bucket.
 func (a *Allocator) Accept(now time.Time, l Loan) bool {
 	if l.Borrower != a.self || l.Epoch != a.gen || !(l.Amount > 0) || a.isolated {
 		return false
@@ -330,6 +348,9 @@ func (a *Allocator) Accept(now time.Time, l Loan) bool {
 		return false // duplicate
 	}
 	a.accepted[id] = true
+	if l.Version >= TokenVersion {
+		return true // the owner deposits the tokens into its bucket
+	}
 	a.loans[l.Key] += l.Amount
 	delete(a.asked, l.Key) // still short after this loan: ask again at once
 	if t := min(l.Tokens, l.Amount); t > 0 && a.cfg.BurstSpread > 0 {

@@ -67,6 +67,11 @@ type Config struct {
 	// over (Loan.Tokens): an extra share of Tokens/BurstSpread for that
 	// long after it accepts (default 500 ms; zero: loans carry no tokens).
 	BurstSpread time.Duration
+	// TokenEvery is the least time between two token requests for one
+	// key from one region (tokens.go): keys whose L_global is below
+	// BorrowMinRate, too slow for rate loans, pool their buckets' tokens
+	// instead (default 200 ms; zero disables token pooling).
+	TokenEvery time.Duration
 	// NoiseZ is how many standard deviations of Poisson counting noise a
 	// rate measured over Recent must stand out by before the allocation
 	// acts on it (default 3; zero trusts every measurement as §3 does).
@@ -105,6 +110,7 @@ func DefaultConfig() Config {
 		LendFraction:       1,
 		BorrowMinRate:      40,
 		BurstSpread:        500 * time.Millisecond,
+		TokenEvery:         200 * time.Millisecond,
 		NoiseZ:             3,
 		NoiseSmoothing:     0.5,
 	}
@@ -135,6 +141,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("share: safe share must be in [0, 1], got %v", c.Safe)
 	case c.BorrowHorizon < 0 || c.BorrowEvery < 0 || c.BorrowEvery > c.Interval:
 		return fmt.Errorf("share: borrow horizon must be ≥ 0 and borrow period in [0, interval], got %v, %v", c.BorrowHorizon, c.BorrowEvery)
+	case c.TokenEvery < 0 || c.TokenEvery > c.Interval:
+		return fmt.Errorf("share: token period must be in [0, interval], got %v", c.TokenEvery)
 	case c.BurstSpread < 0 || c.BurstSpread > c.Interval:
 		return fmt.Errorf("share: burst spread must be in [0, interval], got %v", c.BurstSpread)
 	case !(c.LendFraction >= 0 && c.LendFraction <= 1):

@@ -304,7 +304,7 @@ func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
 	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
-		Bucket: s.bucketOf, ContactLag: s.sc.Gossip.ContactEvery.D() + s.sc.Gossip.PingTimeout.D()}
+		Bucket: s.bucketOf, ContactLag: s.sc.Gossip.ContactEvery.D() + s.sc.Gossip.PingTimeout.D(), PoolTokens: true}
 	if s.sc.Quota != nil {
 		cfg.Quota = s.quotaOf
 	}
@@ -422,6 +422,7 @@ func (s *sim) arrive(r *region, k int) {
 	if ok {
 		u.Admitted++
 	}
+	u.Remaining, u.At = d.Results[0].Remaining, r.local(s.now)
 	r.usage[uk] = u
 	od, err := s.oracle.Check(context.Background(), engine.Request{Subject: sub, Checks: s.ochecks[:]})
 	if err != nil {
@@ -474,8 +475,9 @@ func (s *sim) deliver(r *region, t int64) {
 }
 
 // do sends what a Ready asks, as the daemon's adapter does: reports and
-// borrow requests to every other region, loans to the borrower, saves to
-// the region's store.
+// borrow requests to every other region, loans to the borrower (token
+// loans once their tokens are out of the region's bucket), token deposits
+// into the region's bucket, saves to the region's store.
 func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
 	for _, rep := range rd.Reports {
 		m := gossip.Message{Kind: gossip.KindReport, Report: rep, Size: rep.EncodedSizeEstimate()}
@@ -493,14 +495,60 @@ func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
 			}
 		}
 	}
-	for _, l := range rd.Loans {
+	loans := rd.Loans
+	for _, sp := range rd.Spends {
+		if n := s.spend(r, sp); n > 0 {
+			loans = append(loans, sp.Of(n))
+		}
+	}
+	for _, l := range loans {
 		if i := slices.IndexFunc(s.regions, func(q *region) bool { return q.name == l.Borrower }); i >= 0 {
 			s.send(r, s.regions[i], t, gossip.Message{Kind: gossip.KindLoan, Loan: l, Size: l.EncodedSizeEstimate()})
 		}
 	}
+	for _, dp := range rd.Deposits {
+		s.deposit(r, dp)
+	}
 	if rd.Save != nil {
 		r.saved = rd.Save
 	}
+}
+
+// deposit puts the tokens of a token loan into region r's bucket as the
+// owner of a core must (globalshare.Deposit): an engine deposit at the
+// scale the region enforces, up to the bucket's capacity.
+func (s *sim) deposit(r *region, dp globalshare.Deposit) {
+	chk := r.checks
+	chk[0].Scale = share.Scale(r.core.Share(dp.Key.Policy, dp.Key.Subject))
+	chk[0].Cost, chk[0].Deposit = dp.Units, true
+	if _, err := r.store.Check(context.Background(), engine.Request{Subject: dp.Key.Subject, Checks: chk[:]}); err != nil {
+		panic(err) // the policy is a token bucket and the cost positive
+	}
+}
+
+// spend takes the tokens of a token loan out of region r's bucket as the
+// owner of a core must (globalshare.Spend): it reads the bucket with a
+// check of cost 0 at the scale the region enforces, and takes
+// sp.Take(remaining) units with a check of that cost. It returns the units
+// taken: zero if there were too few, or the engine rejected the check.
+func (s *sim) spend(r *region, sp globalshare.Spend) int64 {
+	sub := sp.Key.Subject
+	chk := r.checks
+	chk[0].Scale = share.Scale(r.core.Share(sp.Key.Policy, sub))
+	chk[0].Cost = 0
+	d, err := r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: chk[:]})
+	if err != nil {
+		panic(err)
+	}
+	n := sp.Take(float64(d.Results[0].Remaining))
+	if n <= 0 {
+		return 0
+	}
+	chk[0].Cost = n
+	if d, err = r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: chk[:]}); err != nil || !d.Allowed {
+		return 0
+	}
+	return n
 }
 
 // send hands a message from r to q to the simulated gossip layer: dropped

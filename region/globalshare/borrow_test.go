@@ -295,7 +295,7 @@ func TestCoreStartGenerationOnly(t *testing.T) {
 			n.rate = map[string]float64{"us-1": 10}
 			n.run(n.now.Add(500*time.Millisecond), 10*time.Millisecond, nil)
 			before := us.Share(policy, "hot")
-			req := share.BorrowRequest{Version: share.BorrowVersion, Region: "eu", Epoch: tt.gen(sc.Epoch(n.now)), Key: key, Want: 0.3}
+			req := share.BorrowRequest{Version: share.RateVersion, Region: "eu", Epoch: tt.gen(sc.Epoch(n.now)), Key: key, Want: 0.3}
 			rd := us.Step(n.now, gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req})
 			if got := len(rd.Loans) > 0; got != tt.lends {
 				t.Fatalf("Step(request of epoch %d) lent = %v, want %v (%+v)", req.Epoch, got, tt.lends, rd)

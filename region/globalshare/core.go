@@ -107,6 +107,13 @@ type CoreConfig struct {
 	// unreachable: a region out of contact with enough others to lose its
 	// majority cuts to Safe then. Default Interval/10.
 	Silence time.Duration
+	// PoolTokens says the owner carries out Ready.Spends and
+	// Ready.Deposits: then keys whose L_global is below
+	// share.Config.BorrowMinRate, too slow for rate loans, pool their
+	// buckets' tokens between regions (share/tokens.go). False: no token
+	// requests are sent, none are answered and token loans received are
+	// dropped unspent.
+	PoolTokens bool
 	// ContactLag bounds how old the last answered ping to a reachable
 	// region may be: the gossip layer's ping period plus its ping timeout
 	// (gossip.Node.ContactLag). Default Silence/2. The hold before another
@@ -125,6 +132,12 @@ type Ready struct {
 	// Loans go to the lender region's other nodes, then to the borrower's
 	// (SendLoan). The share they cut is already enforced.
 	Loans []share.Loan
+	// Spends are token loans to send once their tokens have been taken
+	// out of this region's bucket (CoreConfig.PoolTokens); see Spend.
+	Spends []Spend
+	// Deposits are tokens received from other regions, to put into this
+	// region's bucket (CoreConfig.PoolTokens); see Deposit.
+	Deposits []Deposit
 	// Save, if set, is this region's shares to persist.
 	Save *Saved
 	// Dropped is why Step refused its message (a Drop* reason), or empty.

@@ -1,6 +1,7 @@
 package globalshare
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -602,61 +603,66 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 	c := n.node("eu-1").core
 	gen := c.b.gen
 	key := share.Key{Policy: policy, Subject: "hot"}
-	borrow := func(region string, epoch uint64, want float64) gossip.Message {
-		return gossip.Message{Kind: gossip.KindBorrow, From: region + "-1", Region: region, Borrow: share.BorrowRequest{
-			Version: share.BorrowVersion, Region: region, Epoch: epoch, Key: key, Want: want}}
-	}
-	loan := func(lender string, epoch uint64, amount, tokens float64) gossip.Message {
-		return gossip.Message{Kind: gossip.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
-			Version: share.BorrowVersion, Lender: lender, Borrower: "eu", Epoch: epoch, Key: key, Amount: amount, Tokens: tokens, Seq: 1}}
-	}
-	for _, tt := range []struct {
-		name string
-		msg  gossip.Message
-		want string
-	}{
-		{"borrow without region", borrow("", gen, 0.2), DropMalformed},
-		{"borrow from an unknown region", borrow("mars", gen, 0.2), DropRegion},
-		{"borrow of nothing", borrow("us", gen, 0), DropNumber},
-		{"borrow of more than the limit", borrow("us", gen, 1.5), DropNumber},
-		{"borrow NaN", borrow("us", gen, math.NaN()), DropNumber},
-		{"borrow of an infinite amount", borrow("us", gen, math.Inf(1)), DropNumber},
-		{"borrow of an expired generation", borrow("us", gen-1, 0.2), DropExpired},
-		{"borrow from too far back", borrow("us", sc.Epoch(n.now)-maxAge-1, 0.2), DropEpoch},
-		{"borrow from the future", borrow("us", sc.Epoch(n.now)+2, 0.2), DropEpoch},
-		{"borrow without policy", func() gossip.Message { m := borrow("us", gen, 0.2); m.Borrow.Policy = ""; return m }(), DropMalformed},
-		{"loan without lender", loan("", gen, 0.2, 0), DropMalformed},
-		{"loan without borrower", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = ""; return m }(), DropMalformed},
-		{"loan without policy", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Policy = ""; return m }(), DropMalformed},
-		{"loan to an unknown region", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = "mars"; return m }(), DropRegion},
-		{"loan from an unknown region", loan("mars", gen, 0.2, 0), DropRegion},
-		{"loan of more than the limit", loan("us", gen, 1.5, 0), DropNumber},
-		{"loan of nothing", loan("us", gen, 0, 0), DropNumber},
-		{"loan with more tokens than its cut", loan("us", gen, 0.2, 0.3), DropNumber},
-		{"loan with negative tokens", loan("us", gen, 0.2, -0.1), DropNumber},
-		{"loan of an expired generation", loan("us", gen-1, 0.2, 0.2), DropExpired},
-		{"loan from too far back", loan("us", sc.Epoch(n.now)-maxAge-1, 0.2, 0), DropEpoch},
-		{"loan from the future", loan("us", sc.Epoch(n.now)+2, 0.2, 0), DropEpoch},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			before, share0 := c.Dropped()[tt.want], c.Share(policy, "hot")
-			rd := c.Step(n.now, tt.msg)
-			if rd.Dropped != tt.want {
-				t.Fatalf("Step(%s).Dropped = %q, want %q", tt.name, rd.Dropped, tt.want)
-			}
-			if len(rd.Loans) != 0 || len(rd.Borrows) != 0 {
-				t.Errorf("Step(%s) sent %d loans and %d borrow requests, want none", tt.name, len(rd.Loans), len(rd.Borrows))
-			}
-			if got := c.Dropped()[tt.want]; got != before+1 {
-				t.Errorf("Dropped()[%s] = %d, want %d", tt.want, got, before+1)
-			}
-			if got := c.Share(policy, "hot"); got != share0 {
-				t.Errorf("share after a dropped message = %v, want %v", got, share0)
-			}
-		})
+	// Requests and loans of share and of tokens alike.
+	for _, version := range []uint8{share.RateVersion, share.TokenVersion} {
+		borrow := func(region string, epoch uint64, want float64) gossip.Message {
+			return gossip.Message{Kind: gossip.KindBorrow, From: region + "-1", Region: region, Borrow: share.BorrowRequest{
+				Version: version, Region: region, Epoch: epoch, Key: key, Want: want}}
+		}
+		loan := func(lender string, epoch uint64, amount, tokens float64) gossip.Message {
+			return gossip.Message{Kind: gossip.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
+				Version: version, Lender: lender, Borrower: "eu", Epoch: epoch, Key: key, Amount: amount, Tokens: tokens, Seq: 1}}
+		}
+		for _, tt := range []struct {
+			name string
+			msg  gossip.Message
+			want string
+		}{
+			{"borrow without region", borrow("", gen, 0.2), DropMalformed},
+			{"borrow from an unknown region", borrow("mars", gen, 0.2), DropRegion},
+			{"borrow of nothing", borrow("us", gen, 0), DropNumber},
+			{"borrow of more than the limit", borrow("us", gen, 1.5), DropNumber},
+			{"borrow NaN", borrow("us", gen, math.NaN()), DropNumber},
+			{"borrow of an infinite amount", borrow("us", gen, math.Inf(1)), DropNumber},
+			{"borrow of an expired generation", borrow("us", gen-1, 0.2), DropExpired},
+			{"borrow from too far back", borrow("us", sc.Epoch(n.now)-maxAge-1, 0.2), DropEpoch},
+			{"borrow from the future", borrow("us", sc.Epoch(n.now)+2, 0.2), DropEpoch},
+			{"borrow without policy", func() gossip.Message { m := borrow("us", gen, 0.2); m.Borrow.Policy = ""; return m }(), DropMalformed},
+			{"loan without lender", loan("", gen, 0.2, 0), DropMalformed},
+			{"loan without borrower", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = ""; return m }(), DropMalformed},
+			{"loan without policy", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Policy = ""; return m }(), DropMalformed},
+			{"loan to an unknown region", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = "mars"; return m }(), DropRegion},
+			{"loan from an unknown region", loan("mars", gen, 0.2, 0), DropRegion},
+			{"loan of more than the limit", loan("us", gen, 1.5, 0), DropNumber},
+			{"loan of nothing", loan("us", gen, 0, 0), DropNumber},
+			{"loan with more tokens than its cut", loan("us", gen, 0.2, 0.3), DropNumber},
+			{"loan with negative tokens", loan("us", gen, 0.2, -0.1), DropNumber},
+			{"loan of an expired generation", loan("us", gen-1, 0.2, 0.2), DropExpired},
+			{"loan from too far back", loan("us", sc.Epoch(n.now)-maxAge-1, 0.2, 0), DropEpoch},
+			{"loan from the future", loan("us", sc.Epoch(n.now)+2, 0.2, 0), DropEpoch},
+		} {
+			t.Run(fmt.Sprintf("v%d/%s", version, tt.name), func(t *testing.T) {
+				before, share0 := c.Dropped()[tt.want], c.Share(policy, "hot")
+				rd := c.Step(n.now, tt.msg)
+				if rd.Dropped != tt.want {
+					t.Fatalf("Step(%s).Dropped = %q, want %q", tt.name, rd.Dropped, tt.want)
+				}
+				if len(rd.Loans) != 0 || len(rd.Borrows) != 0 || len(rd.Spends) != 0 {
+					t.Errorf("Step(%s) sent %d loans, %d borrow requests and %d spends, want none", tt.name, len(rd.Loans), len(rd.Borrows), len(rd.Spends))
+				}
+				if got := c.Dropped()[tt.want]; got != before+1 {
+					t.Errorf("Dropped()[%s] = %d, want %d", tt.want, got, before+1)
+				}
+				if got := c.Share(policy, "hot"); got != share0 {
+					t.Errorf("share after a dropped message = %v, want %v", got, share0)
+				}
+			})
+		}
 	}
 	// The same loan, well formed and of this generation, is applied.
-	if rd := c.Step(n.now, loan("us", gen, 0.2, 0)); rd.Dropped != "" {
+	good := gossip.Message{Kind: gossip.KindLoan, From: "us-1", Region: "us", Loan: share.Loan{
+		Version: share.RateVersion, Lender: "us", Borrower: "eu", Epoch: gen, Key: key, Amount: 0.2, Seq: 1}}
+	if rd := c.Step(n.now, good); rd.Dropped != "" {
 		t.Fatalf("a good loan was dropped: %q", rd.Dropped)
 	}
 }

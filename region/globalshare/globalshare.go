@@ -118,6 +118,22 @@ type Config struct {
 	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
 	// tokens as well as rate. Nil: rate only.
 	Bucket func(policy string) bool
+	// Spend and Deposit, if both are set, carry out the core's token spends
+	// and deposits and turn token pooling on (CoreConfig.PoolTokens).
+	// Spend carries out a Ready.Spends entry (see Spend): it
+	// reads this region's bucket of sp.Key at the scale the region
+	// enforces, takes sp.Take(remaining) units out of it with a check of
+	// that cost, and returns the units taken, 0 when it took none. It must
+	// take nothing when the store cannot decide (a degraded admission
+	// would hand over tokens no bucket gave up). The coordinator calls it
+	// from its send goroutine, never from Run's, and sends the filled loan
+	// only when it returns more than 0 without error.
+	Spend func(ctx context.Context, sp Spend) (int64, error)
+	// Deposit carries out a Ready.Deposits entry (see Deposit): it puts
+	// dp.Units into this region's bucket of dp.Key at the scale the region
+	// enforces, up to the bucket's capacity, and must put nothing when the
+	// store cannot decide. Called from the send goroutine, like Spend.
+	Deposit func(ctx context.Context, dp Deposit) error
 	// Silence is CoreConfig.Silence (default Share.Interval/10).
 	Silence time.Duration
 	// Clock drives the timers; nil means real time.
@@ -168,8 +184,11 @@ type Coordinator struct {
 	wake  chan struct{}
 	out   chan outMsg // borrow messages to sendLoop
 	// Counters of borrow traffic (for tests and metrics): enqueued to send,
-	// and received and processed.
+	// and received and processed; token spends handed to sendLoop, and
+	// those whose tokens were taken and whose loan was sent.
 	reqSent, loansSent, reqIn, loansIn atomic.Int64
+	spends, spendsSent, spendsDone     atomic.Int64
+	deposits, depositsDone             atomic.Int64
 }
 
 type regionShares struct {
@@ -192,9 +211,11 @@ const outboxSize = 256
 const maxMail = 4096
 
 type outMsg struct {
-	req    share.BorrowRequest
-	loan   share.Loan
-	isLoan bool
+	req     share.BorrowRequest
+	loan    share.Loan
+	isLoan  bool
+	spend   *Spend   // a token loan to fill (Config.Spend) before it is sent
+	deposit *Deposit // tokens received, for Config.Deposit
 }
 
 // New validates cfg and registers the message handler on cfg.Gossip.
@@ -221,7 +242,7 @@ func New(cfg Config) (*Coordinator, error) {
 	core, err := newCore(CoreConfig{Share: cfg.Share, Region: cfg.Gossip.Region(), Node: cfg.Gossip.Name(),
 		Limit: cfg.Limit, Quota: cfg.Quota, NodeLocalStore: cfg.NodeLocalStore,
 		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick, Bucket: cfg.Bucket,
-		Silence: cfg.Silence, ContactLag: lag}, cfg.Gossip.Members(), m)
+		Silence: cfg.Silence, ContactLag: lag, PoolTokens: cfg.Spend != nil && cfg.Deposit != nil}, cfg.Gossip.Members(), m)
 	if err != nil {
 		return nil, err
 	}
@@ -501,6 +522,20 @@ func (c *Coordinator) do(ctx context.Context, rd Ready) {
 		c.loansSent.Add(1)
 		c.enqueue(outMsg{loan: l, isLoan: true})
 	}
+	for i := range rd.Spends {
+		if c.cfg.Spend == nil {
+			break // the core asks for none without Config.Spend
+		}
+		c.spends.Add(1)
+		c.enqueue(outMsg{spend: &rd.Spends[i]})
+	}
+	for i := range rd.Deposits {
+		if c.cfg.Deposit == nil {
+			break // the core asks for none without Config.Deposit
+		}
+		c.deposits.Add(1)
+		c.enqueue(outMsg{deposit: &rd.Deposits[i]})
+	}
 	if rd.Save != nil && c.cfg.Store != nil {
 		sctx, cancel := context.WithTimeout(ctx, c.cfg.Share.Interval/4)
 		defer cancel()
@@ -540,6 +575,14 @@ func (c *Coordinator) sendLoop(ctx context.Context) {
 			return
 		case m := <-c.out:
 			var err error
+			if m.spend != nil {
+				c.spend(ctx, *m.spend)
+				continue
+			}
+			if m.deposit != nil {
+				c.depositTokens(ctx, *m.deposit)
+				continue
+			}
 			if m.isLoan {
 				err = c.cfg.Gossip.SendLoan(ctx, m.loan)
 			} else {
@@ -551,6 +594,51 @@ func (c *Coordinator) sendLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// spend carries out one token spend on sendLoop's goroutine: the owner
+// takes the tokens out of the region's bucket (Config.Spend), and only then
+// is the loan handing them over sent. A spend that takes nothing, or
+// fails, sends nothing: the borrower stays short, and no token is handed
+// over that a bucket did not give up.
+func (c *Coordinator) spend(ctx context.Context, sp Spend) {
+	defer c.spendsDone.Add(1)
+	n, err := c.cfg.Spend(ctx, sp)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			c.m.borrow.WithLabelValues("spend_failed").Inc()
+			c.log.Debug("globalshare: token spend", "policy", sp.Key.Policy, "err", err)
+		}
+		return
+	case n <= 0:
+		c.m.borrow.WithLabelValues("spend_empty").Inc()
+		return
+	}
+	l := sp.Of(n)
+	if err := c.cfg.Gossip.SendLoan(ctx, l); err != nil {
+		if ctx.Err() == nil {
+			c.m.borrow.WithLabelValues("send_failed").Inc()
+			c.log.Debug("globalshare: send token loan", "err", err)
+		}
+		return
+	}
+	c.spendsSent.Add(1)
+	c.m.borrow.WithLabelValues("tokens_lent").Inc()
+}
+
+// depositTokens carries out one deposit on sendLoop's goroutine. One that
+// fails is lost: it leaves this region short, never over.
+func (c *Coordinator) depositTokens(ctx context.Context, dp Deposit) {
+	defer c.depositsDone.Add(1)
+	if err := c.cfg.Deposit(ctx, dp); err != nil {
+		if ctx.Err() == nil {
+			c.m.borrow.WithLabelValues("deposit_failed").Inc()
+			c.log.Debug("globalshare: token deposit", "policy", dp.Key.Policy, "err", err)
+		}
+		return
+	}
+	c.m.borrow.WithLabelValues("tokens_deposited").Inc()
 }
 
 var _ Gossip = (*gossip.Node)(nil)
@@ -586,7 +674,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		borrow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_borrow_total",
 			Help: "Borrowing events on this node: requested (a borrow request sent), lent (a loan sent, own share cut), " +
 				"accepted (a loan applied), mirrored (another node of this region lent: cut applied here), " +
-				"send_dropped (outbox full), send_failed."}, []string{"event"}),
+				"tokens_requested (a token request sent), tokens_offered (a token loan handed to the owner to fill), " +
+				"tokens_lent (its tokens taken out of the bucket and the loan sent), spend_empty (the bucket had none to spare), " +
+				"spend_failed (the engine could not take them), tokens_accepted (a token loan received, to deposit), " +
+				"tokens_deposited, deposit_failed, send_dropped (outbox full), send_failed."}, []string{"event"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_messages_dropped_total",
 			Help: "Received messages the coordinator did not apply: unknown_region, epoch (future or too old), " +
 				"number (NaN, infinite, negative or above the whole limit), malformed, queue_full."}, []string{"reason"}),
