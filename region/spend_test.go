@@ -19,17 +19,7 @@ func (halfShare) Share(string, string) float64 { return 0.5 }
 // nothing from a bucket that holds no more than it keeps, for a subject an
 // override exempts, or for a policy that is unknown or not global.
 func TestSpendTokens(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Shares = halfShare{} })
-	h.putPolicy("g", `{"algorithm":"token_bucket","rate_per_sec":20,"burst":20,"scope":"global","mode":"enforce","match":{"routes":["/t"]}}`)
-	h.putPolicy("local", `{"algorithm":"token_bucket","rate_per_sec":20,"burst":20,"mode":"enforce","match":{"routes":["/l"]}}`)
-	for _, o := range []string{
-		`{"id":"big","subject":"o","policy":"g","rate_per_sec":40,"burst":40,"expires_at":"2999-01-01T00:00:00Z"}`,
-		`{"id":"free","subject":"x","policy":"g","unlimited":true,"expires_at":"2999-01-01T00:00:00Z"}`,
-	} {
-		if r := h.admin("POST", "/v1/overrides", o); r.status != 201 {
-			t.Fatalf("override = %d %s", r.status, r.body)
-		}
-	}
+	h := poolingHarness(t)
 	spend := func(policy, subject string, max float64) globalshare.Spend {
 		return globalshare.Spend{Key: share.Key{Policy: policy, Subject: subject}, Max: max, Keep: 3, Part: 1, Limit: 20,
 			Loan: share.Loan{Version: share.TokenVersion, Lender: "us", Borrower: "eu"}}
@@ -72,17 +62,7 @@ func TestSpendTokens(t *testing.T) {
 // region enforces (the override's, if one is in force), and puts none for a
 // subject an override exempts or a policy that is unknown or not global.
 func TestDepositTokens(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Shares = halfShare{} })
-	h.putPolicy("g", `{"algorithm":"token_bucket","rate_per_sec":20,"burst":20,"scope":"global","mode":"enforce","match":{"routes":["/t"]}}`)
-	h.putPolicy("local", `{"algorithm":"token_bucket","rate_per_sec":20,"burst":20,"mode":"enforce","match":{"routes":["/l"]}}`)
-	for _, o := range []string{
-		`{"id":"big","subject":"o","policy":"g","rate_per_sec":40,"burst":40,"expires_at":"2999-01-01T00:00:00Z"}`,
-		`{"id":"free","subject":"x","policy":"g","unlimited":true,"expires_at":"2999-01-01T00:00:00Z"}`,
-	} {
-		if r := h.admin("POST", "/v1/overrides", o); r.status != 201 {
-			t.Fatalf("override = %d %s", r.status, r.body)
-		}
-	}
+	h := poolingHarness(t)
 	ctx := context.Background()
 	drain := func(subject string, n int) {
 		t.Helper()
@@ -130,4 +110,23 @@ func TestDepositTokens(t *testing.T) {
 	if r := h.do("POST", "/v1/check", `{"subject":"k","route":"/l"}`); r.json(t)["remaining"] != float64(19) {
 		t.Errorf("a local policy's bucket after a deposit named it: %s, want 19 remaining (untouched)", r.body)
 	}
+}
+
+// poolingHarness is a daemon enforcing half of every global share, with a
+// global token bucket "g" of 20/s, a local one "local", an override "big"
+// (40/s) for subject o and an exemption for subject x.
+func poolingHarness(t *testing.T) *harness {
+	t.Helper()
+	h := newHarness(t, func(c *Config) { c.Shares = halfShare{} })
+	h.putPolicy("g", `{"algorithm":"token_bucket","rate_per_sec":20,"burst":20,"scope":"global","mode":"enforce","match":{"routes":["/t"]}}`)
+	h.putPolicy("local", `{"algorithm":"token_bucket","rate_per_sec":20,"burst":20,"mode":"enforce","match":{"routes":["/l"]}}`)
+	for _, o := range []string{
+		`{"id":"big","subject":"o","policy":"g","rate_per_sec":40,"burst":40,"expires_at":"2999-01-01T00:00:00Z"}`,
+		`{"id":"free","subject":"x","policy":"g","unlimited":true,"expires_at":"2999-01-01T00:00:00Z"}`,
+	} {
+		if r := h.admin("POST", "/v1/overrides", o); r.status != 201 {
+			t.Fatalf("override = %d %s", r.status, r.body)
+		}
+	}
+	return h
 }

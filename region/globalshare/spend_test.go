@@ -67,22 +67,12 @@ func TestCoordinatorCarriesOutSpends(t *testing.T) {
 			clk := &fakeClock{now: start}
 			g := &stubGossip{members: members}
 			spends := make(chan Spend, 4)
-			c, err := New(Config{Share: sc, Gossip: g, Clock: clk,
-				Usage:  func() map[engine.UsageKey]engine.Usage { return nil },
-				Limit:  func(p string) (float64, bool) { return slow, p == policy },
-				Bucket: func(p string) bool { return p == policy },
-				Spend: func(_ context.Context, sp Spend) (int64, error) {
+			c, h := runSlowKeyCoordinator(t, sc, g, clk, slow,
+				func(_ context.Context, sp Spend) (int64, error) {
 					spends <- sp
 					return tt.took, tt.err
 				},
-				Deposit: func(context.Context, Deposit) error { return nil }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); _ = c.Run(ctx) }()
-			defer func() { cancel(); <-done }()
+				func(context.Context, Deposit) error { return nil })
 
 			// The borrower is a core of its own, asking as eu would.
 			eu, err := NewCore(CoreConfig{Share: sc, Region: "eu", Node: "eu-1", PoolTokens: true,
@@ -105,14 +95,6 @@ func TestCoordinatorCarriesOutSpends(t *testing.T) {
 			if req.Want == 0 {
 				t.Fatal("no token request from the borrower")
 			}
-			waitFor(t, 5*time.Second, "the coordinator's handler", func() bool {
-				g.mu.Lock()
-				defer g.mu.Unlock()
-				return g.handler != nil
-			})
-			g.mu.Lock()
-			h := g.handler
-			g.mu.Unlock()
 			h(gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req})
 
 			var sp Spend
@@ -151,30 +133,12 @@ func TestCoordinatorCarriesOutDeposits(t *testing.T) {
 	clk := &fakeClock{now: start}
 	g := &stubGossip{members: members}
 	deposits := make(chan Deposit, 8)
-	c, err := New(Config{Share: sc, Gossip: g, Clock: clk,
-		Usage:  func() map[engine.UsageKey]engine.Usage { return nil },
-		Limit:  func(p string) (float64, bool) { return slow, p == policy },
-		Bucket: func(p string) bool { return p == policy },
-		Spend:  func(context.Context, Spend) (int64, error) { return 0, nil },
-		Deposit: func(_ context.Context, dp Deposit) error {
+	c, h := runSlowKeyCoordinator(t, sc, g, clk, slow,
+		func(context.Context, Spend) (int64, error) { return 0, nil },
+		func(_ context.Context, dp Deposit) error {
 			deposits <- dp
 			return nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitFor(t, 5*time.Second, "the coordinator's handler", func() bool {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return g.handler != nil
-	})
-	g.mu.Lock()
-	h := g.handler
-	g.mu.Unlock()
+		})
 	var gen uint64
 	waitFor(t, 5*time.Second, "the core started", func() bool {
 		c.mu.Lock()
@@ -223,4 +187,34 @@ func TestCoordinatorCarriesOutDeposits(t *testing.T) {
 	if off.core.cfg.PoolTokens {
 		t.Error("a coordinator without Spend and Deposit pools tokens")
 	}
+}
+
+// runSlowKeyCoordinator runs, until the test ends, a coordinator on g and
+// clk whose only global policy is a token bucket of rate slow (below
+// BorrowMinRate, so its tokens are pooled), carrying out spends and
+// deposits with spend and deposit; it returns once the coordinator
+// listens, with the handler it gave g.
+func runSlowKeyCoordinator(t *testing.T, sc share.Config, g *stubGossip, clk *fakeClock, slow float64,
+	spend func(context.Context, Spend) (int64, error), deposit func(context.Context, Deposit) error) (*Coordinator, func(gossip.Message)) {
+	t.Helper()
+	c, err := New(Config{Share: sc, Gossip: g, Clock: clk,
+		Usage:  func() map[engine.UsageKey]engine.Usage { return nil },
+		Limit:  func(p string) (float64, bool) { return slow, p == policy },
+		Bucket: func(p string) bool { return p == policy },
+		Spend:  spend, Deposit: deposit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, 5*time.Second, "the coordinator's handler", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.handler != nil
+	})
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return c, g.handler
 }
