@@ -133,6 +133,11 @@ type Server struct {
 	handOver func(net.Conn) error
 	// The room of TransportGRPC's calls (grpcCall).
 	grpcCalls sync.Pool
+	// ownAll makes every connection the own transport's from its
+	// preface on, none handed to grpc-go: for the conformance test,
+	// whose client waits for its SETTINGS to be acknowledged before its
+	// first call.
+	ownAll bool
 }
 
 // New returns a Server; it registers its metrics on cfg.Registerer.
