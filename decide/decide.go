@@ -120,8 +120,11 @@ func New(cfg Config) *Decider {
 // nopObserver is the Observer of a Config without one.
 type nopObserver struct{}
 
+// Decided does nothing.
 func (nopObserver) Decided(Verdict, string, string, string) {}
-func (nopObserver) Took(time.Duration)                      {}
+
+// Took does nothing.
+func (nopObserver) Took(time.Duration) {}
 
 // now is the time on the Decider's clock.
 func (dc *Decider) now() time.Time {

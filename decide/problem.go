@@ -61,6 +61,7 @@ func Invalid(field, format string, args ...any) *Problem {
 	return NewProblem(http.StatusBadRequest, ProblemInvalid, describe(field, reason), quota.FieldError{Field: field, Reason: reason})
 }
 
+// describe is reason, prefixed by field when there is one.
 func describe(field, reason string) string {
 	if field == "" {
 		return reason
