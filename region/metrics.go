@@ -250,7 +250,9 @@ func sourceIndex(s string) uint8 {
 func sourceLabel(i uint8) string { return checkSources[i] }
 
 // observe counts a decided check in sluice_checks_total and, per policy,
-// in sluice_policy_checks_total, and hands it to the decision log: its
+// in sluice_policy_checks_total (and a shadow policy that would have
+// rejected in sluice_shadow_would_reject_total), and hands it to the
+// decision log: its
 // limited policies to the top lists, and a sample to the event stream.
 // shadowSource is the source of the shadow policies' decision ("none" if
 // they were not decided). It runs on the check path and does no I/O.
