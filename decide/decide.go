@@ -7,9 +7,9 @@
 // client (package client/local) are its front ends; none of them holds
 // the decision itself.
 //
-// A Decider reads no clock but its Config's, does no I/O but its
-// limiter's, and reports what it decided to an Observer, so that it links
-// no metrics library and no transport.
+// A Decider does no I/O but its limiter's, dates global quotas' windows by
+// its Config's Clock, and reports what it decided to an Observer, so that
+// it links no metrics library and no transport.
 package decide
 
 import (
