@@ -17,13 +17,14 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
-// Limiter decides a request's checks in one all-or-nothing call; an
-// *engine.Limiter is one.
+// Limiter decides a request's checks in one all-or-nothing call; a
+// *limiter.Limiter is one.
 type Limiter interface {
-	Check(ctx context.Context, req engine.Request) (engine.Outcome, error)
+	Check(ctx context.Context, req engine.Request) (limiter.Outcome, error)
 }
 
 // ShareSource gives the fraction of a global-scope policy's limit that this

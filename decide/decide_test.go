@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/share"
 )
@@ -18,7 +19,7 @@ import (
 // recorder is a Limiter that records each request and hands it to an
 // in-process memory limiter, and an Observer that records each decision.
 type recorder struct {
-	lim *engine.Limiter
+	lim *limiter.Limiter
 	err error // when set, every Check fails with it
 
 	mu       sync.Mutex
@@ -28,14 +29,14 @@ type recorder struct {
 	took     int
 }
 
-func newRecorder() *recorder { return &recorder{lim: engine.NewLimiter(engine.LimiterConfig{})} }
+func newRecorder() *recorder { return &recorder{lim: limiter.New(limiter.Config{})} }
 
-func (r *recorder) Check(ctx context.Context, req engine.Request) (engine.Outcome, error) {
+func (r *recorder) Check(ctx context.Context, req engine.Request) (limiter.Outcome, error) {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, engine.Request{Subject: req.Subject, Checks: slices.Clone(req.Checks)})
 	r.mu.Unlock()
 	if r.err != nil {
-		return engine.Outcome{Decision: engine.Decision{Decider: -1}}, r.err
+		return limiter.Outcome{Decision: engine.Decision{Decider: -1}}, r.err
 	}
 	return r.lim.Check(ctx, req)
 }

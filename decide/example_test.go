@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluice-rl/sluice/decide"
-	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -18,7 +18,7 @@ func ExampleDecider() {
 		fmt.Println(err)
 		return
 	}
-	dc := decide.New(decide.Config{Limiter: engine.NewLimiter(engine.LimiterConfig{}), Registry: reg})
+	dc := decide.New(decide.Config{Limiter: limiter.New(limiter.Config{}), Registry: reg})
 	for range 3 {
 		ans, p := dc.Check(ctx, decide.CheckRequest{SubjectFields: quota.SubjectFields{User: "42"}, Route: "/v1/orders"})
 		if p != nil {
