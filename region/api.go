@@ -102,7 +102,7 @@ type BatchResponse struct {
 }
 
 // checkRejection is the 429/503 body of POST /v1/check: the problem
-// members of design 4.2 and the decision in one object.
+// members of a rejection (decide.Rejection) and the decision in one object.
 type checkRejection struct {
 	Type             string   `json:"type"`
 	Title            string   `json:"title"`
