@@ -8,8 +8,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -47,7 +49,7 @@ const (
 	otherLabel      = "other"
 )
 
-func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.MemoryStore, storeKind string) *metrics {
+func newMetrics(reg prometheus.Registerer, lim *limiter.Limiter, mem *engine.MemoryStore, storeKind string) *metrics {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_checks_total",
@@ -104,16 +106,16 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.Memo
 				func() float64 { return float64(mem.Evictions()) }),
 		)
 	}
-	stat := func(name, help string, f func(engine.Stats) uint64) prometheus.Collector {
+	stat := func(name, help string, f func(limiter.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(lim.Stats())) })
 	}
 	reg.MustRegister(m.checks, m.duration, m.wouldReject, m.badRequests, m.panics, m.policyReload, m.policySync, m.policyChecks, m.storeCalls, m.globalLeft,
-		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s engine.Stats) uint64 { return s.StoreCalls }),
-		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s engine.Stats) uint64 { return s.StoreErrors }),
-		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s engine.Stats) uint64 { return s.DenyCacheHits }),
-		stat("sluice_store_busy_total", "Checks that waited past the store queue's bound and were decided by on_store_failure; overload, not a store error, so the breaker does not count them.", func(s engine.Stats) uint64 { return s.StoreBusy }),
-		stat("sluice_degraded_total", "Checks decided without the store, by each policy's on_store_failure.", func(s engine.Stats) uint64 { return s.Degraded }),
-		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s engine.Stats) uint64 { return s.BreakerOpens }),
+		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s limiter.Stats) uint64 { return s.StoreCalls }),
+		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s limiter.Stats) uint64 { return s.StoreErrors }),
+		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s limiter.Stats) uint64 { return s.DenyCacheHits }),
+		stat("sluice_store_busy_total", "Checks that waited past the store queue's bound and were decided by on_store_failure; overload, not a store error, so the breaker does not count them.", func(s limiter.Stats) uint64 { return s.StoreBusy }),
+		stat("sluice_degraded_total", "Checks decided without the store, by each policy's on_store_failure.", func(s limiter.Stats) uint64 { return s.Degraded }),
+		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s limiter.Stats) uint64 { return s.BreakerOpens }),
 		&breakerCollector{lim: lim, desc: prometheus.NewDesc("sluice_breaker_state",
 			"Circuit breaker state per store shard: 1 for the state it is in (closed, half_open, open), 0 for the others.", []string{"shard", "state"}, nil)},
 	)
@@ -122,7 +124,7 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.Memo
 
 // breakerCollector reads the breaker states at scrape time.
 type breakerCollector struct {
-	lim  *engine.Limiter
+	lim  *limiter.Limiter
 	desc *prometheus.Desc
 }
 
@@ -249,11 +251,14 @@ func sourceIndex(s string) uint8 {
 func sourceLabel(i uint8) string { return checkSources[i] }
 
 // observe counts a decided check in sluice_checks_total and, per policy,
-// in sluice_policy_checks_total, and hands it to the decision log: its
+// in sluice_policy_checks_total (and a shadow policy that would have
+// rejected in sluice_shadow_would_reject_total), and hands it to the
+// decision log: its
 // limited policies to the top lists, and a sample to the event stream.
 // shadowSource is the source of the shadow policies' decision ("none" if
 // they were not decided). It runs on the check path and does no I/O.
-func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowSource string) {
+func (d *Daemon) observe(v *decide.Verdict, method, route, shadowSource string) {
+	decision := v.Outcome()
 	d.m.checkSeries.counter(d.m.checks, decision, v.Source).Inc()
 	src, shSrc := sourceIndex(v.Source), sourceIndex(shadowSource)
 	for i := range v.Policies {
@@ -274,6 +279,9 @@ func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowS
 			k.decision, k.source = polAllowed, shSrc
 		}
 		d.m.policyCache.counter(d.m.policyChecks, k).Inc()
+		if pr.WouldReject {
+			d.m.wouldReject.WithLabelValues(pr.ID).Inc()
+		}
 		if pr.Scope == quota.ScopeGlobal && pr.Mode == quota.ModeEnforce && pr.Evaluated && pr.Limit > 0 {
 			d.m.globalRemaining(pr.ID).Observe(float64(pr.Remaining) / float64(pr.Limit))
 		}
@@ -285,7 +293,7 @@ func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowS
 	limited := decision != 0 || v.WouldReject
 	if limited {
 		now := time.Now()
-		for _, id := range v.violated {
+		for _, id := range v.Violated {
 			ev.Limited(now, id, decisionlog.KindRejected, v.Subject)
 		}
 		if v.WouldReject {
@@ -300,7 +308,7 @@ func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowS
 		return
 	}
 	e := decisionlog.Event{Time: time.Now().UTC(), Subject: v.Subject, Tier: v.Tier, Method: method, Route: route,
-		Decision: checkDecisions[decision], Source: v.Source, Policy: v.Policy, Violated: slices.Clone(v.violated), Degraded: v.Degraded}
+		Decision: checkDecisions[decision], Source: v.Source, Policy: v.Policy, Violated: slices.Clone(v.Violated), Degraded: v.Degraded}
 	if v.WouldReject {
 		for i := range v.Policies {
 			if pr := &v.Policies[i]; pr.WouldReject {
