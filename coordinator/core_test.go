@@ -1,4 +1,4 @@
-package globalshare
+package coordinator
 
 import (
 	"fmt"
@@ -7,9 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
+)
+
+const (
+	policy = "global-api"
+	limit  = 100.0 // L_global, units/s
 )
 
 // coreNet is a scripted cluster of cores: every node is ticked every step
@@ -47,7 +52,7 @@ type coreNet struct {
 type coreNode struct {
 	name, region string
 	core         *Core
-	state        gossip.State
+	state        msg.State
 	down         bool    // crashed: neither ticked nor sent to, whatever membership says
 	carry        float64 // fractional demand not yet drained
 	admitted     float64
@@ -56,7 +61,7 @@ type coreNode struct {
 type flight struct {
 	at   time.Time
 	to   *coreNode
-	msg  gossip.Message
+	msg  msg.Message
 	from *coreNode
 }
 
@@ -73,7 +78,7 @@ func newCoreNetCollect(t *testing.T, sc share.Config, collect time.Duration, nod
 		delay: 20 * time.Millisecond, rate: map[string]float64{},
 		contactEvery: sc.Interval / 40, contact: map[[2]string]time.Time{}}
 	for _, name := range nodes {
-		n.nodes = append(n.nodes, &coreNode{name: name, region: regionOf(name), state: gossip.StateAlive})
+		n.nodes = append(n.nodes, &coreNode{name: name, region: regionOf(name), state: msg.StateAlive})
 	}
 	for _, nd := range n.nodes {
 		c, err := NewCore(CoreConfig{Share: sc, Region: nd.region, Node: nd.name, Collect: collect,
@@ -89,10 +94,10 @@ func newCoreNetCollect(t *testing.T, sc share.Config, collect time.Duration, nod
 	return n
 }
 
-func (n *coreNet) members() []gossip.Member {
-	out := make([]gossip.Member, 0, len(n.nodes))
+func (n *coreNet) members() []msg.Member {
+	out := make([]msg.Member, 0, len(n.nodes))
 	for _, nd := range n.nodes {
-		out = append(out, gossip.Member{Node: nd.name, Region: nd.region, State: nd.state})
+		out = append(out, msg.Member{Node: nd.name, Region: nd.region, State: nd.state})
 	}
 	return out
 }
@@ -133,10 +138,10 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 	if !reflect.DeepEqual(rd, Ready{}) {
 		n.log = append(n.log, rd)
 	}
-	to := func(m gossip.Message, ok func(*coreNode) bool) {
+	to := func(m msg.Message, ok func(*coreNode) bool) {
 		m.From, m.Region = from.name, from.region
 		for _, nd := range n.nodes {
-			if nd == from || nd.down || nd.state != gossip.StateAlive || !ok(nd) || (n.cut != nil && n.cut(from.region, nd.region)) {
+			if nd == from || nd.down || nd.state != msg.StateAlive || !ok(nd) || (n.cut != nil && n.cut(from.region, nd.region)) {
 				continue
 			}
 			n.sent++
@@ -144,16 +149,16 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 		}
 	}
 	for _, r := range rd.Reports {
-		to(gossip.Message{Kind: gossip.KindReport, Report: r}, func(nd *coreNode) bool { return nd.region != from.region })
+		to(msg.Message{Kind: msg.KindReport, Report: r}, func(nd *coreNode) bool { return nd.region != from.region })
 	}
 	for _, u := range rd.NodeUsage {
-		to(gossip.Message{Kind: gossip.KindNodeUsage, Usage: u}, func(nd *coreNode) bool { return nd.region == from.region })
+		to(msg.Message{Kind: msg.KindNodeUsage, Usage: u}, func(nd *coreNode) bool { return nd.region == from.region })
 	}
 	for _, b := range rd.Borrows {
-		to(gossip.Message{Kind: gossip.KindBorrow, Borrow: b}, func(nd *coreNode) bool { return nd.region != from.region })
+		to(msg.Message{Kind: msg.KindBorrow, Borrow: b}, func(nd *coreNode) bool { return nd.region != from.region })
 	}
 	for _, l := range rd.Loans {
-		to(gossip.Message{Kind: gossip.KindLoan, Loan: l}, func(nd *coreNode) bool {
+		to(msg.Message{Kind: msg.KindLoan, Loan: l}, func(nd *coreNode) bool {
 			return nd.region == l.Borrower || nd.region == l.Lender
 		})
 	}
@@ -188,12 +193,12 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 		}
 		n.inFlite = keep
 		for _, f := range due {
-			if f.to.state == gossip.StateAlive && !f.to.down {
+			if f.to.state == msg.StateAlive && !f.to.down {
 				n.send(f.to, f.to.core.Step(n.now, f.msg))
 			}
 		}
 		for _, nd := range n.nodes {
-			if nd.state == gossip.StateAlive && !nd.down {
+			if nd.state == msg.StateAlive && !nd.down {
 				n.send(nd, nd.core.Tick(n.now, n.usage(nd, step), n.view(nd)))
 			}
 		}
@@ -206,17 +211,17 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 // view is membership as nd sees it: a cut-off region looks dead, and
 // every member of another region has the Contact of its last answered
 // ping (contactEvery).
-func (n *coreNet) view(nd *coreNode) []gossip.Member {
+func (n *coreNet) view(nd *coreNode) []msg.Member {
 	ms := n.members()
 	for i := range ms {
 		cut := n.cut != nil && n.cut(nd.region, ms[i].Region)
 		switch {
 		case n.verdict != nil:
 			if n.verdict(nd.region, ms[i].Region) {
-				ms[i].State = gossip.StateDead
+				ms[i].State = msg.StateDead
 			}
 		case cut:
-			ms[i].State = gossip.StateDead
+			ms[i].State = msg.StateDead
 		}
 		if n.contactEvery > 0 && ms[i].Region != nd.region {
 			// Pings are answered at once or given up a period later.
@@ -324,7 +329,7 @@ func TestCoreDeadRegion(t *testing.T) {
 			ap.down = true
 			lost := n.now.Truncate(n.contactEvery + 1) // the last answered ping: now, or the verdict below
 			if !tt.contact {
-				ap.state = gossip.StateDead
+				ap.state = msg.StateDead
 				lost = n.now.Add(10 * time.Millisecond) // the first tick that sees it
 			}
 			hold := n.node("eu-1").core.Hold()
@@ -536,14 +541,14 @@ func TestCoreDropsUnusableMessages(t *testing.T) {
 	c := n.node("eu-1").core
 	cur := sc.Epoch(n.now)
 	key := share.Key{Policy: policy, Subject: "hot"}
-	report := func(region string, epoch uint64, v float64) gossip.Message {
-		return gossip.Message{Kind: gossip.KindReport, From: region + "-1", Region: region, Report: share.Report{
+	report := func(region string, epoch uint64, v float64) msg.Message {
+		return msg.Message{Kind: msg.KindReport, From: region + "-1", Region: region, Report: share.Report{
 			Version: share.ReportVersion, Region: region, Epoch: epoch,
 			Keys: []share.KeyReport{{Key: key, Limit: limit, Offered: v, Recent: v, Demand: v, Admitted: v}}}}
 	}
 	for _, tt := range []struct {
 		name string
-		msg  gossip.Message
+		msg  msg.Message
 		want string
 	}{
 		{"good report", report("us", cur, 50), ""},
@@ -554,15 +559,15 @@ func TestCoreDropsUnusableMessages(t *testing.T) {
 		{"infinite demand", report("us", cur, math.Inf(1)), DropNumber},
 		{"negative demand", report("us", cur, -1), DropNumber},
 		{"no region", report("", cur, 1), DropMalformed},
-		{"NaN node usage", gossip.Message{Kind: gossip.KindNodeUsage, Usage: gossip.NodeUsage{Node: "eu-2", Region: "eu", Epoch: cur,
-			Keys: []gossip.KeyUsage{{Key: key, Limit: math.NaN()}}}}, DropNumber},
-		{"infinite want", gossip.Message{Kind: gossip.KindBorrow, Borrow: share.BorrowRequest{Region: "us", Epoch: cur, Key: key,
+		{"NaN node usage", msg.Message{Kind: msg.KindNodeUsage, Usage: msg.NodeUsage{Node: "eu-2", Region: "eu", Epoch: cur,
+			Keys: []msg.KeyUsage{{Key: key, Limit: math.NaN()}}}}, DropNumber},
+		{"infinite want", msg.Message{Kind: msg.KindBorrow, Borrow: share.BorrowRequest{Region: "us", Epoch: cur, Key: key,
 			Want: math.Inf(1)}}, DropNumber},
-		{"loan from nowhere", gossip.Message{Kind: gossip.KindLoan, Loan: share.Loan{Lender: "mars", Borrower: "eu", Epoch: cur,
+		{"loan from nowhere", msg.Message{Kind: msg.KindLoan, Loan: share.Loan{Lender: "mars", Borrower: "eu", Epoch: cur,
 			Key: key, Amount: 0.1}}, DropRegion},
-		{"loan above the limit", gossip.Message{Kind: gossip.KindLoan, Loan: share.Loan{Lender: "us", Borrower: "eu", Epoch: cur,
+		{"loan above the limit", msg.Message{Kind: msg.KindLoan, Loan: share.Loan{Lender: "us", Borrower: "eu", Epoch: cur,
 			Key: key, Amount: 2}}, DropNumber},
-		{"NaN loan", gossip.Message{Kind: gossip.KindLoan, Loan: share.Loan{Lender: "us", Borrower: "eu", Epoch: cur,
+		{"NaN loan", msg.Message{Kind: msg.KindLoan, Loan: share.Loan{Lender: "us", Borrower: "eu", Epoch: cur,
 			Key: key, Amount: math.NaN()}}, DropNumber},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -577,7 +582,7 @@ func TestCoreDropsUnusableMessages(t *testing.T) {
 			if got := c.Dropped()[tt.want]; got != before+1 {
 				t.Errorf("Dropped()[%s] = %d, want %d", tt.want, got, before+1)
 			}
-			if r := tt.msg.Report; tt.msg.Kind == gossip.KindReport {
+			if r := tt.msg.Report; tt.msg.Kind == msg.KindReport {
 				if _, filed := c.reports[r.Epoch][r.Region]; filed && r.Region != "us" || filed && r.Epoch != cur {
 					t.Errorf("a dropped report was filed")
 				}
@@ -605,17 +610,17 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 	key := share.Key{Policy: policy, Subject: "hot"}
 	// Requests and loans of share and of tokens alike.
 	for _, version := range []uint8{share.RateVersion, share.TokenVersion} {
-		borrow := func(region string, epoch uint64, want float64) gossip.Message {
-			return gossip.Message{Kind: gossip.KindBorrow, From: region + "-1", Region: region, Borrow: share.BorrowRequest{
+		borrow := func(region string, epoch uint64, want float64) msg.Message {
+			return msg.Message{Kind: msg.KindBorrow, From: region + "-1", Region: region, Borrow: share.BorrowRequest{
 				Version: version, Region: region, Epoch: epoch, Key: key, Want: want}}
 		}
-		loan := func(lender string, epoch uint64, amount, tokens float64) gossip.Message {
-			return gossip.Message{Kind: gossip.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
+		loan := func(lender string, epoch uint64, amount, tokens float64) msg.Message {
+			return msg.Message{Kind: msg.KindLoan, From: lender + "-1", Region: lender, Loan: share.Loan{
 				Version: version, Lender: lender, Borrower: "eu", Epoch: epoch, Key: key, Amount: amount, Tokens: tokens, Seq: 1}}
 		}
 		for _, tt := range []struct {
 			name string
-			msg  gossip.Message
+			msg  msg.Message
 			want string
 		}{
 			{"borrow without region", borrow("", gen, 0.2), DropMalformed},
@@ -627,11 +632,11 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 			{"borrow of an expired generation", borrow("us", gen-1, 0.2), DropExpired},
 			{"borrow from too far back", borrow("us", sc.Epoch(n.now)-maxAge-1, 0.2), DropEpoch},
 			{"borrow from the future", borrow("us", sc.Epoch(n.now)+2, 0.2), DropEpoch},
-			{"borrow without policy", func() gossip.Message { m := borrow("us", gen, 0.2); m.Borrow.Policy = ""; return m }(), DropMalformed},
+			{"borrow without policy", func() msg.Message { m := borrow("us", gen, 0.2); m.Borrow.Policy = ""; return m }(), DropMalformed},
 			{"loan without lender", loan("", gen, 0.2, 0), DropMalformed},
-			{"loan without borrower", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = ""; return m }(), DropMalformed},
-			{"loan without policy", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Policy = ""; return m }(), DropMalformed},
-			{"loan to an unknown region", func() gossip.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = "mars"; return m }(), DropRegion},
+			{"loan without borrower", func() msg.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = ""; return m }(), DropMalformed},
+			{"loan without policy", func() msg.Message { m := loan("us", gen, 0.2, 0); m.Loan.Policy = ""; return m }(), DropMalformed},
+			{"loan to an unknown region", func() msg.Message { m := loan("us", gen, 0.2, 0); m.Loan.Borrower = "mars"; return m }(), DropRegion},
 			{"loan from an unknown region", loan("mars", gen, 0.2, 0), DropRegion},
 			{"loan of more than the limit", loan("us", gen, 1.5, 0), DropNumber},
 			{"loan of nothing", loan("us", gen, 0, 0), DropNumber},
@@ -660,7 +665,7 @@ func TestCoreDropsBadBorrowsAndLoans(t *testing.T) {
 		}
 	}
 	// The same loan, well formed and of this generation, is applied.
-	good := gossip.Message{Kind: gossip.KindLoan, From: "us-1", Region: "us", Loan: share.Loan{
+	good := msg.Message{Kind: msg.KindLoan, From: "us-1", Region: "us", Loan: share.Loan{
 		Version: share.RateVersion, Lender: "us", Borrower: "eu", Epoch: gen, Key: key, Amount: 0.2, Seq: 1}}
 	if rd := c.Step(n.now, good); rd.Dropped != "" {
 		t.Fatalf("a good loan was dropped: %q", rd.Dropped)
@@ -675,7 +680,7 @@ func TestCoreRestoresSavedShares(t *testing.T) {
 	now := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
 	cur := sc.Epoch(now)
 	key := share.Key{Policy: policy, Subject: "hot"}
-	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive}, {Node: "us-1", Region: "us", State: gossip.StateAlive}}
+	members := []msg.Member{{Node: "eu-1", Region: "eu", State: msg.StateAlive}, {Node: "us-1", Region: "us", State: msg.StateAlive}}
 	for _, tt := range []struct {
 		name  string
 		saved Saved
@@ -720,7 +725,7 @@ func TestCoreRestoresSavedShares(t *testing.T) {
 func TestCoreQuotaCounters(t *testing.T) {
 	sc := testShareConfig()
 	const window = time.Hour
-	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive}, {Node: "us-1", Region: "us", State: gossip.StateAlive}}
+	members := []msg.Member{{Node: "eu-1", Region: "eu", State: msg.StateAlive}, {Node: "us-1", Region: "us", State: msg.StateAlive}}
 	mk := func(region, node string) *Core {
 		c, err := NewCore(CoreConfig{Share: sc, Region: region, Node: node,
 			Limit: func(string) (float64, bool) { return limit, true },
@@ -742,7 +747,7 @@ func TestCoreQuotaCounters(t *testing.T) {
 		rd := eu.Tick(at, spend, members)
 		spend = nil
 		for _, r := range rd.Reports {
-			if got := us.Step(at, gossip.Message{Kind: gossip.KindReport, From: "eu-1", Region: "eu", Report: r}); got.Dropped != "" {
+			if got := us.Step(at, msg.Message{Kind: msg.KindReport, From: "eu-1", Region: "eu", Report: r}); got.Dropped != "" {
 				t.Fatalf("us dropped eu's report: %s", got.Dropped)
 			}
 		}
@@ -801,10 +806,10 @@ func FuzzCoreStep(f *testing.F) {
 			if e < 0 {
 				e = 0
 			}
-			c.Step(n.now, gossip.Message{Kind: gossip.KindReport, From: "ap-1", Region: "ap", Report: share.Report{
+			c.Step(n.now, msg.Message{Kind: msg.KindReport, From: "ap-1", Region: "ap", Report: share.Report{
 				Version: share.ReportVersion, Region: "ap", Epoch: uint64(e) - 1,
 				Keys: []share.KeyReport{{Key: key, Limit: limit, Offered: offered, Recent: recent, Demand: demand, Admitted: offered}}}})
-			c.Step(n.now, gossip.Message{Kind: gossip.KindLoan, From: "ap-1", Region: "ap", Loan: share.Loan{
+			c.Step(n.now, msg.Message{Kind: msg.KindLoan, From: "ap-1", Region: "ap", Loan: share.Loan{
 				Lender: "ap", Borrower: "eu", Epoch: c.b.gen, Key: key, Amount: amount, Seq: uint64(i)}})
 			check()
 			n.run(n.now.Add(sc.Interval/2), 50*time.Millisecond, check)
@@ -868,9 +873,9 @@ func TestCoreTakeoverAfterCrash(t *testing.T) {
 					since := n.now.Sub(crash)
 					switch {
 					case since >= tt.detect:
-						n.node("r3-0").state, n.node("r3-1").state = gossip.StateDead, gossip.StateDead
+						n.node("r3-0").state, n.node("r3-1").state = msg.StateDead, msg.StateDead
 					case since >= tt.suspect:
-						n.node("r3-0").state, n.node("r3-1").state = gossip.StateSuspect, gossip.StateSuspect
+						n.node("r3-0").state, n.node("r3-1").state = msg.StateSuspect, msg.StateSuspect
 					}
 					s := n.shares("r1-0", "r1-1", "r2-0", "r2-1")
 					if total := max(s[0], s[1]) + max(s[2], s[3]); total > 1+1e-9 {
@@ -945,7 +950,7 @@ func TestCoreRepeatsReportsAfterLoss(t *testing.T) {
 	n.run(sc.EpochStart(lost+k+4), 10*time.Millisecond, func() {
 		keep := n.inFlite[:0]
 		for _, f := range n.inFlite {
-			if f.msg.Kind == gossip.KindReport && f.msg.Report.Region == "us" && f.msg.Report.Epoch == lost && f.to.region == "eu" {
+			if f.msg.Kind == msg.KindReport && f.msg.Report.Region == "us" && f.msg.Report.Epoch == lost && f.to.region == "eu" {
 				continue
 			}
 			keep = append(keep, f)
@@ -962,4 +967,17 @@ func TestCoreRepeatsReportsAfterLoss(t *testing.T) {
 			t.Errorf("after us's report of epoch %d was lost: eu sent %d copies of its report of epoch %d, want %d", lost, got[e], e, want)
 		}
 	}
+}
+
+// regionOf is the region of a test node named region-n.
+func regionOf(node string) string { return node[:2] }
+
+// testShareConfig is a share config with a 1 s interval.
+func testShareConfig() share.Config {
+	sc := share.DefaultConfig()
+	sc.Interval = time.Second
+	sc.Recent = 200 * time.Millisecond
+	sc.Settle = 400 * time.Millisecond
+	sc.RaiseDelay = 200 * time.Millisecond
+	return sc
 }

@@ -1,4 +1,4 @@
-package globalshare
+package coordinator
 
 import (
 	"math"
@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -19,8 +19,8 @@ import (
 func TestCoreTokenPooling(t *testing.T) {
 	sc := share.DefaultConfig()
 	const slow = 20.0 // units/s: below BorrowMinRate
-	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive},
-		{Node: "us-1", Region: "us", State: gossip.StateAlive}, {Node: "us-2", Region: "us", State: gossip.StateAlive}}
+	members := []msg.Member{{Node: "eu-1", Region: "eu", State: msg.StateAlive},
+		{Node: "us-1", Region: "us", State: msg.StateAlive}, {Node: "us-2", Region: "us", State: msg.StateAlive}}
 	now := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
 	newCore := func(node, region string, pool bool) *Core {
 		c, err := NewCore(CoreConfig{Share: sc, Region: region, Node: node, PoolTokens: pool,
@@ -60,7 +60,7 @@ func TestCoreTokenPooling(t *testing.T) {
 
 	// us answers with a Spend, not a loan, and keeps its share.
 	before := us.Share(policy, "k")
-	rd := us.Step(now, gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req})
+	rd := us.Step(now, msg.Message{Kind: msg.KindBorrow, From: "eu-1", Region: "eu", Borrow: req})
 	if len(rd.Loans) != 0 || len(rd.Spends) != 1 {
 		t.Fatalf("token request answered with %d loans and %d spends, want 0 and 1", len(rd.Loans), len(rd.Spends))
 	}
@@ -82,8 +82,8 @@ func TestCoreTokenPooling(t *testing.T) {
 	// eu's acting node deposits the 5 units into its bucket; its share
 	// does not move.
 	l := sp.Of(5)
-	msg := gossip.Message{Kind: gossip.KindLoan, From: "us-1", Region: "us", Loan: l}
-	rd = eu.Step(now, msg)
+	loanMsg := msg.Message{Kind: msg.KindLoan, From: "us-1", Region: "us", Loan: l}
+	rd = eu.Step(now, loanMsg)
 	if rd.Dropped != "" {
 		t.Fatalf("token loan dropped: %s", rd.Dropped)
 	}
@@ -93,11 +93,11 @@ func TestCoreTokenPooling(t *testing.T) {
 	if got := eu.Share(policy, "k"); got != 0.5 {
 		t.Errorf("borrower's share after a token loan = %v, want 0.5", got)
 	}
-	if rd := eu.Step(now, msg); len(rd.Deposits) != 0 {
+	if rd := eu.Step(now, loanMsg); len(rd.Deposits) != 0 {
 		t.Errorf("a duplicate token loan was deposited: %+v", rd.Deposits)
 	}
 	// us's other node mirrors no cut: a token loan moves no share.
-	if us2.Step(now, msg); us2.Share(policy, "k") != 0.5 {
+	if us2.Step(now, loanMsg); us2.Share(policy, "k") != 0.5 {
 		t.Errorf("lender's other node after a token loan: share %v, want 0.5", us2.Share(policy, "k"))
 	}
 
@@ -110,10 +110,10 @@ func TestCoreTokenPooling(t *testing.T) {
 		}
 	}
 	off2 := newCore("us-1", "us", false)
-	if rd := off2.Step(now, gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req}); len(rd.Spends) != 0 {
+	if rd := off2.Step(now, msg.Message{Kind: msg.KindBorrow, From: "eu-1", Region: "eu", Borrow: req}); len(rd.Spends) != 0 {
 		t.Errorf("a core without PoolTokens answered with %d spends", len(rd.Spends))
 	}
-	if rd := off.Step(now, msg); len(rd.Deposits) != 0 {
+	if rd := off.Step(now, loanMsg); len(rd.Deposits) != 0 {
 		t.Errorf("a core without PoolTokens deposited %+v", rd.Deposits)
 	}
 }

@@ -1,4 +1,4 @@
-package globalshare
+package coordinator
 
 import (
 	"errors"
@@ -8,8 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -32,22 +32,22 @@ type Core struct {
 	self  string
 	node  string
 	split bool // drain twice per interval to measure the recent rate
-	m     *metrics
+	m     *Metrics
 
 	started  bool
 	balanced bool // set after the first rebalance
-	view     *view
-	seen     *map[share.Key]quotaSeen
+	view     *View
+	seen     *Others
 	shares   map[share.Key]regionShares
 	raised   uint64 // epoch whose raises were last published
 
-	members []gossip.Member
+	members []msg.Member
 	live    map[string][]string // region → live nodes, sorted
 
-	reports   map[uint64]map[string]share.Report     // epoch → region → report
-	nodeUse   map[uint64]map[string]gossip.NodeUsage // epoch → node → usage (own region)
-	lastSeen  map[string]reportInfo                  // region → last report received or sent
-	epoch     uint64                                 // last rebalanced epoch
+	reports   map[uint64]map[string]share.Report  // epoch → region → report
+	nodeUse   map[uint64]map[string]msg.NodeUsage // epoch → node → usage (own region)
+	lastSeen  map[string]reportInfo               // region → last report received or sent
+	epoch     uint64                              // last rebalanced epoch
 	isolated  bool
 	coordKeys int
 	known     []string     // regions known to the allocator
@@ -76,7 +76,7 @@ type Core struct {
 	first     map[engine.UsageKey]engine.Usage
 	firstDur  time.Duration
 	lastDrain time.Time
-	ownUse    gossip.NodeUsage
+	ownUse    msg.NodeUsage
 	raiseAt   time.Time
 
 	rd      Ready
@@ -103,7 +103,7 @@ type CoreConfig struct {
 	// keeps assumes one second of burst. Nil: loans move rate only.
 	Bucket func(policy string) bool
 	// Silence is how long this region may be out of contact with another
-	// (gossip.Member.Contact: no answered ping since) before it counts as
+	// (msg.Member.Contact: no answered ping since) before it counts as
 	// unreachable: a region out of contact with enough others to lose its
 	// majority cuts to Safe then. Default Interval/10.
 	Silence time.Duration
@@ -119,6 +119,9 @@ type CoreConfig struct {
 	// (gossip.Node.ContactLag). Default Silence/2. The hold before another
 	// region's share is reclaimed (Core.Hold) is built from it.
 	ContactLag time.Duration
+	// Metrics, if set, counts what the core does; nil counts into
+	// collectors registered nowhere.
+	Metrics *Metrics
 }
 
 // Ready is what one Tick or Step asks its owner to do.
@@ -126,7 +129,7 @@ type Ready struct {
 	// Reports go to every node of every other region (BroadcastReport).
 	Reports []share.Report
 	// NodeUsage goes to the region's other nodes (SendNodeUsage).
-	NodeUsage []gossip.NodeUsage
+	NodeUsage []msg.NodeUsage
 	// Borrows go to every node of the other regions (SendBorrowRequest).
 	Borrows []share.BorrowRequest
 	// Loans go to the lender region's other nodes, then to the borrower's
@@ -178,11 +181,7 @@ const (
 
 // NewCore validates cfg and returns a core that enforces 1/n of the
 // regions live in members until Start.
-func NewCore(cfg CoreConfig, members []gossip.Member) (*Core, error) {
-	return newCore(cfg, members, nil)
-}
-
-func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error) {
+func NewCore(cfg CoreConfig, members []msg.Member) (*Core, error) {
 	if err := cfg.Share.Validate(); err != nil {
 		return nil, err
 	}
@@ -220,8 +219,9 @@ func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error)
 			return limit(policy)
 		}
 	}
+	m := cfg.Metrics
 	if m == nil {
-		m = newMetrics(nil)
+		m = NewMetrics(nil)
 	}
 	sc := cfg.Share
 	c := &Core{
@@ -231,15 +231,15 @@ func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error)
 		split:     sc.Recent < sc.Interval-sc.Settle-sc.RaiseDelay,
 		m:         m,
 		reports:   map[uint64]map[string]share.Report{},
-		nodeUse:   map[uint64]map[string]gossip.NodeUsage{},
+		nodeUse:   map[uint64]map[string]msg.NodeUsage{},
 		lastSeen:  map[string]reportInfo{},
 		dropped:   map[string]uint64{},
 		deadSince: map[string]time.Time{},
 	}
 	c.q.init()
-	c.seen = &map[share.Key]quotaSeen{}
+	c.seen = &Others{}
 	c.setMembers(members)
-	c.view = &view{t: share.NewTable(c.defaultShare(), nil)}
+	c.view = &View{t: share.NewTable(c.defaultShare(), nil)}
 	return c, nil
 }
 
@@ -247,7 +247,7 @@ func newCore(cfg CoreConfig, members []gossip.Member, m *metrics) (*Core, error)
 // regions members knows, saved shares are restored if recent enough (see
 // the package documentation), and usage (drained before the start, of
 // unknown duration) counts for global quotas only.
-func (c *Core) Start(now time.Time, members []gossip.Member, saved *Saved, usage map[engine.UsageKey]engine.Usage) error {
+func (c *Core) Start(now time.Time, members []msg.Member, saved *Saved, usage map[engine.UsageKey]engine.Usage) error {
 	if c.started {
 		return errors.New("globalshare: core already started")
 	}
@@ -323,7 +323,7 @@ func (c *Core) deadline() time.Time {
 // Tick advances the core to now. usage is what this node's engine admitted
 // and was offered since the last Tick (engine.Limiter.DrainUsage); members
 // is the membership as gossip sees it now (nil: unchanged).
-func (c *Core) Tick(now time.Time, usage map[engine.UsageKey]engine.Usage, members []gossip.Member) Ready {
+func (c *Core) Tick(now time.Time, usage map[engine.UsageKey]engine.Usage, members []msg.Member) Ready {
 	c.rd = Ready{}
 	if members != nil {
 		c.setMembers(members)
@@ -406,7 +406,7 @@ func (c *Core) step(now time.Time) {
 
 // Step applies one received message at now. A message the core cannot use
 // (see the Drop* reasons) is counted and dropped, never applied.
-func (c *Core) Step(now time.Time, m gossip.Message) Ready {
+func (c *Core) Step(now time.Time, m msg.Message) Ready {
 	c.rd = Ready{}
 	if why := c.validate(now, m); why != "" {
 		c.dropped[why]++
@@ -414,7 +414,7 @@ func (c *Core) Step(now time.Time, m gossip.Message) Ready {
 		return c.ready()
 	}
 	switch m.Kind {
-	case gossip.KindReport:
+	case msg.KindReport:
 		r := m.Report
 		if r.Region == c.self {
 			break
@@ -428,7 +428,7 @@ func (c *Core) Step(now time.Time, m gossip.Message) Ready {
 		}
 		c.reports[r.Epoch][r.Region] = r
 		c.lastSeen[r.Region] = reportInfo{At: now, Epoch: r.Epoch, Bytes: m.Size, Keys: len(r.Keys)}
-	case gossip.KindNodeUsage:
+	case msg.KindNodeUsage:
 		u := m.Usage
 		if u.Region != c.self {
 			break
@@ -438,14 +438,14 @@ func (c *Core) Step(now time.Time, m gossip.Message) Ready {
 			break
 		}
 		if c.nodeUse[u.Epoch] == nil {
-			c.nodeUse[u.Epoch] = map[string]gossip.NodeUsage{}
+			c.nodeUse[u.Epoch] = map[string]msg.NodeUsage{}
 		}
 		c.nodeUse[u.Epoch][u.Node] = u
-	case gossip.KindBorrow:
+	case msg.KindBorrow:
 		if m.Borrow.Region != c.self {
 			c.borrowRequest(now, m.Borrow)
 		}
-	case gossip.KindLoan:
+	case msg.KindLoan:
 		c.loan(now, m.From, m.Loan)
 	}
 	return c.ready()
@@ -455,7 +455,7 @@ func (c *Core) Step(now time.Time, m gossip.Message) Ready {
 func (c *Core) Dropped() map[string]uint64 { return maps.Clone(c.dropped) }
 
 // validate returns why m cannot be used, or "".
-func (c *Core) validate(now time.Time, m gossip.Message) string {
+func (c *Core) validate(now time.Time, m msg.Message) string {
 	finite := func(vs ...float64) bool {
 		for _, v := range vs {
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
@@ -469,7 +469,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 		return e <= cur+1 && e+maxAge >= cur
 	}
 	switch m.Kind {
-	case gossip.KindReport:
+	case msg.KindReport:
 		r := m.Report
 		switch {
 		case r.Region == "":
@@ -484,7 +484,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 				return DropNumber
 			}
 		}
-	case gossip.KindNodeUsage:
+	case msg.KindNodeUsage:
 		u := m.Usage
 		switch {
 		case u.Region == "" || u.Node == "":
@@ -499,7 +499,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 				return DropNumber
 			}
 		}
-	case gossip.KindBorrow:
+	case msg.KindBorrow:
 		r := m.Borrow
 		switch {
 		case r.Region == "" || r.Policy == "":
@@ -513,7 +513,7 @@ func (c *Core) validate(now time.Time, m gossip.Message) string {
 		case c.expired(r.Epoch):
 			return DropExpired
 		}
-	case gossip.KindLoan:
+	case msg.KindLoan:
 		l := m.Loan
 		switch {
 		case l.Lender == "" || l.Borrower == "" || l.Policy == "":
@@ -561,13 +561,13 @@ func (c *Core) fresh(now time.Time, epoch uint64) bool {
 // SetMembers updates the membership the core knows between two Ticks, so
 // that Step recognises a region that has just joined. Tick takes the
 // membership as well; a nil members is ignored.
-func (c *Core) SetMembers(members []gossip.Member) {
+func (c *Core) SetMembers(members []msg.Member) {
 	if members != nil {
 		c.setMembers(members)
 	}
 }
 
-func (c *Core) setMembers(members []gossip.Member) {
+func (c *Core) setMembers(members []msg.Member) {
 	c.members = slices.Clone(members)
 	live := map[string][]string{}
 	for _, m := range c.members {
@@ -589,7 +589,7 @@ func (c *Core) defaultShare() float64 { return 1 / float64(max(1, len(c.live))) 
 
 // Share returns the fraction of L_global this region enforces now for a
 // global policy and subject, loans included, in [share.MinShare, 1].
-func (c *Core) Share(policy, subject string) float64 { return c.view.share(policy, subject) }
+func (c *Core) Share(policy, subject string) float64 { return c.view.Share(policy, subject) }
 
 // Table returns the allocator's current table (immutable).
 func (c *Core) Table() *share.Table { return c.view.t }
@@ -616,6 +616,41 @@ func (c *Core) RegionShares(policy, subject string) map[string]float64 {
 func (c *Core) ShareVector(policy, subject string) []float64 {
 	return c.shares[share.Key{Policy: policy, Subject: subject}].shares
 }
+
+// Published returns what the check path reads, for an owner that hands
+// it to other goroutines: the shares (View.Share is Core.Share) and the
+// others' quota spend (Others.Units is Core.QuotaOthers). Both are
+// immutable; a Tick or Step that changes them publishes new ones.
+func (c *Core) Published() (*View, *Others) { return c.view, c.seen }
+
+// Filed returns, sorted, the regions whose reports and the nodes whose
+// usage are filed for epoch (those the rebalance of epoch will use).
+func (c *Core) Filed(epoch uint64) (reports, nodes []string) {
+	return slices.Sorted(maps.Keys(c.reports[epoch])), slices.Sorted(maps.Keys(c.nodeUse[epoch]))
+}
+
+// Generation returns the allocator's generation (the last rebalanced
+// epoch, or the start one), and false before Start.
+func (c *Core) Generation() (uint64, bool) {
+	if c.alloc == nil {
+		return 0, false
+	}
+	return c.alloc.Generation(), true
+}
+
+// Config returns the core's configuration, defaults filled in.
+func (c *Core) Config() CoreConfig { return c.cfg }
+
+// Region returns the region this core acts for.
+func (c *Core) Region() string { return c.self }
+
+// Dead returns the regions whose shares this core has reclaimed (the
+// caller must not modify it).
+func (c *Core) Dead() []string { return c.dead }
+
+// Isolated reports whether this region has lost contact with a majority
+// and runs at the safe share.
+func (c *Core) Isolated() bool { return c.alloc != nil && c.alloc.Isolated() }
 
 // Raised returns the epoch whose raises were last published.
 func (c *Core) Raised() uint64 { return c.raised }
@@ -662,7 +697,7 @@ func (c *Core) Hold() time.Duration {
 // loss).
 //
 // Contact is the send time of the last answered ping to any of the
-// region's nodes (gossip.Member.Contact). Being out of contact also takes
+// region's nodes (msg.Member.Contact). Being out of contact also takes
 // fresh evidence: a ping sent after that contact and left unanswered
 // (Member.Unanswered) within the last 2·ContactLag + PollEvery, the
 // longest between two failures while the pings run, and sent after this
@@ -682,7 +717,7 @@ func (c *Core) regionStates(now time.Time) (silent, gone, alive []string) {
 	contact, failed := map[string]time.Time{}, map[string]time.Time{}
 	known, live, dead, up := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, m := range c.members {
-		if m.Region == "" || m.Region == c.self || m.State == gossip.StateLeft {
+		if m.Region == "" || m.Region == c.self || m.State == msg.StateLeft {
 			continue
 		}
 		r := m.Region
@@ -694,11 +729,11 @@ func (c *Core) regionStates(now time.Time) (silent, gone, alive []string) {
 			failed[r] = m.Unanswered
 		}
 		switch {
-		case m.State == gossip.StateAlive:
+		case m.State == msg.StateAlive:
 			up[r], live[r] = true, true
 		case m.State.Live():
 			live[r] = true
-		case m.State == gossip.StateDead:
+		case m.State == msg.StateDead:
 			dead[r] = true
 		}
 	}
@@ -775,7 +810,7 @@ func (c *Core) restore(now time.Time, saved Saved) {
 		}
 	}
 	c.restored = m
-	c.view = &view{t: share.NewTable(c.defaultShare(), m)}
+	c.view = &View{t: share.NewTable(c.defaultShare(), m)}
 }
 
 // saved is the shares this region enforces for epoch, to persist.
@@ -810,7 +845,7 @@ func compareKeys(a, b share.Key) int {
 func (c *Core) knownRegions() []string {
 	set := map[string]bool{c.self: true}
 	for _, m := range c.members {
-		if m.State != gossip.StateLeft && m.Region != "" {
+		if m.State != msg.StateLeft && m.Region != "" {
 			set[m.Region] = true
 		}
 	}
@@ -819,16 +854,16 @@ func (c *Core) knownRegions() []string {
 
 // nodeUsage turns drained units into this node's rates for epoch.
 func (c *Core) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.Usage, firstDur time.Duration,
-	last map[engine.UsageKey]engine.Usage, lastDur time.Duration) gossip.NodeUsage {
+	last map[engine.UsageKey]engine.Usage, lastDur time.Duration) msg.NodeUsage {
 	total := (firstDur + lastDur).Seconds()
 	recent := lastDur.Seconds()
 	if total <= 0 || recent <= 0 {
-		return gossip.NodeUsage{Node: c.node, Region: c.self, Epoch: epoch}
+		return msg.NodeUsage{Node: c.node, Region: c.self, Epoch: epoch}
 	}
 	if first == nil {
 		recent = total // no split: the recent rate is the interval rate
 	}
-	sums := map[engine.UsageKey]*gossip.KeyUsage{}
+	sums := map[engine.UsageKey]*msg.KeyUsage{}
 	add := func(m map[engine.UsageKey]engine.Usage, isLast bool) {
 		for k, u := range m {
 			limit, ok := c.cfg.Limit(k.Policy)
@@ -837,7 +872,7 @@ func (c *Core) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.Usage, f
 			}
 			s := sums[k]
 			if s == nil {
-				s = &gossip.KeyUsage{Key: share.Key{Policy: k.Policy, Subject: k.Subject}, Limit: limit}
+				s = &msg.KeyUsage{Key: share.Key{Policy: k.Policy, Subject: k.Subject}, Limit: limit}
 				sums[k] = s
 			}
 			s.Offered += float64(u.Demand) / total
@@ -849,11 +884,11 @@ func (c *Core) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.Usage, f
 	}
 	add(first, false)
 	add(last, true)
-	out := gossip.NodeUsage{Node: c.node, Region: c.self, Epoch: epoch, Keys: make([]gossip.KeyUsage, 0, len(sums))}
+	out := msg.NodeUsage{Node: c.node, Region: c.self, Epoch: epoch, Keys: make([]msg.KeyUsage, 0, len(sums))}
 	for _, s := range sums {
 		out.Keys = append(out.Keys, *s)
 	}
-	slices.SortFunc(out.Keys, func(a, b gossip.KeyUsage) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(out.Keys, func(a, b msg.KeyUsage) int { return compareKeys(a.Key, b.Key) })
 	return out
 }
 
@@ -862,7 +897,7 @@ func (c *Core) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.Usage, f
 // Pressure·share/(2·nodes) of the limit (if the region's sum is above the
 // pressure threshold, some node is above threshold/nodes; halving it catches
 // most of the others' contributions too).
-func (c *Core) filter(u gossip.NodeUsage, nodes int) gossip.NodeUsage {
+func (c *Core) filter(u msg.NodeUsage, nodes int) msg.NodeUsage {
 	out := u
 	out.Keys = nil
 	for _, k := range u.Keys {
@@ -884,10 +919,10 @@ func (c *Core) isActor() bool {
 // report sums the region's node usage for epoch, feeds it to the
 // allocator and, on the region's publisher, asks for the report to be
 // broadcast.
-func (c *Core) report(now time.Time, epoch uint64, own gossip.NodeUsage) {
+func (c *Core) report(now time.Time, epoch uint64, own msg.NodeUsage) {
 	peers := c.nodeUse[epoch]
 	sum := map[share.Key]*share.Usage{}
-	add := func(keys []gossip.KeyUsage) {
+	add := func(keys []msg.KeyUsage) {
 		for _, k := range keys {
 			s := sum[k.Key]
 			if s == nil {
@@ -912,7 +947,7 @@ func (c *Core) report(now time.Time, epoch uint64, own gossip.NodeUsage) {
 	}
 	r := c.alloc.Report(epoch, usage)
 	r.Quotas = c.regionQuotas(now, epoch)
-	c.m.reportKeys.Set(float64(len(r.Keys)))
+	c.m.ReportKeys.Set(float64(len(r.Keys)))
 	if c.isActor() {
 		c.rd.Reports = append(c.rd.Reports, r)
 		if c.lossy(epoch) {
@@ -1002,13 +1037,13 @@ func (c *Core) rebalance(now time.Time, epoch uint64) {
 	c.epoch, c.isolated, c.coordKeys, c.known = epoch, alloc.Isolated(), alloc.Keys(), regions
 	c.shares = keys
 
-	c.m.rebalances.Inc()
-	c.m.coordKeys.Set(float64(alloc.Keys()))
-	c.m.regions.Set(float64(len(regions)))
-	c.m.reportsMissing.Add(float64(max(0, len(regions)-1-len(reports))))
+	c.m.Rebalances.Inc()
+	c.m.CoordKeys.Set(float64(alloc.Keys()))
+	c.m.Regions.Set(float64(len(regions)))
+	c.m.ReportsMissing.Add(float64(max(0, len(regions)-1-len(reports))))
 	iso := 0.0
 	if alloc.Isolated() {
 		iso = 1
 	}
-	c.m.isolated.Set(iso)
+	c.m.Isolated.Set(iso)
 }

@@ -1,4 +1,4 @@
-package globalshare
+package coordinator
 
 import (
 	"maps"
@@ -63,19 +63,19 @@ import (
 // share plus loans can exceed 1 (several lenders answering one request),
 // and the engine rejects a Scale above 1.
 
-// view is what Share reads: the allocator's table (its own loans included),
+// View is what Share reads: the allocator's table (its own loans included),
 // the cuts another node of this region lent this generation, and the caps
 // that keep those cuts in force after a rebalance until the raise.
-// Immutable once published.
-type view struct {
+// Immutable once published; an owner may hand it to other goroutines.
+type View struct {
 	t    *share.Table
 	cut  map[share.Key]float64 // fraction of L_global lent by another node of this region
 	caps map[share.Key]float64 // upper bounds until the raise after a rebalance
 }
 
-// share is the engine's scale for a key: in [share.MinShare, 1] whatever
+// Share is the engine's scale for a key: in [share.MinShare, 1] whatever
 // the table, cuts and caps hold.
-func (v *view) share(policy, subject string) float64 {
+func (v *View) Share(policy, subject string) float64 {
 	if v.cut == nil && v.caps == nil {
 		return v.t.Share(policy, subject)
 	}
@@ -91,6 +91,9 @@ func (v *view) share(policy, subject string) float64 {
 	}
 	return share.Scale(s)
 }
+
+// Table returns the allocator's table the view was built from (immutable).
+func (v *View) Table() *share.Table { return v.t }
 
 type mirrorID struct {
 	node string
@@ -159,7 +162,7 @@ func (c *Core) publish(now time.Time) {
 		c.publishStart(now)
 		return
 	}
-	v := &view{t: c.alloc.Table(now)}
+	v := &View{t: c.alloc.Table(now)}
 	if len(c.b.cut) > 0 {
 		v.cut = maps.Clone(c.b.cut)
 	}
@@ -177,7 +180,7 @@ func (c *Core) publish(now time.Time) {
 // the live regions (or its restored share), with the loans of the start
 // generation and another node's mirrored cuts on top.
 func (c *Core) publishStart(now time.Time) {
-	v := &view{t: share.NewTable(c.defaultShare(), c.restored)}
+	v := &View{t: share.NewTable(c.defaultShare(), c.restored)}
 	if c.alloc != nil {
 		ov := c.alloc.Overlay(now)
 		if len(ov) > 0 || len(c.b.cut) > 0 {
@@ -230,7 +233,7 @@ func (c *Core) expireCuts(now time.Time) {
 		old := c.view
 		caps := make(map[share.Key]float64, len(c.b.cut))
 		for k := range c.b.cut {
-			caps[k] = old.share(k.Policy, k.Subject)
+			caps[k] = old.Share(k.Policy, k.Subject)
 		}
 		c.b.caps, c.b.capsUntil = caps, now.Add(c.cfg.Share.RaiseDelay)
 	}
@@ -370,7 +373,7 @@ func (c *Core) borrow(now time.Time, k share.Key, rate, tokens float64) {
 		last, rejected := c.b.rejected[k]
 		onset := ok && now.Sub(on) <= c.cfg.Share.BorrowEvery || !rejected || now.Sub(last) > c.quiet()
 		req.Burst = onset && c.bucket(k.Policy)
-		c.m.borrow.WithLabelValues("requested").Inc()
+		c.m.Borrow.WithLabelValues("requested").Inc()
 		c.rd.Borrows = append(c.rd.Borrows, req)
 	}
 }
@@ -467,7 +470,7 @@ func (c *Core) loan(now time.Time, from string, l share.Loan) {
 		c.tokenLoan(now, l)
 	case l.Borrower == c.self:
 		if c.alloc.Accept(now, l) {
-			c.m.borrow.WithLabelValues("accepted").Inc()
+			c.m.Borrow.WithLabelValues("accepted").Inc()
 			c.publish(now)
 		}
 	case l.Lender == c.self && l.Version < share.TokenVersion: // a token loan cuts no share
@@ -477,13 +480,13 @@ func (c *Core) loan(now time.Time, from string, l share.Loan) {
 		}
 		c.b.mirrored[id] = true
 		c.b.cut[l.Key] += l.Amount
-		c.m.borrow.WithLabelValues("mirrored").Inc()
+		c.m.Borrow.WithLabelValues("mirrored").Inc()
 		c.publish(now)
 	}
 }
 
 func (c *Core) lent(l share.Loan) {
-	c.m.borrow.WithLabelValues("lent").Inc()
+	c.m.Borrow.WithLabelValues("lent").Inc()
 	c.rd.Loans = append(c.rd.Loans, l)
 }
 
@@ -614,7 +617,7 @@ func (c *Core) askTokens(now time.Time, dt, nodes float64) {
 	for _, k := range keys {
 		limit, _ := c.cfg.Limit(k.Policy)
 		if req, ok := c.alloc.AskTokens(now, k, limit, want[k]); ok {
-			c.m.borrow.WithLabelValues("tokens_requested").Inc()
+			c.m.Borrow.WithLabelValues("tokens_requested").Inc()
 			c.rd.Borrows = append(c.rd.Borrows, req)
 		}
 	}
@@ -645,7 +648,7 @@ func (c *Core) tokenRequest(now time.Time, r share.BorrowRequest, limit float64)
 		// What the owner is about to take is gone from the estimate.
 		c.b.tokens[r.Key] = est - float64(sp.Take(est))
 	}
-	c.m.borrow.WithLabelValues("tokens_offered").Inc()
+	c.m.Borrow.WithLabelValues("tokens_offered").Inc()
 	c.rd.Spends = append(c.rd.Spends, sp)
 }
 
@@ -676,7 +679,7 @@ func (c *Core) tokenLoan(now time.Time, l share.Loan) {
 	if units < 1 {
 		return
 	}
-	c.m.borrow.WithLabelValues("tokens_accepted").Inc()
+	c.m.Borrow.WithLabelValues("tokens_accepted").Inc()
 	c.rd.Deposits = append(c.rd.Deposits, Deposit{Key: l.Key, Units: units})
 	if est, seen := c.b.tokens[l.Key]; seen {
 		// The bucket holds them once the owner has deposited them, up to
