@@ -522,56 +522,6 @@ const (
 	tokenAskBelow = 0.65
 )
 
-// Spend is a token loan waiting for its tokens: the owner takes them out
-// of this region's bucket for Key and then sends the loan. It reads the
-// bucket (an engine check of cost 0 at the scale it enforces for the key),
-// takes n = Take(remaining) units with a check of cost n at that scale,
-// and, if n > 0 and that check is allowed, sends Of(n) as it sends Loans.
-// If it takes nothing it sends nothing: the request goes unanswered, which
-// only leaves the borrower short.
-type Spend struct {
-	Key share.Key
-	// Max is the most to take (units): what the borrower asked for, at
-	// most one second of L_global (the most a loan can carry).
-	Max float64
-	// Keep is what the bucket keeps for this region's own traffic (units):
-	// the level at which it would be as full as the borrower's.
-	Keep float64
-	// Part is the part of what the bucket holds above Keep to hand over,
-	// in (0, 1]: the borrower's capacity over both capacities, which
-	// leaves both buckets equally full.
-	Part float64
-	// Limit is L_global of the key (units/s).
-	Limit float64
-	// Loan is the loan to fill (Of).
-	Loan share.Loan
-}
-
-// Take is how many whole units to take from a bucket holding remaining
-// units: Part of what it holds above Keep, at most Max; 0 if that is less
-// than one.
-func (s Spend) Take(remaining float64) int64 {
-	n := math.Floor(min(s.Max, (remaining-s.Keep)*s.Part))
-	if !(n >= 1) {
-		return 0
-	}
-	return int64(n)
-}
-
-// Of is the loan handing over units taken out of the bucket.
-func (s Spend) Of(units int64) share.Loan { return share.TokenLoanOf(s.Loan, float64(units), s.Limit) }
-
-// Deposit is tokens another region took out of its bucket for Key and
-// handed over: the owner puts Units back into this region's bucket of the
-// key (an engine deposit at the scale it enforces, up to the bucket's
-// capacity; what does not fit is lost, as the refill of a full bucket is).
-// A deposit the owner cannot make is lost too: it only leaves this region
-// short.
-type Deposit struct {
-	Key   share.Key
-	Units int64
-}
-
 // askTokens asks for tokens for every key of the last dt seconds below
 // BorrowMinRate that was rejected here, or whose bucket estimate is below
 // tokenAskBelow of its capacity, as often as the allocator lets it

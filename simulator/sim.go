@@ -497,7 +497,7 @@ func (s *sim) do(r *region, t int64, rd coordinator.Ready) {
 	}
 	loans := rd.Loans
 	for _, sp := range rd.Spends {
-		if n := s.spend(r, sp); n > 0 {
+		if n, _ := sp.Do(context.Background(), bucket{r}); n > 0 {
 			loans = append(loans, sp.Of(n))
 		}
 	}
@@ -507,48 +507,44 @@ func (s *sim) do(r *region, t int64, rd coordinator.Ready) {
 		}
 	}
 	for _, dp := range rd.Deposits {
-		s.deposit(r, dp)
+		_ = dp.Do(context.Background(), bucket{r})
 	}
 	if rd.Save != nil {
 		r.saved = rd.Save
 	}
 }
 
-// deposit puts the tokens of a token loan into region r's bucket as the
-// owner of a core must (coordinator.Deposit): an engine deposit at the
-// scale the region enforces, up to the bucket's capacity.
-func (s *sim) deposit(r *region, dp coordinator.Deposit) {
-	chk := r.checks
-	chk[0].Scale = share.Scale(r.core.Share(dp.Key.Policy, dp.Key.Subject))
-	chk[0].Cost, chk[0].Deposit = dp.Units, true
-	if _, err := r.store.Check(context.Background(), engine.Request{Subject: dp.Key.Subject, Checks: chk[:]}); err != nil {
-		panic(err) // the policy is a token bucket and the cost positive
-	}
+// bucket is region r's token buckets as the owner of a core reaches them
+// (coordinator.TokenBucket): checks of its engine at the scale the region
+// enforces. The policy is a token bucket and costs are not negative, so
+// an engine error is a bug of the simulator.
+type bucket struct{ r *region }
+
+func (b bucket) check(key share.Key, cost int64, deposit bool) (engine.Decision, error) {
+	chk := b.r.checks
+	chk[0].Scale = share.Scale(b.r.core.Share(key.Policy, key.Subject))
+	chk[0].Cost, chk[0].Deposit = cost, deposit
+	return b.r.store.Check(context.Background(), engine.Request{Subject: key.Subject, Checks: chk[:]})
 }
 
-// spend takes the tokens of a token loan out of region r's bucket as the
-// owner of a core must (coordinator.Spend): it reads the bucket with a
-// check of cost 0 at the scale the region enforces, and takes
-// sp.Take(remaining) units with a check of that cost. It returns the units
-// taken: zero if there were too few, or the engine rejected the check.
-func (s *sim) spend(r *region, sp coordinator.Spend) int64 {
-	sub := sp.Key.Subject
-	chk := r.checks
-	chk[0].Scale = share.Scale(r.core.Share(sp.Key.Policy, sub))
-	chk[0].Cost = 0
-	d, err := r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: chk[:]})
+func (b bucket) Level(_ context.Context, key share.Key) (int64, bool, error) {
+	d, err := b.check(key, 0, false)
 	if err != nil {
 		panic(err)
 	}
-	n := sp.Take(float64(d.Results[0].Remaining))
-	if n <= 0 {
-		return 0
+	return d.Results[0].Remaining, true, nil
+}
+
+func (b bucket) Take(_ context.Context, key share.Key, units int64) (bool, error) {
+	d, err := b.check(key, units, false)
+	return err == nil && d.Allowed, nil
+}
+
+func (b bucket) Put(_ context.Context, key share.Key, units int64) error {
+	if _, err := b.check(key, units, true); err != nil {
+		panic(err)
 	}
-	chk[0].Cost = n
-	if d, err = r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: chk[:]}); err != nil || !d.Allowed {
-		return 0
-	}
-	return n
+	return nil
 }
 
 // send hands a message from r to q to the simulated gossip layer: dropped
