@@ -177,3 +177,75 @@ func TestCoreAsksOnSurge(t *testing.T) {
 		t.Errorf("Want = %v, want in (0, 1]", req.Want)
 	}
 }
+
+// TestCoreBorrowsAfterShift: traffic moves from eu to us mid-interval; us
+// gets a loan within 1.5 s, eu cuts before us raises.
+func TestCoreBorrowsAfterShift(t *testing.T) {
+	sc := share.DefaultConfig()
+	sc.Interval = 4 * time.Second
+	sc.Recent = 400 * time.Millisecond
+	sc.Settle = 400 * time.Millisecond
+	sc.RaiseDelay = 200 * time.Millisecond
+	n := newCoreNet(t, sc, "eu-1", "eu-2", "us-1", "ap-1")
+	n.rate = map[string]float64{"eu-1": 45, "eu-2": 45, "us-1": 5, "ap-1": 5}
+	n.run(n.now.Add(3*sc.Interval+time.Second), 50*time.Millisecond, nil)
+	shift := n.now
+	n.rate = map[string]float64{"us-1": 100}
+	var got time.Time
+	n.run(n.now.Add(1500*time.Millisecond), 50*time.Millisecond, func() {
+		s := n.shares("eu-1", "eu-2", "us-1", "ap-1")
+		if total := max(s[0], s[1]) + s[2] + s[3]; total > 1+3*share.MinShare+1e-12 {
+			t.Fatalf("%v after the shift: Σ enforced shares = %v", n.now.Sub(shift), total)
+		}
+		if s[2] >= 0.5 && got.IsZero() {
+			got = n.now
+		}
+	})
+	if got.IsZero() {
+		t.Fatalf("us got no loan within 1.5 s of the shift (us at %.3f)", n.shares("us-1")[0])
+	}
+}
+
+// TestCoreAsksAtOnce: a region that starts rejecting asks for a loan at
+// the core's next look (checkEvery), not at the next borrow tick, and the
+// request says the shortage has only just begun (Burst).
+func TestCoreAsksAtOnce(t *testing.T) {
+	sc := share.DefaultConfig()
+	sc.Interval = 4 * time.Second
+	sc.Recent = 400 * time.Millisecond
+	sc.Settle = 400 * time.Millisecond
+	sc.RaiseDelay = 200 * time.Millisecond
+	n := newCoreNet(t, sc, "eu-1", "us-1", "ap-1")
+	for _, nd := range n.nodes {
+		nd.core.cfg.Bucket = func(string) bool { return true }
+	}
+	n.rate = map[string]float64{"eu-1": 90, "us-1": 5, "ap-1": 5}
+	n.run(n.now.Add(3*sc.Interval+time.Second), 10*time.Millisecond, nil)
+	us := n.node("us-1").core
+	if tick := us.cfg.BorrowTick; tick <= us.checkEvery() {
+		t.Fatalf("BorrowTick %v is no longer than checkEvery %v: nothing to show", tick, us.checkEvery())
+	}
+	shift := n.now
+	n.rate = map[string]float64{"eu-1": 90, "us-1": 100, "ap-1": 5}
+	seen := len(n.log)
+	var asked time.Time
+	var req share.BorrowRequest
+	n.run(n.now.Add(time.Second), 10*time.Millisecond, func() {
+		if b, ok := n.firstBorrow(seen, "us"); ok && asked.IsZero() {
+			asked, req = n.now, b
+		}
+		seen = len(n.log)
+	})
+	if asked.IsZero() {
+		t.Fatal("us never asked for a loan")
+	}
+	if d := asked.Sub(shift); d > us.checkEvery()+20*time.Millisecond {
+		t.Errorf("us asked %v after it started rejecting, want within %v", d, us.checkEvery()+20*time.Millisecond)
+	}
+	if !req.Burst {
+		t.Errorf("the first request after a quiet spell is not marked Burst: %+v", req)
+	}
+	if !(req.Want > 0 && req.Want <= 1) {
+		t.Errorf("Want = %v, want in (0, 1]", req.Want)
+	}
+}

@@ -1,41 +1,17 @@
-// Package globalshare is the coordinator that runs in every daemon: it turns
-// the engine's usage into this region's share.Report each interval, exchanges
-// reports over gossip, rebalances with share.Allocator and publishes the
-// resulting share.Table for the check path.
+// Package globalshare runs the share coordinator (coordinator.Core) in a
+// daemon: Coordinator.Run ticks the core on a timer, steps it with each
+// message gossip delivers, sends what the core asks, carries out token
+// spends and deposits off its goroutine, and persists the region's shares.
+// The protocol itself lives in package coordinator; this package only
+// adapts it to real time, gossip and the share store.
 //
-// Per epoch boundary t (share.Config.Epoch; the figures describe the
-// interval that just ended, epoch e = Epoch(t)−1):
-//
-//	t − Recent          drain usage (the first part of the interval)
-//	t                   drain usage again (the last Recent: the "recent" rate);
-//	                    send this node's pressured keys to the region's other nodes
-//	t + Collect         sum the region's node usage, Allocator.Report; the
-//	                    region's publisher (its live node with the smallest id)
-//	                    broadcasts the regional report
-//	t + Settle          SetMembers from gossip, Rebalance with the reports of e,
-//	                    publish Table (cuts at once)
-//	t + Settle + Raise  publish Table again (raises)
-//
-// Every node of a region sums the same node usage and so computes the same
-// regional report and the same shares; only one of them sends it. The
-// regional view is built by summing node reports rather than through the
-// regional Redis: see the gossip package documentation for why.
-//
-// The protocol lives in Core, a deterministic state machine with no timer,
-// goroutine or I/O; Coordinator.Run is its adapter to real time and gossip:
-// it ticks the core on a timer, steps it with each message received, sends
-// what the core asks and persists its shares. The simulator drives the same
-// Core for every region over a simulated network.
-//
-// Share is lock-free (an atomic pointer to an immutable share.Table) and is
-// what the engine's check path calls.
+// Share is lock-free (an atomic pointer to the core's immutable published
+// shares) and is what the engine's check path calls.
 //
 // With a Store (the region's Redis), every node saves the shares its region
 // enforces after each raise, and a node starting restores them when they are
-// at most PartitionIntervals epochs old: the other regions hold a silent
-// region's last shares that long, so until its first rebalance a restarted
-// region enforces the shares the others still reserve for it instead of 1/n.
-// Without a Store a restarted region starts from 1/n and converges in a few
+// at most PartitionIntervals epochs old (see package coordinator). Without a
+// Store a restarted region starts from 1/n and converges in a few
 // intervals.
 package globalshare
 
