@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
@@ -277,7 +278,7 @@ func (b limiterBuckets) Level(ctx context.Context, key share.Key) (int64, bool, 
 	if err != nil {
 		return 0, false, err
 	}
-	if read.Degraded || read.Source == engine.FromDenyCache || read.N != 1 {
+	if read.Degraded || read.Source == limiter.FromDenyCache || read.N != 1 {
 		return 0, false, nil
 	}
 	return read.Results[0].Remaining, true, nil
