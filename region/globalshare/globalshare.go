@@ -92,26 +92,27 @@ type Config struct {
 	// the simulator's rate time constant). Borrowing is off when
 	// Share.BorrowEvery is zero.
 	BorrowTick time.Duration
-	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
+	// Bucket is coordinator.CoreConfig.Bucket: whether loans of a policy hand over
 	// tokens as well as rate. Nil: rate only.
 	Bucket func(policy string) bool
 	// Spend and Deposit, if both are set, carry out the core's token spends
-	// and deposits and turn token pooling on (CoreConfig.PoolTokens).
-	// Spend carries out a Ready.Spends entry (see Spend): it
-	// reads this region's bucket of sp.Key at the scale the region
-	// enforces, takes sp.Take(remaining) units out of it with a check of
-	// that cost, and returns the units taken, 0 when it took none. It must
+	// and deposits and turn token pooling on (coordinator.CoreConfig.PoolTokens).
+	// Spend carries out a coordinator.Ready.Spends entry, usually with
+	// Spend.Do over the region's buckets: it reads this region's bucket of
+	// sp.Key at the scale the region enforces, takes sp.Take(remaining)
+	// units out of it with a check of that cost, and returns the units
+	// taken, 0 when it took none. It must
 	// take nothing when the store cannot decide (a degraded admission
 	// would hand over tokens no bucket gave up). The coordinator calls it
 	// from its send goroutine, never from Run's, and sends the filled loan
 	// only when it returns more than 0 without error.
 	Spend func(ctx context.Context, sp Spend) (int64, error)
-	// Deposit carries out a Ready.Deposits entry (see Deposit): it puts
+	// Deposit carries out a coordinator.Ready.Deposits entry (Deposit.Do): it puts
 	// dp.Units into this region's bucket of dp.Key at the scale the region
 	// enforces, up to the bucket's capacity, and must put nothing when the
 	// store cannot decide. Called from the send goroutine, like Spend.
 	Deposit func(ctx context.Context, dp Deposit) error
-	// Silence is CoreConfig.Silence (default Share.Interval/10).
+	// Silence is coordinator.CoreConfig.Silence (default Share.Interval/10).
 	Silence time.Duration
 	// Clock drives the timers; nil means real time.
 	Clock      Clock
