@@ -162,12 +162,6 @@ func (c *Core) fileNodeUsage(now time.Time, u msg.NodeUsage) {
 	c.nodeUse[u.Epoch][u.Node] = u
 }
 
-// fresh bounds what is filed: epochs around the current one only.
-func (c *Core) fresh(now time.Time, epoch uint64) bool {
-	cur := c.cfg.Share.Epoch(now)
-	return epoch+3 >= cur && epoch <= cur+1
-}
-
 // nodeUsage turns drained units into this node's rates for epoch.
 func (c *Core) nodeUsage(epoch uint64, first map[engine.UsageKey]engine.Usage, firstDur time.Duration,
 	last map[engine.UsageKey]engine.Usage, lastDur time.Duration) msg.NodeUsage {

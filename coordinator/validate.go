@@ -28,9 +28,20 @@ const (
 	DropExpired = "expired"
 )
 
+// The core's two epoch windows, both here: a message is used at all only
+// within maxAge epochs of now (validate; its quota counts are merged
+// whatever its age), and a report or node usage is filed for a rebalance
+// only within fresh.
+
 // maxAge is how many epochs old a message may be and still be used (its
 // quota counts; reports and node usage are filed only within fresh).
 const maxAge = 16
+
+// fresh bounds what is filed: epochs around the current one only.
+func (c *Core) fresh(now time.Time, epoch uint64) bool {
+	cur := c.cfg.Share.Epoch(now)
+	return epoch+3 >= cur && epoch <= cur+1
+}
 
 // validate returns why m cannot be used, or "".
 func (c *Core) validate(now time.Time, m msg.Message) string {
