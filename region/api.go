@@ -24,40 +24,12 @@ const MaxBatch = 100
 // value, no unknown fields. Every failure is a 4xx problem naming the field
 // where one is known.
 func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
-	return decodeBody(w, r, max, func(b []byte) *Problem { return decodeBytes(b, v) })
+	in := stdData(r)
+	return decodeData(w, &in, max, func(b []byte) *Problem { return decodeBytes(b, v) })
 }
 
-// decodeCheckBody is decodeJSON for a CheckRequest, through decodeCheck.
-func decodeCheckBody(w http.ResponseWriter, r *http.Request, max int64, in *CheckRequest) *Problem {
-	return decodeBody(w, r, max, func(b []byte) *Problem { return decodeCheck(b, in) })
-}
-
-// decodeBody checks the Content-Type, reads the body into a pooled buffer
-// and hands it to decode, which must not keep it.
-func decodeBody(w http.ResponseWriter, r *http.Request, max int64, decode func([]byte) *Problem) *Problem {
-	if p := checkContentType(r); p != nil {
-		return p
-	}
-	bp, p := readBody(w, r, max)
-	if p != nil {
-		return p
-	}
-	defer putBody(bp)
-	return decode(*bp)
-}
-
-// checkContentType accepts a body without Content-Type, or with
+// checkMediaType accepts a body without Content-Type (ct is ""), or with
 // application/json or a +json type (with any parameters).
-func checkContentType(r *http.Request) *Problem {
-	var ct string
-	if vs := r.Header["Content-Type"]; len(vs) > 0 { // Header.Get, key canonical
-		ct = vs[0]
-	}
-	return checkMediaType(ct)
-}
-
-// checkMediaType is checkContentType of the request's first Content-Type,
-// ct ("" for none).
 func checkMediaType(ct string) *Problem {
 	if ct == "" || ct == "application/json" {
 		return nil
@@ -113,27 +85,23 @@ type checkRejection struct {
 	Decision
 }
 
-func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
-	var in CheckRequest
-	if p := decodeCheckBody(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
-		d.fail(w, r, p)
+// check is the route core of POST /v1/check: it decodes the body, decides
+// it and answers the decision with its RateLimit fields, or a 429 or 503
+// problem with the decision in it.
+func (d *Daemon) check(ctx context.Context, w http.ResponseWriter, in *dataRequest) {
+	var req CheckRequest
+	if p := decodeData(w, in, d.cfg.MaxBodyBytes, func(b []byte) *Problem { return decodeCheck(b, &req) }); p != nil {
+		d.failData(w, in, p)
 		return
 	}
-	d.answerCheck(r.Context(), w, &in, func(p *Problem) { d.fail(w, r, p) })
-}
-
-// answerCheck decides a decoded POST /v1/check and answers it: the
-// decision with its RateLimit fields, or a 429 or 503 problem with the
-// decision in it; a request it cannot decide goes to fail.
-func (d *Daemon) answerCheck(ctx context.Context, w http.ResponseWriter, in *CheckRequest, fail func(*Problem)) {
-	t, p := in.Target("")
+	t, p := req.Target("")
 	if p != nil {
-		fail(p)
+		d.failData(w, in, p)
 		return
 	}
 	v, p := d.dec.Decide(ctx, t)
 	if p != nil {
-		fail(p)
+		d.failData(w, in, p)
 		return
 	}
 	decide.SetRateLimitHeaders(w.Header(), &v)
@@ -151,7 +119,7 @@ func (d *Daemon) answerCheck(ctx context.Context, w http.ResponseWriter, in *Che
 	if !ok {
 		var err error
 		if b, err = json.Marshal(body); err != nil {
-			fail(newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
+			d.failData(w, in, newProblem(http.StatusInternalServerError, ProblemInternal, "encoding the decision failed"))
 			return
 		}
 	}
@@ -162,33 +130,36 @@ func (d *Daemon) answerCheck(ctx context.Context, w http.ResponseWriter, in *Che
 	w.Write(append(b, '\n'))
 }
 
-func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
-	var in BatchRequest
-	if p := decodeJSON(w, r, d.cfg.MaxBodyBytes, &in); p != nil {
-		d.fail(w, r, p)
+// batch is the route core of POST /v1/check/batch: each check is decided
+// as POST /v1/check would decide it, and answered with its status and its
+// decision or problem.
+func (d *Daemon) batch(ctx context.Context, w http.ResponseWriter, in *dataRequest) {
+	var req BatchRequest
+	if p := decodeData(w, in, d.cfg.MaxBodyBytes, func(b []byte) *Problem { return decodeBytes(b, &req) }); p != nil {
+		d.failData(w, in, p)
 		return
 	}
-	if in.Checks == nil {
-		d.fail(w, r, invalid("checks", "required: an array of checks"))
+	if req.Checks == nil {
+		d.failData(w, in, invalid("checks", "required: an array of checks"))
 		return
 	}
-	if len(in.Checks) > MaxBatch {
-		d.fail(w, r, invalid("checks", "at most %d checks per batch, got %d", MaxBatch, len(in.Checks)))
+	if len(req.Checks) > MaxBatch {
+		d.failData(w, in, invalid("checks", "at most %d checks per batch, got %d", MaxBatch, len(req.Checks)))
 		return
 	}
-	out := BatchResponse{Results: make([]BatchItem, len(in.Checks))}
-	for i := range in.Checks {
-		t, p := in.Checks[i].Target(fmt.Sprintf("checks[%d]", i))
+	out := BatchResponse{Results: make([]BatchItem, len(req.Checks))}
+	for i := range req.Checks {
+		t, p := req.Checks[i].Target(fmt.Sprintf("checks[%d]", i))
 		if p == nil {
 			var v decide.Verdict
-			v, p = d.dec.Decide(r.Context(), t)
+			v, p = d.dec.Decide(ctx, t)
 			if p == nil {
 				dec := v.Decision
 				out.Results[i] = BatchItem{Status: v.Status, Decision: &dec}
 				continue
 			}
 		}
-		p.Instance = r.URL.Path
+		p.Instance = in.path
 		out.Results[i] = BatchItem{Status: p.Status, Problem: p}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -313,45 +284,46 @@ func oneHeader(h http.Header, key, name string) (string, *Problem) {
 	return strings.TrimSpace(vs[0]), nil
 }
 
-// authzPrefix is the path of the Envoy ext_authz form, /v1/authz/<path>.
-const authzPrefix = "/v1/authz/"
-
 // authzPrefixed serves /v1/authz/<path> itself, before next (the
 // ServeMux), which would answer a path holding "//", "." or ".." segments
 // with a redirect to its cleaned form instead of limiting it.
 func (d *Daemon) authzPrefixed(next http.Handler) http.Handler {
+	authz := d.stdRoute(routeAuthz)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.EscapedPath(), authzPrefix) {
 			r.Pattern = authzPrefix + "{path...}"
-			d.handleAuthz(w, r)
+			authz(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
-	path, prefixed := strings.CutPrefix(r.URL.EscapedPath(), "/v1/authz")
+// authz is the route core of /v1/authz and /v1/authz/<path>: it decides
+// the limited request the call describes and answers with the RateLimit
+// fields and X-Sluice-Status, an empty 200 or the rejection's problem.
+func (d *Daemon) authz(ctx context.Context, w http.ResponseWriter, in *dataRequest) {
+	path, prefixed := strings.CutPrefix(in.escaped, authzPath)
 	prefixed = prefixed && path != ""
-	method, route, p := forwardedTarget(r.Header, forwardAuthHeaders(d.cfg.ForwardAuthHeaders), r.Method, path, prefixed)
+	method, route, p := forwardedTarget(in.header, forwardAuthHeaders(d.cfg.ForwardAuthHeaders), in.method, path, prefixed)
 	if p != nil {
-		d.fail(w, r, p)
+		d.failData(w, in, p)
 		return
 	}
-	id, err := quota.Identify(r, d.ident)
+	id, err := d.identity(in)
 	if err != nil {
 		var ie *quota.IdentityError
 		switch {
 		case errors.As(err, &ie):
-			d.fail(w, r, invalid(ie.Header, "%s", ie.Reason))
+			d.failData(w, in, invalid(ie.Header, "%s", ie.Reason))
 		default:
-			d.fail(w, r, invalid("", "%v", err))
+			d.failData(w, in, invalid("", "%v", err))
 		}
 		return
 	}
-	v, p := d.dec.Decide(r.Context(), decide.Target{ID: id, Method: method, Route: route})
+	v, p := d.dec.Decide(ctx, decide.Target{ID: id, Method: method, Route: route})
 	if p != nil {
-		d.fail(w, r, p)
+		d.failData(w, in, p)
 		return
 	}
 	h := w.Header()
@@ -368,14 +340,14 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	// with error_page (see deploy/nginx). X-Sluice-Status keeps the real one.
 	// Only on plain /v1/authz: on /v1/authz/<path> the query is the
 	// client's own.
-	if ds := denyStatus(r.URL, prefixed); ds == "403" || ds == "401" {
+	if ds := denyStatus(in.query, prefixed); ds == "403" || ds == "401" {
 		if ds == "403" {
 			prob.Status = http.StatusForbidden
 		} else {
 			prob.Status = http.StatusUnauthorized
 		}
 	}
-	writeProblem(w, r, prob)
+	writeProblem(w, nil, prob)
 }
 
 // The values of X-Sluice-Status, shared like the header values of
@@ -399,25 +371,32 @@ func sluiceStatus(status int) []string {
 	return []string{strconv.Itoa(status)}
 }
 
-// denyStatus is the deny_status query parameter of a plain /v1/authz
-// call; the query is parsed only when there is one.
-func denyStatus(u *url.URL, prefixed bool) string {
-	if prefixed || u.RawQuery == "" {
+// denyStatus is the deny_status parameter of query, the raw query of a
+// plain /v1/authz call; the query is parsed only when there is one.
+func denyStatus(query string, prefixed bool) string {
+	if prefixed || query == "" {
 		return ""
 	}
-	return u.Query().Get("deny_status")
+	v, _ := url.ParseQuery(query) // url.URL.Query
+	return v.Get("deny_status")
 }
 
 // fail answers a problem and counts 4xx answers.
 func (d *Daemon) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
-	if p.Instance == "" {
-		p.Instance = r.URL.Path
-	}
-	d.failOn(w, r.Pattern, p)
+	d.failAt(w, r.Pattern, r.URL.Path, p)
 }
 
-// failOn is fail for a request the mux routed to pattern ("" for none).
-func (d *Daemon) failOn(w http.ResponseWriter, pattern string, p *Problem) {
+// failData is fail for the request of a route core.
+func (d *Daemon) failData(w http.ResponseWriter, in *dataRequest, p *Problem) {
+	d.failAt(w, in.pattern, in.path, p)
+}
+
+// failAt is fail for a request of path that the mux routed to pattern
+// ("" for none): path is the problem's instance unless it names one.
+func (d *Daemon) failAt(w http.ResponseWriter, pattern, path string, p *Problem) {
+	if p.Instance == "" {
+		p.Instance = path
+	}
 	if p.Status >= 400 && p.Status < 500 {
 		if pattern == "" {
 			pattern = "unmatched"

@@ -517,11 +517,11 @@ func (d *Daemon) Routes() []Route { return append([]Route(nil), d.routes...) }
 
 func (d *Daemon) routeTable() []Route {
 	return []Route{
-		{"POST", "/v1/check", false, d.handleCheck},
-		{"POST", "/v1/check/batch", false, d.handleBatch},
-		{"GET", "/v1/authz", false, d.handleAuthz},
-		{"POST", "/v1/authz", false, d.handleAuthz},
-		{"", "/v1/authz/{path...}", false, d.handleAuthz},
+		{"POST", checkPath, false, d.stdRoute(routeCheck)},
+		{"POST", batchPath, false, d.stdRoute(routeBatch)},
+		{"GET", authzPath, false, d.stdRoute(routeAuthz)},
+		{"POST", authzPath, false, d.stdRoute(routeAuthz)},
+		{"", authzPrefix + "{path...}", false, d.stdRoute(routeAuthz)},
 		{"GET", "/healthz", false, d.handleHealth},
 		{"GET", "/readyz", false, d.handleReady},
 		{"GET", "/metrics", false, promhttp.HandlerFor(d.gather, promhttp.HandlerOpts{}).ServeHTTP},
@@ -635,17 +635,20 @@ func (s *statusProbe) WriteHeader(code int) {
 // since every bad input must be a 4xx.
 func (d *Daemon) recoverer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				d.panicked(w, v, r.Method, r.URL.Path)
-			}
-		}()
+		defer d.recovered(w, r.Method, r.URL.Path)
 		next.ServeHTTP(w, r)
 	})
 }
 
-// panicked answers a recovered panic, v, of a handler of method and path.
-func (d *Daemon) panicked(w http.ResponseWriter, v any, method, path string) {
+// recovered, deferred by the handler of a request of method and path,
+// answers a panic of that handler with a 500 problem, counts it and logs
+// it. http.ErrAbortHandler, which asks the server to drop the connection,
+// is panicked again.
+func (d *Daemon) recovered(w http.ResponseWriter, method, path string) {
+	v := recover()
+	if v == nil {
+		return
+	}
 	if v == http.ErrAbortHandler {
 		panic(v)
 	}

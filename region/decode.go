@@ -71,6 +71,11 @@ func tooLarge(w http.ResponseWriter, read []byte, rest io.ReadCloser, limit int6
 	if err != nil && !errors.As(err, &mbe) {
 		return invalid("", "reading the body: %v", err)
 	}
+	return tooLargeProblem(limit)
+}
+
+// tooLargeProblem is the 413 problem of a body longer than limit bytes.
+func tooLargeProblem(limit int64) *Problem {
 	return newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", limit))
 }
 

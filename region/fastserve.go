@@ -19,11 +19,15 @@ import (
 // by fasthttp. net/http's server spends, on every request, a goroutine and
 // extra read syscalls watching whether the client went away, which costs
 // more than deciding the request itself; fasthttp serves a keep-alive
-// connection with one read and one write per request. The handlers stay
-// net/http handlers, shared with the admin listener and the tests: each
-// request is converted to an *http.Request (every string copied, so that
-// nothing a handler keeps points into fasthttp's reused buffers) and the
-// answer written through a small http.ResponseWriter.
+// connection with one read and one write per request. The routes gateways
+// call are route cores (route.go), which fastRoute feeds straight from
+// fasthttp's request. The other routes (health, readiness, metrics, the
+// admin API when it shares the listener, and the mux's 404, 405 and
+// redirects) are rare on this listener and stay net/http handlers, shared
+// with the admin listener: such a request is converted to an *http.Request
+// (every string copied, so that nothing a handler keeps points into
+// fasthttp's reused buffers). Every answer is written through fastWriter,
+// an http.ResponseWriter.
 
 // fastServer serves h on the data-plane listener with the limits of
 // httpServer: header size, read and idle timeouts.
@@ -84,15 +88,15 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// fastHandler converts each request for h, the data-plane mux. POST
-// /v1/check, the call gateways make most, goes straight to its handler as
-// the mux would route it (the same pattern, panics recovered the same way).
+// fastHandler serves each request for h, the data-plane mux: by its route
+// core when fastRoute finds one, else converted for h.
 func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		w := writers.Get().(*fastWriter)
 		w.ctx = ctx
-		if ctx.IsPost() && string(ctx.RequestURI()) == checkPath {
-			d.fastCheck(w, ctx)
+		var in dataRequest
+		if route := fastRoute(ctx, &in); route != noRoute {
+			d.serveRoute(context.Background(), w, route, &in)
 		} else if r, err := stdRequest(ctx); err != nil {
 			writeProblem(w, nil, newProblem(http.StatusBadRequest, ProblemInvalid, "malformed request target"))
 		} else {
@@ -106,53 +110,95 @@ func (d *Daemon) fastHandler(h http.Handler) fasthttp.RequestHandler {
 	}
 }
 
-// fastCheck answers a POST to exactly /v1/check, the call gateways make
-// most, as handleCheck does behind the mux (its route, the problems it
-// answers, panics recovered the same way), without converting the request:
-// the decision needs only the Content-Type and the body, which are read
-// straight from fasthttp's request.
-func (d *Daemon) fastCheck(w *fastWriter, ctx *fasthttp.RequestCtx) {
-	const pattern = "POST " + checkPath
-	defer func() {
-		if v := recover(); v != nil {
-			d.panicked(w, v, http.MethodPost, checkPath)
-		}
-	}()
-	fail := func(p *Problem) {
-		if p.Instance == "" {
-			p.Instance = checkPath
-		}
-		d.failOn(w, pattern, p)
-	}
-	var ct string
-	if all := contentTypes(&ctx.Request.Header); len(all) > 0 {
-		ct = all[0]
-	} else if b := ctx.Request.Header.ContentType(); len(b) > 0 {
-		ct = string(b)
-	}
-	if p := checkMediaType(ct); p != nil {
-		fail(p)
-		return
-	}
-	body := ctx.PostBody()
-	if limit := max(d.cfg.MaxBodyBytes, 0); int64(len(body)) > limit {
-		// WriteHeader closes the connection after a 413, as net/http's
-		// server does after http.MaxBytesReader gave up on a body.
-		fail(newProblem(http.StatusRequestEntityTooLarge, ProblemTooLarge, fmt.Sprintf("the body must be at most %d bytes", limit)))
-		return
-	}
-	var in CheckRequest
-	if p := decodeCheck(body, &in); p != nil {
-		fail(p)
-		return
-	}
-	d.answerCheck(context.Background(), w, &in, fail)
-}
-
 var writers = sync.Pool{New: func() any { return &fastWriter{header: http.Header{}} }}
 
-// checkPath is the path of POST /v1/check.
-const checkPath = "/v1/check"
+// fastRoutes are the requests fastRoute answers by their path as sent:
+// the mux routes them by pattern, and their path is clean, the same
+// escaped or not, and not under authzPrefix.
+var fastRoutes = [...]struct {
+	method, path, pattern string
+	route                 dataRoute
+}{
+	{http.MethodPost, checkPath, "POST " + checkPath, routeCheck},
+	{http.MethodPost, batchPath, "POST " + batchPath, routeBatch},
+	{http.MethodGet, authzPath, "GET " + authzPath, routeAuthz},
+	{http.MethodHead, authzPath, "GET " + authzPath, routeAuthz}, // a GET pattern matches HEAD
+	{http.MethodPost, authzPath, "POST " + authzPath, routeAuthz},
+}
+
+// fastRoute finds the route core of the request in ctx and fills in for
+// it as stdData would from the *http.Request that stdRequest converts it
+// to; it is noRoute for a request the data-plane mux would not route to
+// a core, or whose target stdRequest would refuse. Only the target's
+// origin form is routed here (the absolute form goes to the mux).
+func fastRoute(ctx *fasthttp.RequestCtx, in *dataRequest) dataRoute {
+	target := ctx.RequestURI()
+	path, query, _ := bytes.Cut(target, []byte{'?'})
+	method := ctx.Method()
+	route := noRoute
+	for _, r := range &fastRoutes {
+		if string(path) == r.path && string(method) == r.method {
+			route, in.method, in.path, in.escaped, in.pattern = r.route, r.method, r.path, r.path, r.pattern
+			break
+		}
+	}
+	switch {
+	case route != noRoute:
+		if hasCTL(target) { // url.ParseRequestURI's only refusal of such a target
+			return noRoute
+		}
+		in.query = string(query)
+	case bytes.HasPrefix(path, []byte(authzPrefix)):
+		// authzPrefixed serves these before the mux, by the escaped path.
+		u, err := url.ParseRequestURI(string(target))
+		if err != nil {
+			return noRoute
+		}
+		if in.escaped = u.EscapedPath(); !strings.HasPrefix(in.escaped, authzPrefix) {
+			return noRoute
+		}
+		route, in.method, in.path, in.query, in.pattern = routeAuthz, fastMethod(method), u.Path, u.RawQuery, authzPrefix+"{path...}"
+	default:
+		return noRoute
+	}
+	if route == routeAuthz {
+		in.header, in.remote = stdHeader(&ctx.Request.Header), ctx.RemoteAddr().String()
+	} else {
+		in.ctype, in.body = fastContentType(&ctx.Request.Header), ctx.PostBody()
+	}
+	return route
+}
+
+// hasCTL reports whether b holds an ASCII control byte.
+func hasCTL(b []byte) bool {
+	for _, c := range b {
+		if c < ' ' || c == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// fastContentType is the first Content-Type of a request, "" for none.
+func fastContentType(h *fasthttp.RequestHeader) string {
+	if all := contentTypes(h); len(all) > 0 {
+		return all[0]
+	}
+	return string(h.ContentType())
+}
+
+// fastMethod is the method m names, not copied for the common ones.
+func fastMethod(m []byte) string {
+	switch string(m) {
+	case http.MethodGet:
+		return http.MethodGet
+	case http.MethodPost:
+		return http.MethodPost
+	case http.MethodHead:
+		return http.MethodHead
+	}
+	return string(m)
+}
 
 // stdRequest is the *http.Request net/http's server would hand a handler
 // for the request in ctx: the method, the target as sent (RequestURI and
@@ -165,25 +211,14 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 		return nil, err
 	}
 	body := ctx.PostBody()
-	var method string
-	switch m := ctx.Method(); string(m) { // no copy for the common ones
-	case http.MethodGet:
-		method = http.MethodGet
-	case http.MethodPost:
-		method = http.MethodPost
-	case http.MethodHead:
-		method = http.MethodHead
-	default:
-		method = string(m)
-	}
 	r := &http.Request{
-		Method:        method,
+		Method:        fastMethod(ctx.Method()),
 		URL:           u,
 		RequestURI:    uri,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
-		Header:        make(http.Header, 4),
+		Header:        stdHeader(&ctx.Request.Header),
 		Host:          string(ctx.Host()),
 		RemoteAddr:    ctx.RemoteAddr().String(),
 		ContentLength: int64(len(body)),
@@ -197,30 +232,38 @@ func stdRequest(ctx *fasthttp.RequestCtx) (*http.Request, error) {
 		rb.Reset(body)
 		r.Body = rb
 	}
+	return r, nil // a nil context is context.Background
+}
+
+// stdHeader is h as net/http's server would hand it to a handler: every
+// header but Host and Transfer-Encoding (r.Host; the body arrives
+// de-chunked), keys in canonical form, values in the order sent.
+func stdHeader(h *fasthttp.RequestHeader) http.Header {
+	out := make(http.Header, 4)
 	// One backing array for the values of headers seen once, and the
 	// common names without a copy: most requests then cost no allocation
 	// per header beyond its value.
-	vals := make([]string, 0, ctx.Request.Header.Len())
-	for k, v := range ctx.Request.Header.All() {
+	vals := make([]string, 0, h.Len())
+	for k, v := range h.All() {
 		key, ok := headerNames[string(k)]
 		if !ok {
 			key = string(k)
 		}
 		switch key {
 		case "Host", "Transfer-Encoding":
-			continue // r.Host; the body arrives de-chunked
+			continue
 		}
-		if prev, ok := r.Header[key]; ok {
-			r.Header[key] = append(prev[:len(prev):len(prev)], string(v))
+		if prev, ok := out[key]; ok {
+			out[key] = append(prev[:len(prev):len(prev)], string(v))
 			continue
 		}
 		vals = append(vals, string(v))
-		r.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		out[key] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
-	if all := contentTypes(&ctx.Request.Header); len(all) > 1 {
-		r.Header["Content-Type"] = all
+	if all := contentTypes(h); len(all) > 1 {
+		out["Content-Type"] = all
 	}
-	return r, nil // a nil context is context.Background
+	return out
 }
 
 // contentTypes is every Content-Type of a request, in the order sent, if
