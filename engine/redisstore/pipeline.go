@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -251,14 +252,48 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 }
 
 // exec runs batch as one script call (merged) or as one pipeline of a call
-// per check, then, if Redis has lost the script (restart, failover, SCRIPT
-// FLUSH), sends again with EVAL only the calls it refused: a NOSCRIPT call
-// ran nothing. Each check gets its own reply or error.
+// per check. Each check gets its own reply or error.
 func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
-	if s.merge && len(batch) > 1 {
-		s.execMerged(ctx, batch)
+	switch {
+	case len(batch) < 2:
+	case s.merge:
+		s.execMerged(ctx, s.c, batch)
+		return
+	case s.crossSlot.Load():
+		s.execNode(ctx, batch)
 		return
 	}
+	s.execEach(ctx, batch)
+}
+
+// execNode runs a Cluster batch as one call of clusterScript on the primary
+// that serves its first check, sent to that node's own client, so that
+// go-redis follows no redirection for the call as a whole. The node decides
+// every check whose slot it serves. A check whose slot has moved away (a
+// resharding, a failover the slot map has not caught up with) fails its
+// first GET inside the script, before it writes anything: the node ran
+// nothing of it, so it is sent again alone, routed by go-redis's slot map,
+// which follows MOVED and ASK. A check is thus decided once, by one node:
+// never failed for having moved, never decided twice by the merged call
+// and its retry.
+func (s *Store) execNode(ctx context.Context, batch []*queuedCheck) {
+	node, err := s.c.(masterForKeyer).MasterForKey(ctx, keyString(batch[0].cmd[3]))
+	if err != nil {
+		s.execEach(ctx, batch)
+		return
+	}
+	if again := s.execMerged(ctx, node, batch); len(again) > 0 {
+		if r, ok := s.c.(stateReloader); ok {
+			r.ReloadState(ctx)
+		}
+		s.execEach(ctx, again)
+	}
+}
+
+// execEach runs batch as one pipeline of a call per check, then, if Redis
+// has lost the script (restart, failover, SCRIPT FLUSH), sends again with
+// EVAL only the calls it refused: a NOSCRIPT call ran nothing.
+func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.IntSliceCmd, len(batch))
 	for i, p := range batch {
@@ -275,7 +310,7 @@ func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
 			if again == nil {
 				again = s.c.Pipeline()
 			}
-			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd)...)
+			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd, redisScript)...)
 			_ = again.Process(ctx, cmds[i])
 		}
 	}
@@ -300,44 +335,80 @@ func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
 	}
 }
 
-// execMerged runs batch as one script call of all its checks: their keys
-// in order, then now and pad (the same for all), their number, and each
-// check's policy count and values (redis.lua's header). The reply holds
-// each check's integers in turn, or one error in place of a failed
-// check's.
-func (s *Store) execMerged(ctx context.Context, batch []*queuedCheck) {
+// processor is the part of a go-redis client that sends one command.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// execMerged runs batch as one script call of all its checks through c:
+// their keys in order, then now and pad (the same for all), their number,
+// and each check's policy count and values (redis.lua's header); on a
+// Cluster node the keys go after the values instead, undeclared, and the
+// script is clusterScript. The reply holds each check's integers in turn,
+// or one error in place of a failed check's. It answers every check but
+// those the node did not run (Cluster only: their slots are not the
+// node's, or the node refused the script), which it returns.
+func (s *Store) execMerged(ctx context.Context, c processor, batch []*queuedCheck) []*queuedCheck {
 	keys := 0 // a check has a key per policy
 	for _, p := range batch {
 		keys += p.keys
 	}
 	first := batch[0].cmd
 	args := make([]any, 0, 3+keys+3+len(batch)+6*keys)
-	args = append(args, "evalsha", s.sha, strconv.Itoa(keys))
-	for _, p := range batch {
-		args = append(args, p.cmd[3:3+p.keys]...)
+	sha, script := s.sha, redisScript
+	if s.cluster {
+		sha, script = s.clusterSHA, clusterScript
+		args = append(args, "evalsha", sha, "0")
+	} else {
+		args = append(args, "evalsha", sha, strconv.Itoa(keys))
+		for _, p := range batch {
+			args = append(args, p.cmd[3:3+p.keys]...)
+		}
 	}
 	args = append(args, first[3+batch[0].keys], first[4+batch[0].keys], len(batch))
 	for _, p := range batch {
 		args = append(args, p.cmd[6+p.keys:]...)
 	}
-	c := redis.NewSliceCmd(ctx, args...)
-	if err := s.c.Process(ctx, c); isNoScript(err) {
-		c = redis.NewSliceCmd(ctx, evalCommand(args)...)
-		_ = s.c.Process(ctx, c)
+	if s.cluster {
+		for _, p := range batch {
+			args = append(args, p.cmd[3:3+p.keys]...)
+		}
 	}
-	v, err := c.Result()
+	cmd := redis.NewSliceCmd(ctx, args...)
+	if err := c.Process(ctx, cmd); isNoScript(err) {
+		cmd = redis.NewSliceCmd(ctx, evalCommand(args, script)...)
+		_ = c.Process(ctx, cmd)
+	}
+	v, err := cmd.Result()
 	if err != nil {
+		if s.cluster && notRun(err) {
+			if refused(err) {
+				s.crossSlot.Store(false)
+			}
+			return batch
+		}
 		err = callErr(ctx, err)
 		for _, p := range batch {
 			p.finish(nil, err)
 		}
-		return
+		return nil
 	}
+	return s.mergedReplies(v, batch, keys)
+}
+
+// mergedReplies answers each check of batch from v, the merged call's
+// reply, and returns those a Cluster node did not run.
+func (s *Store) mergedReplies(v []any, batch []*queuedCheck, keys int) []*queuedCheck {
+	var again []*queuedCheck
 	ints := make([]int64, 0, 5*keys)
 	for _, p := range batch {
 		if len(v) > 0 {
 			if e, ok := v[0].(redis.Error); ok {
 				v = v[1:]
+				if s.cluster && notLocal(e) {
+					again = append(again, p)
+					continue
+				}
 				p.finish(nil, e)
 				continue
 			}
@@ -364,11 +435,48 @@ func (s *Store) execMerged(ctx context.Context, batch []*queuedCheck) {
 		}
 		p.finish(ints[start:len(ints):len(ints)], nil)
 	}
+	return again
 }
 
-// evalCommand is cmd, an EVALSHA, as the EVAL of the script's text.
-func evalCommand(cmd []any) []any {
-	return append([]any{"eval", redisScript}, cmd[2:]...)
+// notLocal reports a check that a Cluster node refused inside the merged
+// script because it does not serve the check's slot (Redis: "Script
+// attempted to access a non local key"), or a redirection.
+func notLocal(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "non local key") || redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+}
+
+// notRun reports an error reply to a whole call that means Redis ran none
+// of it: a redirection, a slot in migration, or a script it refused.
+func notRun(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+		redis.HasErrorPrefix(err, "TRYAGAIN") || refused(err)
+}
+
+// refused reports a server that will not run clusterScript at all: one
+// older than Redis 7.0, which cannot read its flags line.
+func refused(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "compiling script") || strings.Contains(msg, "shebang") || strings.Contains(msg, "flag")
+}
+
+// keyString is a key of a command as newQueuedCheck built it: a string, or
+// a pointer to one.
+func keyString(v any) string {
+	if k, ok := v.(*string); ok {
+		return *k
+	}
+	k, _ := v.(string)
+	return k
+}
+
+// evalCommand is cmd, an EVALSHA, as the EVAL of script's text.
+func evalCommand(cmd []any, script string) []any {
+	return append([]any{"eval", script}, cmd[2:]...)
 }
 
 // callErr is the error of a script call, told apart as a deadline when the
