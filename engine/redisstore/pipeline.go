@@ -198,15 +198,15 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	return batch
 }
 
-// send writes batch to Redis as one pipeline and answers each check. It
-// returns when every check of the batch is answered, by its reply or by its
-// deadline. A client library may overstay the context's deadline (a dial,
-// a handshake with a stalled server); the batch's timer then answers the
-// late checks with engine.ErrDeadline and hands the lane's slot to a new flush, so
-// that one stalled batch does not hold up the queue, and send reports
-// false: its goroutine has no slot left and must stop once the library
-// returns. The late replies are dropped; their spend, if any, is that of a
-// reply lost on the network.
+// send writes batch to Redis and answers each check. It returns when every
+// check of the batch is answered, by its reply or by its deadline (see
+// deadlineWatch). A client library may overstay the context's deadline (a
+// dial, a handshake with a stalled server); the batch's timer then answers
+// the late checks with engine.ErrDeadline and hands the lane's slot to a
+// new flush, so that one stalled batch does not hold up the queue, and send
+// reports false: its goroutine has no slot left and must stop once the
+// library returns. The late replies are dropped; their spend, if any, is
+// that of a reply lost on the network.
 func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	now := time.Now()
 	longest := time.Duration(0)
@@ -216,39 +216,109 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 		longest = max(longest, p.roundTrip)
 		first = min(first, p.roundTrip)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), longest)
+	// The client reads the replies for longer than the deadline: a reply
+	// that arrived while this daemon could not run is still Redis's
+	// answer. The watch decides when a check has failed.
+	w := &deadlineWatch{s: s, ln: ln, batch: batch, slack: max(time.Millisecond, min(first/5, 5*time.Millisecond)),
+		giveUp: now.Add(longest + s.queueWait)}
+	ctx, cancel := context.WithDeadline(context.Background(), w.giveUp)
 	defer cancel()
+	w.mu.Lock()
+	w.arm(now, first)
+	w.mu.Unlock()
+	s.exec(ctx, batch)
+	ln.adapt(len(batch), time.Since(now)-w.stop(), first, s.maxBatch)
+	return w.handedOver.CompareAndSwap(false, true)
+}
 
-	var handedOver atomic.Bool
-	var expire func()
-	expire = func() {
-		now := time.Now()
-		next := time.Duration(0)
-		for _, p := range batch {
-			if p.state.Load() == checkDone {
-				continue
-			}
-			if left := p.deadline.Sub(now); left > 0 {
-				if next == 0 || left < next {
-					next = left
-				}
-				continue
-			}
+// deadlineWatch answers the checks of a batch that Redis did not answer
+// within their deadlines, and only those: a deadline measures Redis, not
+// this daemon's own scheduling delays. On a machine whose CPU is taken
+// (other processes, or more goroutines than it runs at once), a reply can
+// sit in the socket for milliseconds before the goroutine that reads it
+// runs; that reply is a decision of the store, and deciding the check by
+// the fallback as well would admit it twice. So the watch's timer measures
+// its own lateness: a timer that fires more than slack after it was due
+// shows the daemon did not run for that long, and every check's deadline
+// moves by as much (stall). A check fails only when its deadline, so
+// moved, has passed at two fires in a row that were both on time, slack
+// apart: the daemon was running for that long, with time for the reading
+// goroutine to take the reply, and none came. A store that does not answer
+// thus fails a check within its deadline plus one to two slacks (a fifth
+// of the deadline, 1 to 5 ms); a daemon starved for longer than the
+// queue's bound past the longest deadline (giveUp) fails what is left,
+// and the client stops reading then too.
+type deadlineWatch struct {
+	s          *Store
+	ln         *lane
+	batch      []*queuedCheck
+	slack      time.Duration
+	giveUp     time.Time
+	handedOver atomic.Bool
+
+	mu      sync.Mutex
+	due     time.Time // when the timer should fire
+	stall   time.Duration
+	confirm bool // the last fire was on time with a check past its deadline
+	timer   *time.Timer
+	stopped bool
+}
+
+// arm sets the timer to fire after d; w.mu is held.
+func (w *deadlineWatch) arm(now time.Time, d time.Duration) {
+	w.due = now.Add(d)
+	w.timer = time.AfterFunc(d, w.expire)
+}
+
+// stop ends the watch once the batch is back and returns the scheduling
+// delay it measured.
+func (w *deadlineWatch) stop() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.timer.Stop()
+	return w.stall
+}
+
+// expire runs when the timer fires: it fails the checks whose time is up
+// and sets the timer for the next.
+func (w *deadlineWatch) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	now := time.Now()
+	onTime := now.Sub(w.due) <= w.slack
+	if !onTime {
+		w.stall += now.Sub(w.due)
+	}
+	next, past, failed := time.Duration(0), false, false
+	for _, p := range w.batch {
+		if p.state.Load() == checkDone {
+			continue
+		}
+		left := p.deadline.Add(w.stall).Sub(now)
+		switch {
+		case !now.Before(w.giveUp) || (left <= 0 && onTime && w.confirm):
 			p.finish(nil, engine.ErrDeadline)
-		}
-		if handedOver.CompareAndSwap(false, true) {
-			go s.flush(ln)
-		}
-		if next > 0 { // a check with a longer deadline is still out
-			time.AfterFunc(next, expire)
+			failed = true
+		case left <= 0:
+			past = true
+		case next == 0 || left < next:
+			next = left
 		}
 	}
-	timer := time.AfterFunc(first, expire)
-	defer timer.Stop()
-
-	s.exec(ctx, batch)
-	ln.adapt(len(batch), time.Since(now), first, s.maxBatch)
-	return handedOver.CompareAndSwap(false, true)
+	w.confirm = past && onTime
+	if past && (next == 0 || w.slack < next) {
+		next = w.slack
+	}
+	if failed && w.handedOver.CompareAndSwap(false, true) {
+		go w.s.flush(w.ln)
+	}
+	if next > 0 {
+		w.arm(now, min(next, max(w.giveUp.Sub(now), 0)+time.Microsecond))
+	}
 }
 
 // exec runs batch as one script call (merged) or as one pipeline of a call
