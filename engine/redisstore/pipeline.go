@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,9 +26,9 @@ import (
 // On a single server (or a Sentinel's primary) a batch goes as one script
 // call that decides its checks one after another: Redis then pays its
 // per-call cost (the call's setup, TIME, the script's closures) once per
-// batch, and the daemon writes and reads one command. On a Cluster, where
-// the checks of a batch lie in many slots, it goes as a pipeline of one
-// call per check. Either way each check keeps its own result and its
+// batch, and the daemon writes and reads one command. On a Cluster a batch
+// is one call too, to its lane's primary (execNode), and a check whose
+// slot moved is sent again alone. Each check keeps its own result and its
 // atomicity (a Redis error for one check, such as a key of the wrong type,
 // fails only that check: the script decides each in a protected call) and
 // its own deadline, which starts when its batch is sent: time in the queue
@@ -97,6 +98,11 @@ type lane struct {
 	// deadline (see adapt), and the rest wait in the queue, where waiting
 	// is not failing.
 	size int
+	// stall is the scheduling delay the last batch's deadline watch
+	// measured: the queue's bound is lengthened by as much, since a check
+	// that waited while the daemon could not run waited for the daemon,
+	// not for Redis.
+	stall time.Duration
 }
 
 // Batch size adaptation: a batch that took more than a quarter of its
@@ -179,7 +185,7 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	for n < len(ln.queue) && len(batch) < ln.size {
 		p := ln.queue[n]
 		n++
-		if now.Sub(p.queuedAt) > s.queueWait {
+		if now.Sub(p.queuedAt) > s.queueWait+ln.stall {
 			if p.state.CompareAndSwap(checkQueued, checkDone) {
 				p.done <- answer{err: engine.ErrStoreBusy}
 			}
@@ -220,14 +226,18 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	// that arrived while this daemon could not run is still Redis's
 	// answer. The watch decides when a check has failed.
 	w := &deadlineWatch{s: s, ln: ln, batch: batch, slack: max(time.Millisecond, min(first/5, 5*time.Millisecond)),
-		giveUp: now.Add(longest + s.queueWait)}
+		giveUp: now.Add(longest + 10*s.queueWait)}
 	ctx, cancel := context.WithDeadline(context.Background(), w.giveUp)
 	defer cancel()
 	w.mu.Lock()
 	w.arm(now, first)
 	w.mu.Unlock()
 	s.exec(ctx, batch)
-	ln.adapt(len(batch), time.Since(now)-w.stop(), first, s.maxBatch)
+	stall := w.stop()
+	ln.mu.Lock()
+	ln.stall = stall
+	ln.mu.Unlock()
+	ln.adapt(len(batch), time.Since(now)-stall, first, s.maxBatch)
 	return w.handedOver.CompareAndSwap(false, true)
 }
 
@@ -242,12 +252,14 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // shows the daemon did not run for that long, and every check's deadline
 // moves by as much (stall). A check fails only when its deadline, so
 // moved, has passed at two fires in a row that were both on time, slack
-// apart: the daemon was running for that long, with time for the reading
-// goroutine to take the reply, and none came. A store that does not answer
+// apart, with no goroutine kept waiting to run longer than slack in
+// between (the runtime's scheduling latencies): the daemon was running for
+// that long, with time for the reading goroutine to take the reply, and
+// none came. A store that does not answer
 // thus fails a check within its deadline plus one to two slacks (a fifth
-// of the deadline, 1 to 5 ms); a daemon starved for longer than the
-// queue's bound past the longest deadline (giveUp) fails what is left,
-// and the client stops reading then too.
+// of the deadline, 1 to 5 ms); a daemon starved for ten queue bounds past
+// the longest deadline (giveUp) fails what is left, and the client stops
+// reading then too.
 type deadlineWatch struct {
 	s          *Store
 	ln         *lane
@@ -259,7 +271,8 @@ type deadlineWatch struct {
 	mu      sync.Mutex
 	due     time.Time // when the timer should fire
 	stall   time.Duration
-	confirm bool // the last fire was on time with a check past its deadline
+	confirm bool     // the last fire was on time with a check past its deadline
+	sched   []uint64 // the runtime's scheduling latency counts then
 	timer   *time.Timer
 	stopped bool
 }
@@ -293,6 +306,12 @@ func (w *deadlineWatch) expire() {
 	if !onTime {
 		w.stall += now.Sub(w.due)
 	}
+	if w.confirm && onTime && schedLatency(w.sched) > w.slack {
+		// The timer ran on time, but other goroutines waited to run:
+		// the reader may be one of them, or not yet told of its reply.
+		onTime = false
+		w.stall += w.slack
+	}
 	next, past, failed := time.Duration(0), false, false
 	for _, p := range w.batch {
 		if p.state.Load() == checkDone {
@@ -310,6 +329,9 @@ func (w *deadlineWatch) expire() {
 		}
 	}
 	w.confirm = past && onTime
+	if w.confirm {
+		w.sched = schedCounts(w.sched[:0])
+	}
 	if past && (next == 0 || w.slack < next) {
 		next = w.slack
 	}
@@ -319,6 +341,38 @@ func (w *deadlineWatch) expire() {
 	if next > 0 {
 		w.arm(now, min(next, max(w.giveUp.Sub(now), 0)+time.Microsecond))
 	}
+}
+
+// schedMetric is the runtime's histogram of the time goroutines waited,
+// ready, before they ran.
+const schedMetric = "/sched/latencies:seconds"
+
+// schedCounts appends the runtime's scheduling latency counts to counts.
+func schedCounts(counts []uint64) []uint64 {
+	s := []metrics.Sample{{Name: schedMetric}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return counts
+	}
+	return append(counts, s[0].Value.Float64Histogram().Counts...)
+}
+
+// schedLatency is the longest time a goroutine waited to run since the
+// runtime counted before (schedCounts), to its histogram's bucket: how long
+// this process kept ready goroutines waiting meanwhile.
+func schedLatency(before []uint64) time.Duration {
+	s := []metrics.Sample{{Name: schedMetric}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return 0
+	}
+	h := s[0].Value.Float64Histogram()
+	for i := min(len(h.Counts), len(before)) - 1; i >= 0; i-- {
+		if h.Counts[i] > before[i] {
+			return time.Duration(h.Buckets[i] * float64(time.Second))
+		}
+	}
+	return 0
 }
 
 // exec runs batch as one script call (merged) or as one pipeline of a call
