@@ -39,9 +39,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
-	"github.com/sluice-rl/sluice/region"
 )
 
 // Bounds on a request, beyond those of quota on descriptors.
@@ -59,9 +59,9 @@ const (
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // Decider decides matched policies in one all-or-nothing call;
-// *region.Daemon is one.
+// *decide.Decider is one.
 type Decider interface {
-	DecideStates(ctx context.Context, subject string, applied []quota.Applied) (region.StatesVerdict, error)
+	DecideStates(ctx context.Context, subject string, applied []quota.Applied) (decide.StatesVerdict, error)
 }
 
 // Matcher finds the descriptor policies that apply; *quota.Registry is one.
@@ -486,7 +486,7 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 	if err != nil {
 		return err
 	}
-	v := region.StatesVerdict{Allowed: true}
+	v := decide.StatesVerdict{Allowed: true}
 	if len(applied) > 0 {
 		if v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied); err != nil {
 			if ctx.Err() != nil {
@@ -581,21 +581,21 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 }
 
 // answer fills descriptor i's status from its most constraining policy.
-func answer(ds *descStatus, i int, d descriptor, m *matched, v region.StatesVerdict, allowed bool, now time.Time) {
+func answer(ds *descStatus, i int, d descriptor, m *matched, v decide.StatesVerdict, allowed bool, now time.Time) {
 	st := &ds.st
 	best := -1 // index into m.uses
-	var bestRes region.PolicyResult
+	var bestRes decide.PolicyResult
 	for k, u := range m.uses {
 		if u.desc != i {
 			continue
 		}
-		var r region.PolicyResult
+		var r decide.PolicyResult
 		if u.applied >= 0 {
 			r = v.Results[u.applied]
 		} else { // denies all
 			w := windowOf(u.policy)
 			reset := w - time.Duration(now.UnixNano())%w
-			r = region.PolicyResult{Mode: u.policy.Mode, Evaluated: true, Allowed: d.hits == 0, ResetMS: reset.Milliseconds(), RetryAfterMS: reset.Milliseconds()}
+			r = decide.PolicyResult{Mode: u.policy.Mode, Evaluated: true, Allowed: d.hits == 0, ResetMS: reset.Milliseconds(), RetryAfterMS: reset.Milliseconds()}
 		}
 		if best < 0 || worse(r, bestRes) {
 			best, bestRes = k, r
@@ -623,7 +623,7 @@ func answer(ds *descStatus, i int, d descriptor, m *matched, v region.StatesVerd
 
 // worse reports whether a constrains a descriptor more than b: an
 // enforced rejection first, then the least remaining.
-func worse(a, b region.PolicyResult) bool {
+func worse(a, b decide.PolicyResult) bool {
 	ar := a.Evaluated && !a.Allowed && a.Mode == quota.ModeEnforce
 	br := b.Evaluated && !b.Allowed && b.Mode == quota.ModeEnforce
 	if ar != br {
@@ -649,7 +649,7 @@ func contains(ids []string, id string) bool {
 
 // addHeaders returns the draft-11 fields of the verdict and, when over the
 // limit, Retry-After, in r's room for them.
-func (r *reply) addHeaders(v region.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
+func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
 	out := r.headers[:0]
 	add := func(key, value string) {
 		h := &r.hvs[len(out)]

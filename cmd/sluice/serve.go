@@ -182,7 +182,7 @@ func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr
 	if err != nil {
 		return fmt.Errorf("--rls-listen: %w", err)
 	}
-	s, err := rls.New(rls.Config{Decider: d, Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout})
+	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout})
 	if err != nil {
 		ln.Close()
 		return err
