@@ -10,32 +10,40 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
-// scriptCalls sums, over the nodes of cl, the script calls (EVALSHA and
-// EVAL). A merged call that holds an error reply for one of its checks
-// counts among Redis's failed calls, so those are not told apart.
+// scriptCalls sums nodeScriptCalls over the nodes of cl.
 func scriptCalls(t testing.TB, cl *redistest.Cluster) (calls int64) {
 	t.Helper()
 	for _, node := range cl.Nodes() {
-		info, err := node.Client(t).Info(context.Background(), "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
+		calls += nodeScriptCalls(t, node.Client(t))
+	}
+	return calls
+}
+
+// nodeScriptCalls counts a server's script calls (EVALSHA and EVAL). A
+// merged call that holds an error reply for one of its checks counts among
+// Redis's failed calls, so those are not told apart.
+func nodeScriptCalls(t testing.TB, c *redis.Client) (calls int64) {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		name, stats, ok := strings.Cut(line, ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
 		}
-		for line := range strings.SplitSeq(info, "\r\n") {
-			name, stats, ok := strings.Cut(line, ":")
-			if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-				continue
-			}
-			for kv := range strings.SplitSeq(stats, ",") {
-				k, v, _ := strings.Cut(kv, "=")
-				x, _ := strconv.ParseInt(v, 10, 64)
-				if k == "calls" {
-					calls += x
-				}
+		for kv := range strings.SplitSeq(stats, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			if x, _ := strconv.ParseInt(v, 10, 64); k == "calls" {
+				calls += x
 			}
 		}
 	}
