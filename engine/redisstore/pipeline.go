@@ -226,7 +226,7 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	// that arrived while this daemon could not run is still Redis's
 	// answer. The watch decides when a check has failed.
 	w := &deadlineWatch{s: s, ln: ln, batch: batch, slack: max(time.Millisecond, min(first/5, 5*time.Millisecond)),
-		giveUp: now.Add(longest + 10*s.queueWait)}
+		giveUp: now.Add(longest + s.queueWait)}
 	ctx, cancel := context.WithDeadline(context.Background(), w.giveUp)
 	defer cancel()
 	w.mu.Lock()
@@ -257,9 +257,10 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // that long, with time for the reading goroutine to take the reply, and
 // none came. A store that does not answer
 // thus fails a check within its deadline plus one to two slacks (a fifth
-// of the deadline, 1 to 5 ms); a daemon starved for ten queue bounds past
-// the longest deadline (giveUp) fails what is left, and the client stops
-// reading then too.
+// of the deadline, 1 to 5 ms); a daemon starved for the queue's bound
+// (Config.QueueWait) past the longest deadline (giveUp) fails what is
+// left, and the client stops reading then too: a connection is not held
+// longer than that by a server that stopped answering.
 type deadlineWatch struct {
 	s          *Store
 	ln         *lane
