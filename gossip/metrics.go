@@ -113,7 +113,7 @@ func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
-	members := c.n.Members()
+	members := c.n.memberList()
 	for region, age := range c.reportAges(members, c.now()) {
 		ch <- prometheus.MustNewConstMetric(c.reportAge, prometheus.GaugeValue, age.Seconds(), region)
 	}
@@ -126,7 +126,7 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 // reportAges is the age, at now, of the newest report of every other
 // region that has a member not gone by a graceful leave; a region that has
 // sent none is as old as its oldest member's state.
-func (c *clusterCollector) reportAges(members []Member, now time.Time) map[string]time.Duration {
+func (c *clusterCollector) reportAges(members []member, now time.Time) map[string]time.Duration {
 	joined := map[string]time.Time{}
 	for _, m := range members {
 		if m.Region == "" || m.Region == c.n.cfg.Region || m.State == StateLeft {
@@ -150,7 +150,7 @@ func (c *clusterCollector) reportAges(members []Member, now time.Time) map[strin
 
 // skewedRegions counts the regions with a live member whose advertised
 // policy hash is not own.
-func skewedRegions(members []Member, own string) int {
+func skewedRegions(members []member, own string) int {
 	skewed := map[string]bool{}
 	for _, m := range members {
 		if m.State.Live() && m.PolicyHash != own {

@@ -14,28 +14,28 @@ func TestReportAgesAndSkew(t *testing.T) {
 		"us": t0.Add(-2 * time.Second),
 		"ap": t0.Add(-time.Second), // its nodes left
 	}}
-	m := func(node, region string, state State, hash string, since time.Duration) Member {
-		return Member{Node: node, Region: region, State: state, PolicyHash: hash, since: t0.Add(-since)}
+	m := func(node, region string, state State, hash string, since time.Duration) member {
+		return member{Member: Member{Node: node, Region: region, State: state, PolicyHash: hash}, since: t0.Add(-since)}
 	}
 	tests := []struct {
 		name    string
-		members []Member
+		members []member
 		own     string
 		ages    map[string]time.Duration
 		skewed  int
 	}{
-		{"alone", []Member{m("eu1", "eu", StateAlive, "h1", time.Hour)}, "h1", map[string]time.Duration{}, 0},
-		{"in agreement", []Member{m("eu1", "eu", StateAlive, "h1", time.Hour), m("us1", "us", StateAlive, "h1", time.Minute)}, "h1",
+		{"alone", []member{m("eu1", "eu", StateAlive, "h1", time.Hour)}, "h1", map[string]time.Duration{}, 0},
+		{"in agreement", []member{m("eu1", "eu", StateAlive, "h1", time.Hour), m("us1", "us", StateAlive, "h1", time.Minute)}, "h1",
 			map[string]time.Duration{"us": 2 * time.Second}, 0},
-		{"a region that never reported is as old as its first node", []Member{m("eu1", "eu", StateAlive, "h1", time.Hour),
+		{"a region that never reported is as old as its first node", []member{m("eu1", "eu", StateAlive, "h1", time.Hour),
 			m("jp1", "jp", StateAlive, "h1", 5*time.Second), m("jp2", "jp", StateSuspect, "h1", 9*time.Second)}, "h1",
 			map[string]time.Duration{"jp": 9 * time.Second}, 0},
-		{"a region that left is not listed, a crashed one is", []Member{m("eu1", "eu", StateAlive, "h1", time.Hour),
+		{"a region that left is not listed, a crashed one is", []member{m("eu1", "eu", StateAlive, "h1", time.Hour),
 			m("ap1", "ap", StateLeft, "h0", time.Minute), m("us1", "us", StateDead, "h0", time.Minute)}, "h1",
 			map[string]time.Duration{"us": 2 * time.Second}, 0},
-		{"another region skewed", []Member{m("eu1", "eu", StateAlive, "h1", time.Hour), m("us1", "us", StateAlive, "h1", time.Minute),
+		{"another region skewed", []member{m("eu1", "eu", StateAlive, "h1", time.Hour), m("us1", "us", StateAlive, "h1", time.Minute),
 			m("us2", "us", StateAlive, "h2", time.Minute)}, "h1", map[string]time.Duration{"us": 2 * time.Second}, 1},
-		{"a sibling skewed too", []Member{m("eu1", "eu", StateAlive, "h1", time.Hour), m("eu2", "eu", StateSuspect, "", time.Hour),
+		{"a sibling skewed too", []member{m("eu1", "eu", StateAlive, "h1", time.Hour), m("eu2", "eu", StateSuspect, "", time.Hour),
 			m("us1", "us", StateAlive, "h2", time.Minute)}, "h1", map[string]time.Duration{"us": 2 * time.Second}, 2},
 	}
 	for _, tt := range tests {

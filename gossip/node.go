@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 	"golang.org/x/sync/errgroup"
 )
@@ -29,42 +30,26 @@ const seedRounds = 10
 // memberlist's reliable (TCP) path to each target node.
 const MaxPacketPayload = 1024
 
-// State is a member's state as this node sees it.
-type State string
+// State is a member's state as this node sees it (msg.State).
+type State = msg.State
 
 // Member states.
 const (
-	StateAlive   State = "alive"
-	StateSuspect State = "suspect"
-	StateDead    State = "dead"
-	StateLeft    State = "left"
+	StateAlive   = msg.StateAlive
+	StateSuspect = msg.StateSuspect
+	StateDead    = msg.StateDead
+	StateLeft    = msg.StateLeft
 )
 
-// Live reports whether a member in state s still counts: alive or suspect.
-func (s State) Live() bool { return s == StateAlive || s == StateSuspect }
+// Member is one node of the cluster (msg.Member). Its PolicyRevision and
+// PolicyHash are what the node advertises (SetPolicyVersion); its Contact
+// and Unanswered are on this node's clock (Config.Now), for members of
+// other regions only (Config.ContactEvery).
+type Member = msg.Member
 
-// Member is one node of the cluster.
-type Member struct {
-	Node   string `json:"node"`
-	Region string `json:"region"`
-	Addr   string `json:"addr"` // host:port
-	State  State  `json:"state"`
-	// PolicyRevision and PolicyHash are the policy set the node advertises
-	// (SetPolicyVersion); zero and empty until it does.
-	PolicyRevision uint64 `json:"policy_revision,omitempty"`
-	PolicyHash     string `json:"policy_hash,omitempty"`
-
-	// Contact is when this node last sent a ping to the member that was
-	// answered (on this node's clock, Config.Now): the member was reachable
-	// at some instant after it. Zero until one is. Only members of other
-	// regions are pinged (Config.ContactEvery).
-	Contact time.Time `json:"contact,omitzero"`
-	// Unanswered is when this node last sent the member a ping that went
-	// unanswered (zero if none): with Contact, fresh evidence that the
-	// member is out of reach, rather than this node having been too busy
-	// to ask.
-	Unanswered time.Time `json:"unanswered,omitzero"`
-
+// member is a Member as this node keeps it.
+type member struct {
+	Member
 	leaving bool      // announced a graceful leave
 	since   time.Time // when the state last changed
 }
@@ -93,7 +78,7 @@ type Node struct {
 	pingTimeout time.Duration // memberlist's ProbeTimeout, which bounds Ping
 
 	mu      sync.Mutex
-	members map[string]Member
+	members map[string]member
 	contact map[string]time.Time // node → send time of its last answered ping
 	failed  map[string]time.Time // node → send time of its last unanswered ping
 	pinging map[string]bool      // nodes with a ping in flight
@@ -122,7 +107,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg:          cfg,
 		queue:        make(chan []byte, cfg.QueueSize),
-		members:      map[string]Member{},
+		members:      map[string]member{},
 		contact:      map[string]time.Time{},
 		failed:       map[string]time.Time{},
 		pinging:      map[string]bool{},
@@ -307,7 +292,7 @@ func (n *Node) joinLoop(ctx context.Context) {
 // incarnation is declared dead and DeadNodeReclaim has passed.
 func (n *Node) rejoin(seeds bool) {
 	var addrs []string
-	for _, m := range n.Members() {
+	for _, m := range n.memberList() {
 		if m.State == StateDead && m.Node != n.cfg.Node && time.Since(m.since) < ReconnectFor {
 			addrs = append(addrs, m.Node+"/"+m.Addr)
 		}
@@ -440,7 +425,7 @@ func (n *Node) admit(m Message) error {
 	n.mu.Lock()
 	sender, known := n.members[m.From]
 	n.mu.Unlock()
-	if err := checkSender(m, sender, known, n.cfg.Region); err != nil {
+	if err := checkSender(m, sender.Member, known, n.cfg.Region); err != nil {
 		return err
 	}
 	cc := clockCheck{now: n.cfg.Now(), interval: n.cfg.Interval, tolerance: n.cfg.ClockTolerance, quotaWindow: n.cfg.QuotaWindow}
@@ -669,14 +654,24 @@ func (b *broadcast) Finished()       {}
 // Members returns every node this node knows of, itself included, dead and
 // left ones too, sorted by name.
 func (n *Node) Members() []Member {
+	list := n.memberList()
+	out := make([]Member, len(list))
+	for i, m := range list {
+		out[i] = m.Member
+	}
+	return out
+}
+
+// memberList is Members with what this node keeps of each.
+func (n *Node) memberList() []member {
 	n.mu.Lock()
-	out := make([]Member, 0, len(n.members))
+	out := make([]member, 0, len(n.members))
 	for _, m := range n.members {
 		m.Contact, m.Unanswered = n.contact[m.Node], n.failed[m.Node]
 		out = append(out, m)
 	}
 	n.mu.Unlock()
-	slices.SortFunc(out, func(a, b Member) int {
+	slices.SortFunc(out, func(a, b member) int {
 		if a.Node < b.Node {
 			return -1
 		} else if a.Node > b.Node {
@@ -795,8 +790,8 @@ func (n *Node) announceMeta() {
 // (leaving flag in its metadata), dead otherwise.
 func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	meta, _ := decodeMeta(mn.Meta)
-	m := Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive,
-		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash}
+	m := member{Member: Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive,
+		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash}}
 	n.mu.Lock()
 	old, known := n.members[m.Node]
 	if m.Region == "" && known {
@@ -860,13 +855,13 @@ func (n *Node) contactLoop(ctx context.Context, wg *sync.WaitGroup) {
 
 // pingTargets returns the members of other regions to ping now (those not
 // known to have left and without a ping in flight), marking them in flight.
-func (n *Node) pingTargets() []Member {
+func (n *Node) pingTargets() []member {
 	if n.down.Load() {
 		return nil
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var out []Member
+	var out []member
 	for _, m := range n.members {
 		if m.Region == n.cfg.Region || m.Region == "" || m.State == StateLeft || n.pinging[m.Node] {
 			continue

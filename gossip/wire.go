@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -21,44 +22,17 @@ const (
 	MinWireVersion = 1
 )
 
-// Kind says what an envelope carries.
-type Kind uint8
+// Kind says what an envelope carries (msg.Kind).
+type Kind = msg.Kind
 
-// Message kinds.
+// Message kinds (msg.Kind*).
 const (
-	// KindReport carries a share.Report: one region's report for an epoch.
-	KindReport Kind = 1
-	// KindNodeUsage carries a NodeUsage: one node's raw usage for an epoch,
-	// sent to the other nodes of its region, which sum them into the
-	// regional view.
-	KindNodeUsage Kind = 2
-	// KindPolicy carries a PolicyUpdate: the policy set, newest version
-	// wins.
-	KindPolicy Kind = 3
-	// KindBorrow carries a share.BorrowRequest: a region asking the other
-	// regions for part of their unused share of one key (share.Allocator.Borrow).
-	KindBorrow Kind = 4
-	// KindLoan carries a share.Loan: a lender region's answer, sent to the
-	// borrower region's nodes and to the lender region's other nodes, which
-	// must cut as their region's acting node already has.
-	KindLoan Kind = 5
+	KindReport    = msg.KindReport
+	KindNodeUsage = msg.KindNodeUsage
+	KindPolicy    = msg.KindPolicy
+	KindBorrow    = msg.KindBorrow
+	KindLoan      = msg.KindLoan
 )
-
-func (k Kind) String() string {
-	switch k {
-	case KindReport:
-		return "report"
-	case KindNodeUsage:
-		return "node_usage"
-	case KindPolicy:
-		return "policy"
-	case KindBorrow:
-		return "borrow"
-	case KindLoan:
-		return "loan"
-	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
-}
 
 // envelope is the outer layer of every message.
 type envelope struct {
@@ -69,52 +43,14 @@ type envelope struct {
 	Payload msgpack.RawMessage `msgpack:"p"`
 }
 
-// NodeUsage is what one node measured over one epoch, in units per second,
-// for the keys that may be under pressure in its region. The nodes of a
-// region sum their NodeUsage into one regional share.Report.
-type NodeUsage struct {
-	Node   string     `msgpack:"n"`
-	Region string     `msgpack:"r"`
-	Epoch  uint64     `msgpack:"e"`
-	Keys   []KeyUsage `msgpack:"k"`
-	// Quotas are this node's own spend on global quotas in their current
-	// window: G-counters with one component, named by the node. Counts are
-	// cumulative over the window, so a lost or late message is made good by
-	// the next one. Added in wire version 1 without a bump: older nodes
-	// ignore the field.
-	Quotas []share.QuotaCounter `msgpack:"q,omitempty"`
-}
-
-// KeyUsage is one key of a NodeUsage (share.Usage with short wire names).
-type KeyUsage struct {
-	share.Key
-	Limit    float64 `msgpack:"l"` // L_global, units per second
-	Offered  float64 `msgpack:"o"` // units per second over the interval, rejected included
-	Recent   float64 `msgpack:"x"` // units per second over the last share.Config.Recent
-	Admitted float64 `msgpack:"a"` // units per second over the interval
-}
-
-// PolicyUpdate carries an opaque policy set and its version; receivers keep
-// the newest version they have seen.
-type PolicyUpdate struct {
-	Version uint64 `msgpack:"v"`
-	Data    []byte `msgpack:"d"`
-}
-
-// Message is one decoded message.
-type Message struct {
-	Version uint8 // envelope version it arrived with
-	Kind    Kind
-	From    string // sending node
-	Region  string // sending node's region
-	Size    int    // encoded size in bytes
-
-	Report share.Report        // KindReport
-	Usage  NodeUsage           // KindNodeUsage
-	Policy PolicyUpdate        // KindPolicy
-	Borrow share.BorrowRequest // KindBorrow
-	Loan   share.Loan          // KindLoan
-}
+// The payloads and the decoded message are the coordinator's message
+// types (package msg); gossip encodes and decodes them.
+type (
+	NodeUsage    = msg.NodeUsage
+	KeyUsage     = msg.KeyUsage
+	PolicyUpdate = msg.PolicyUpdate
+	Message      = msg.Message
+)
 
 // Reasons a received message is dropped. Those of a message that is
 // rejected (it arrived whole, but is not one this node may apply) label

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/gossip"
@@ -249,59 +250,68 @@ func (d *Daemon) tokenBucketCheck(key share.Key) (c engine.Check, ok bool) {
 		Version: uint64(p.Version), OnFailure: engine.FailClosed}, true
 }
 
-// spendTokens carries out a token loan's spend (globalshare.Config.Spend):
-// it takes sp.Take(remaining) units out of this region's bucket of the key
-// through the limiter, as a check of the subject would (tokenBucketCheck).
-// It reads the bucket with a check of cost 0, then takes the units with a
-// check of that cost, and returns them only if that check was allowed by
-// the store itself: a store that cannot decide must not hand over tokens,
-// whatever the policy's failure mode, so a degraded answer takes nothing.
-func (d *Daemon) spendTokens(ctx context.Context, sp globalshare.Spend) (int64, error) {
-	chk, ok := d.tokenBucketCheck(sp.Key)
-	if !ok {
-		return 0, nil
-	}
-	c := [1]engine.Check{chk}
-	read, err := d.lim.Check(ctx, engine.Request{Subject: sp.Key.Subject, Checks: c[:]})
-	if err != nil {
-		return 0, fmt.Errorf("read bucket of %s: %w", sp.Key.Policy, err)
-	}
-	if read.Degraded || read.Source == limiter.FromDenyCache || read.N != 1 {
-		return 0, nil
-	}
-	n := sp.Take(float64(read.Results[0].Remaining))
-	if n <= 0 {
-		return 0, nil
-	}
-	c[0].Cost = n
-	took, err := d.lim.Check(ctx, engine.Request{Subject: sp.Key.Subject, Checks: c[:]})
-	if err != nil {
-		return 0, fmt.Errorf("take %d tokens of %s: %w", n, sp.Key.Policy, err)
-	}
-	if !took.Allowed || took.Degraded {
-		return 0, nil
-	}
-	return n, nil
+// spendTokens carries out a token loan's spend (globalshare.Config.Spend)
+// on this region's bucket of the key, reached through the limiter as a
+// check of the subject would reach it (tokenBucketCheck).
+func (d *Daemon) spendTokens(ctx context.Context, sp coordinator.Spend) (int64, error) {
+	return sp.Do(ctx, limiterBuckets{d})
 }
 
-// depositTokens carries out a token deposit (globalshare.Config.Deposit):
-// the units another region took out of its bucket go into this region's
-// bucket of the key, up to its capacity, through the limiter as a check of
-// the subject would reach it (tokenBucketCheck; engine.Check.Deposit). A
-// subject an override exempts, or a policy no longer a global token
-// bucket, takes none; a store that cannot decide deposits nothing.
-func (d *Daemon) depositTokens(ctx context.Context, dp globalshare.Deposit) error {
-	chk, ok := d.tokenBucketCheck(dp.Key)
-	if !ok || dp.Units <= 0 {
+// depositTokens carries out a token deposit (globalshare.Config.Deposit)
+// on this region's bucket of the key, as spendTokens does.
+func (d *Daemon) depositTokens(ctx context.Context, dp coordinator.Deposit) error {
+	return dp.Do(ctx, limiterBuckets{d})
+}
+
+// limiterBuckets is the coordinator's view of this region's global token
+// buckets: checks through the limiter as the check path makes them
+// (tokenBucketCheck). A subject an override exempts, or a policy no longer
+// a global token bucket, has no bucket to take from or put into.
+type limiterBuckets struct{ d *Daemon }
+
+func (b limiterBuckets) Level(ctx context.Context, key share.Key) (int64, bool, error) {
+	chk, ok := b.d.tokenBucketCheck(key)
+	if !ok {
+		return 0, false, nil
+	}
+	read, err := b.d.lim.Check(ctx, engine.Request{Subject: key.Subject, Checks: []engine.Check{chk}})
+	if err != nil {
+		return 0, false, err
+	}
+	if read.Degraded || read.Source == limiter.FromDenyCache || read.N != 1 {
+		return 0, false, nil
+	}
+	return read.Results[0].Remaining, true, nil
+}
+
+func (b limiterBuckets) Take(ctx context.Context, key share.Key, units int64) (bool, error) {
+	chk, ok := b.d.tokenBucketCheck(key)
+	if !ok {
+		return false, nil
+	}
+	chk.Cost = units
+	took, err := b.d.lim.Check(ctx, engine.Request{Subject: key.Subject, Checks: []engine.Check{chk}})
+	if err != nil {
+		return false, err
+	}
+	return took.Allowed && !took.Degraded, nil
+}
+
+func (b limiterBuckets) Put(ctx context.Context, key share.Key, units int64) error {
+	chk, ok := b.d.tokenBucketCheck(key)
+	if !ok {
 		return nil
 	}
-	chk.Cost, chk.Deposit = dp.Units, true
-	out, err := d.lim.Check(ctx, engine.Request{Subject: dp.Key.Subject, Checks: []engine.Check{chk}})
+	chk.Cost, chk.Deposit = units, true
+	out, err := b.d.lim.Check(ctx, engine.Request{Subject: key.Subject, Checks: []engine.Check{chk}})
 	if err != nil {
-		return fmt.Errorf("deposit %d tokens of %s: %w", dp.Units, dp.Key.Policy, err)
+		return err
+	}
+	if out.Degraded && out.Err != nil {
+		return out.Err
 	}
 	if out.Degraded {
-		return fmt.Errorf("deposit %d tokens of %s: %w", dp.Units, dp.Key.Policy, out.Err)
+		return errors.New("the store could not decide")
 	}
 	return nil
 }

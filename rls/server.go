@@ -107,6 +107,8 @@ type Config struct {
 	// servers apply them (grpc.KeepaliveParams).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
+	// Transport is how connections are served; zero is TransportH2.
+	Transport Transport
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -129,6 +131,13 @@ type Server struct {
 	calls    sync.WaitGroup
 	stopping atomic.Bool
 	handOver func(net.Conn) error
+	// The room of TransportGRPC's calls (grpcCall).
+	grpcCalls sync.Pool
+	// ownAll makes every connection the own transport's from its
+	// preface on, none handed to grpc-go: for the conformance test,
+	// whose client waits for its SETTINGS to be acknowledged before its
+	// first call.
+	ownAll bool
 }
 
 // New returns a Server; it registers its metrics on cfg.Registerer.
@@ -182,14 +191,25 @@ func (s *Server) now() time.Time {
 // refused and in-flight ones finish (up to ShutdownTimeout). See h2.go for
 // which connections its own transport serves and which grpc-go does.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
+	opts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
 		grpc.ConnectionTimeout(s.cfg.ConnectionTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout}))
-	rlsv3.RegisterRateLimitServiceServer(gs, s)
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout})}
+	if s.cfg.Transport == TransportGRPC {
+		opts = append(opts, tunedOptions()...)
+	}
+	gs := grpc.NewServer(opts...)
+	if s.cfg.Transport == TransportGRPC {
+		gs.RegisterService(rlsServiceDesc(), s)
+	} else {
+		rlsv3.RegisterRateLimitServiceServer(gs, s)
+	}
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	if s.cfg.Transport == TransportGRPC {
+		return s.serveGRPC(ctx, gs, hs, ln)
+	}
 	handed := newConnQueue(ln.Addr())
 	s.handOver = handed.put
 	s.work = make(chan h2job)

@@ -1,5 +1,5 @@
 // Package simulator runs n regions of Sluice on virtual time: each region
-// runs the daemon's coordinator core (globalshare.Core) and decides every
+// runs the daemon's coordinator core (coordinator.Core) and decides every
 // arrival with the real engine memory store at the scale a daemon uses
 // (share.Scale, share.QuotaScale); the simulator delivers the cores'
 // messages through a simulated gossip layer (delay, jitter, loss,

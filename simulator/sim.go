@@ -10,9 +10,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator"
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
-	"github.com/sluice-rl/sluice/region/globalshare"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -44,7 +44,7 @@ var startNS = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 type delivery struct {
 	at  int64 // virtual ns
 	seq int64 // send order, to break ties
-	msg gossip.Message
+	msg msg.Message
 }
 
 // region is one region: one daemon (its coordinator core and the engine
@@ -54,7 +54,7 @@ type region struct {
 	name    string
 	node    string
 	store   *engine.MemoryStore
-	core    *globalshare.Core
+	core    *coordinator.Core
 	skew    int64
 	crashed bool
 	checks  [1]engine.Check
@@ -68,7 +68,7 @@ type region struct {
 	stepped bool                             // the core ran at this tick (CheckShares)
 	// saved is what the region's store holds of its shares (Ready.Save);
 	// it survives a crash, as the regional Redis would.
-	saved *globalshare.Saved
+	saved *coordinator.Saved
 }
 
 // sim is one run's state.
@@ -229,14 +229,14 @@ func (r *region) local(t int64) time.Time { return time.Unix(0, t+r.skew) }
 // members is the membership as region r sees it at t: every region's one
 // node, alive unless r's membership has declared that region dead, with
 // the Contact r's pings give it (contact).
-func (s *sim) members(r *region, t int64) []gossip.Member {
-	out := make([]gossip.Member, len(s.regions))
+func (s *sim) members(r *region, t int64) []msg.Member {
+	out := make([]msg.Member, len(s.regions))
 	for i, q := range s.regions {
-		st := gossip.StateAlive
+		st := msg.StateAlive
 		if r.dead[i] {
-			st = gossip.StateDead
+			st = msg.StateDead
 		}
-		out[i] = gossip.Member{Node: q.node, Region: q.name, State: st}
+		out[i] = msg.Member{Node: q.node, Region: q.name, State: st}
 		if q != r {
 			out[i].Contact, out[i].Unanswered = s.contact(r, q, t)
 		}
@@ -303,14 +303,14 @@ func (s *sim) quotaOf(p string) (time.Duration, bool) {
 func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
 	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
-	cfg := globalshare.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
+	cfg := coordinator.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
 		Bucket: s.bucketOf, ContactLag: s.sc.Gossip.ContactEvery.D() + s.sc.Gossip.PingTimeout.D(), PoolTokens: true}
 	if s.sc.Quota != nil {
 		cfg.Quota = s.quotaOf
 	}
 	r.bootAt = s.now
 	members := s.members(r, s.now)
-	c, err := globalshare.NewCore(cfg, members)
+	c, err := coordinator.NewCore(cfg, members)
 	if err != nil {
 		return err
 	}
@@ -446,7 +446,7 @@ func (s *sim) tick(r *region, t int64) {
 		// Contact moves only with each round of pings, verdicts only
 		// when membership changes: pass the members then, as the
 		// daemon's view changes.
-		var members []gossip.Member
+		var members []msg.Member
 		if round := (t - startNS) / s.sc.Gossip.ContactEvery.D().Nanoseconds(); !r.told || round != r.pinged {
 			members, r.told, r.pinged = s.members(r, t), true, round
 		}
@@ -478,9 +478,9 @@ func (s *sim) deliver(r *region, t int64) {
 // borrow requests to every other region, loans to the borrower (token
 // loans once their tokens are out of the region's bucket), token deposits
 // into the region's bucket, saves to the region's store.
-func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
+func (s *sim) do(r *region, t int64, rd coordinator.Ready) {
 	for _, rep := range rd.Reports {
-		m := gossip.Message{Kind: gossip.KindReport, Report: rep, Size: rep.EncodedSizeEstimate()}
+		m := msg.Message{Kind: msg.KindReport, Report: rep, Size: rep.EncodedSizeEstimate()}
 		for _, q := range s.regions {
 			if q != r {
 				s.send(r, q, t, m)
@@ -488,7 +488,7 @@ func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
 		}
 	}
 	for _, req := range rd.Borrows {
-		m := gossip.Message{Kind: gossip.KindBorrow, Borrow: req, Size: req.EncodedSizeEstimate()}
+		m := msg.Message{Kind: msg.KindBorrow, Borrow: req, Size: req.EncodedSizeEstimate()}
 		for _, q := range s.regions {
 			if q != r {
 				s.send(r, q, t, m)
@@ -497,64 +497,60 @@ func (s *sim) do(r *region, t int64, rd globalshare.Ready) {
 	}
 	loans := rd.Loans
 	for _, sp := range rd.Spends {
-		if n := s.spend(r, sp); n > 0 {
+		if n, _ := sp.Do(context.Background(), bucket{r}); n > 0 {
 			loans = append(loans, sp.Of(n))
 		}
 	}
 	for _, l := range loans {
 		if i := slices.IndexFunc(s.regions, func(q *region) bool { return q.name == l.Borrower }); i >= 0 {
-			s.send(r, s.regions[i], t, gossip.Message{Kind: gossip.KindLoan, Loan: l, Size: l.EncodedSizeEstimate()})
+			s.send(r, s.regions[i], t, msg.Message{Kind: msg.KindLoan, Loan: l, Size: l.EncodedSizeEstimate()})
 		}
 	}
 	for _, dp := range rd.Deposits {
-		s.deposit(r, dp)
+		_ = dp.Do(context.Background(), bucket{r})
 	}
 	if rd.Save != nil {
 		r.saved = rd.Save
 	}
 }
 
-// deposit puts the tokens of a token loan into region r's bucket as the
-// owner of a core must (globalshare.Deposit): an engine deposit at the
-// scale the region enforces, up to the bucket's capacity.
-func (s *sim) deposit(r *region, dp globalshare.Deposit) {
-	chk := r.checks
-	chk[0].Scale = share.Scale(r.core.Share(dp.Key.Policy, dp.Key.Subject))
-	chk[0].Cost, chk[0].Deposit = dp.Units, true
-	if _, err := r.store.Check(context.Background(), engine.Request{Subject: dp.Key.Subject, Checks: chk[:]}); err != nil {
-		panic(err) // the policy is a token bucket and the cost positive
-	}
+// bucket is region r's token buckets as the owner of a core reaches them
+// (coordinator.TokenBucket): checks of its engine at the scale the region
+// enforces. The policy is a token bucket and costs are not negative, so
+// an engine error is a bug of the simulator.
+type bucket struct{ r *region }
+
+func (b bucket) check(key share.Key, cost int64, deposit bool) (engine.Decision, error) {
+	chk := b.r.checks
+	chk[0].Scale = share.Scale(b.r.core.Share(key.Policy, key.Subject))
+	chk[0].Cost, chk[0].Deposit = cost, deposit
+	return b.r.store.Check(context.Background(), engine.Request{Subject: key.Subject, Checks: chk[:]})
 }
 
-// spend takes the tokens of a token loan out of region r's bucket as the
-// owner of a core must (globalshare.Spend): it reads the bucket with a
-// check of cost 0 at the scale the region enforces, and takes
-// sp.Take(remaining) units with a check of that cost. It returns the units
-// taken: zero if there were too few, or the engine rejected the check.
-func (s *sim) spend(r *region, sp globalshare.Spend) int64 {
-	sub := sp.Key.Subject
-	chk := r.checks
-	chk[0].Scale = share.Scale(r.core.Share(sp.Key.Policy, sub))
-	chk[0].Cost = 0
-	d, err := r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: chk[:]})
+func (b bucket) Level(_ context.Context, key share.Key) (int64, bool, error) {
+	d, err := b.check(key, 0, false)
 	if err != nil {
 		panic(err)
 	}
-	n := sp.Take(float64(d.Results[0].Remaining))
-	if n <= 0 {
-		return 0
+	return d.Results[0].Remaining, true, nil
+}
+
+func (b bucket) Take(_ context.Context, key share.Key, units int64) (bool, error) {
+	d, err := b.check(key, units, false)
+	return err == nil && d.Allowed, nil
+}
+
+func (b bucket) Put(_ context.Context, key share.Key, units int64) error {
+	if _, err := b.check(key, units, true); err != nil {
+		panic(err)
 	}
-	chk[0].Cost = n
-	if d, err = r.store.Check(context.Background(), engine.Request{Subject: sub, Checks: chk[:]}); err != nil || !d.Allowed {
-		return 0
-	}
-	return n
+	return nil
 }
 
 // send hands a message from r to q to the simulated gossip layer: dropped
 // across a partition, to a crashed region or by loss; delivered after the
 // delay (and jitter) otherwise. Bytes count as report traffic.
-func (s *sim) send(r, q *region, t int64, m gossip.Message) {
+func (s *sim) send(r, q *region, t int64, m msg.Message) {
 	if q.crashed || s.partitioned(r.idx, q.idx, t) {
 		return
 	}

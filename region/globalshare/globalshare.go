@@ -1,41 +1,17 @@
-// Package globalshare is the coordinator that runs in every daemon: it turns
-// the engine's usage into this region's share.Report each interval, exchanges
-// reports over gossip, rebalances with share.Allocator and publishes the
-// resulting share.Table for the check path.
+// Package globalshare runs the share coordinator (coordinator.Core) in a
+// daemon: Coordinator.Run ticks the core on a timer, steps it with each
+// message gossip delivers, sends what the core asks, carries out token
+// spends and deposits off its goroutine, and persists the region's shares.
+// The protocol itself lives in package coordinator; this package only
+// adapts it to real time, gossip and the share store.
 //
-// Per epoch boundary t (share.Config.Epoch; the figures describe the
-// interval that just ended, epoch e = Epoch(t)−1):
-//
-//	t − Recent          drain usage (the first part of the interval)
-//	t                   drain usage again (the last Recent: the "recent" rate);
-//	                    send this node's pressured keys to the region's other nodes
-//	t + Collect         sum the region's node usage, Allocator.Report; the
-//	                    region's publisher (its live node with the smallest id)
-//	                    broadcasts the regional report
-//	t + Settle          SetMembers from gossip, Rebalance with the reports of e,
-//	                    publish Table (cuts at once)
-//	t + Settle + Raise  publish Table again (raises)
-//
-// Every node of a region sums the same node usage and so computes the same
-// regional report and the same shares; only one of them sends it. The
-// regional view is built by summing node reports rather than through the
-// regional Redis: see the gossip package documentation for why.
-//
-// The protocol lives in Core, a deterministic state machine with no timer,
-// goroutine or I/O; Coordinator.Run is its adapter to real time and gossip:
-// it ticks the core on a timer, steps it with each message received, sends
-// what the core asks and persists its shares. The simulator drives the same
-// Core for every region over a simulated network.
-//
-// Share is lock-free (an atomic pointer to an immutable share.Table) and is
-// what the engine's check path calls.
+// Share is lock-free (an atomic pointer to the core's immutable published
+// shares) and is what the engine's check path calls.
 //
 // With a Store (the region's Redis), every node saves the shares its region
 // enforces after each raise, and a node starting restores them when they are
-// at most PartitionIntervals epochs old: the other regions hold a silent
-// region's last shares that long, so until its first rebalance a restarted
-// region enforces the shares the others still reserve for it instead of 1/n.
-// Without a Store a restarted region starts from 1/n and converges in a few
+// at most PartitionIntervals epochs old (see package coordinator). Without a
+// Store a restarted region starts from 1/n and converges in a few
 // intervals.
 package globalshare
 
@@ -49,6 +25,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
@@ -115,26 +92,27 @@ type Config struct {
 	// the simulator's rate time constant). Borrowing is off when
 	// Share.BorrowEvery is zero.
 	BorrowTick time.Duration
-	// Bucket is CoreConfig.Bucket: whether loans of a policy hand over
+	// Bucket is coordinator.CoreConfig.Bucket: whether loans of a policy hand over
 	// tokens as well as rate. Nil: rate only.
 	Bucket func(policy string) bool
 	// Spend and Deposit, if both are set, carry out the core's token spends
-	// and deposits and turn token pooling on (CoreConfig.PoolTokens).
-	// Spend carries out a Ready.Spends entry (see Spend): it
-	// reads this region's bucket of sp.Key at the scale the region
-	// enforces, takes sp.Take(remaining) units out of it with a check of
-	// that cost, and returns the units taken, 0 when it took none. It must
+	// and deposits and turn token pooling on (coordinator.CoreConfig.PoolTokens).
+	// Spend carries out a coordinator.Ready.Spends entry, usually with
+	// Spend.Do over the region's buckets: it reads this region's bucket of
+	// sp.Key at the scale the region enforces, takes sp.Take(remaining)
+	// units out of it with a check of that cost, and returns the units
+	// taken, 0 when it took none. It must
 	// take nothing when the store cannot decide (a degraded admission
 	// would hand over tokens no bucket gave up). The coordinator calls it
 	// from its send goroutine, never from Run's, and sends the filled loan
 	// only when it returns more than 0 without error.
 	Spend func(ctx context.Context, sp Spend) (int64, error)
-	// Deposit carries out a Ready.Deposits entry (see Deposit): it puts
+	// Deposit carries out a coordinator.Ready.Deposits entry (Deposit.Do): it puts
 	// dp.Units into this region's bucket of dp.Key at the scale the region
 	// enforces, up to the bucket's capacity, and must put nothing when the
 	// store cannot decide. Called from the send goroutine, like Spend.
 	Deposit func(ctx context.Context, dp Deposit) error
-	// Silence is CoreConfig.Silence (default Share.Interval/10).
+	// Silence is coordinator.CoreConfig.Silence (default Share.Interval/10).
 	Silence time.Duration
 	// Clock drives the timers; nil means real time.
 	Clock      Clock
@@ -149,33 +127,19 @@ type Store interface {
 	SaveShares(ctx context.Context, s Saved) error
 }
 
-// Saved is a region's shares as persisted: the epoch they were computed
-// for and this region's fraction of L_global per coordinated key.
-type Saved struct {
-	Region string       `json:"region"`
-	Epoch  uint64       `json:"epoch"`
-	Shares []SavedShare `json:"shares"`
-}
-
-// SavedShare is one key's share in Saved.
-type SavedShare struct {
-	share.Key
-	Share float64 `json:"share"`
-}
-
 // Coordinator runs the per-interval exchange for one daemon: the adapter
 // between Core and real time, gossip and the Store.
 type Coordinator struct {
 	cfg   Config
 	clock Clock
 	log   *slog.Logger
-	m     *metrics
+	m     *coordinator.Metrics
 
 	mu   sync.Mutex // guards core
-	core *Core
+	core *coordinator.Core
 
-	view atomic.Pointer[view]                    // core.view, for Share
-	seen atomic.Pointer[map[share.Key]quotaSeen] // core.seen, for QuotaOthers
+	view atomic.Pointer[coordinator.View]   // the core's shares, for Share
+	seen atomic.Pointer[coordinator.Others] // the core's quota spend, for QuotaOthers
 
 	// Messages received, filed by receive for Run's goroutine, which wake
 	// tells to look.
@@ -189,18 +153,6 @@ type Coordinator struct {
 	reqSent, loansSent, reqIn, loansIn atomic.Int64
 	spends, spendsSent, spendsDone     atomic.Int64
 	deposits, depositsDone             atomic.Int64
-}
-
-type regionShares struct {
-	regions []string
-	shares  []float64
-}
-
-type reportInfo struct {
-	At    time.Time
-	Epoch uint64
-	Bytes int
-	Keys  int
 }
 
 // outboxSize bounds the borrow messages waiting to be sent; a full outbox
@@ -232,17 +184,17 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	m := newMetrics(cfg.Registerer)
+	m := coordinator.NewMetrics(cfg.Registerer)
 	// The contact times of Members come from the gossip node's pings; the
 	// hold is built from how stale they may be.
 	var lag time.Duration
 	if p, ok := cfg.Gossip.(interface{ ContactLag() time.Duration }); ok {
 		lag = p.ContactLag()
 	}
-	core, err := newCore(CoreConfig{Share: cfg.Share, Region: cfg.Gossip.Region(), Node: cfg.Gossip.Name(),
+	core, err := coordinator.NewCore(coordinator.CoreConfig{Share: cfg.Share, Region: cfg.Gossip.Region(), Node: cfg.Gossip.Name(),
 		Limit: cfg.Limit, Quota: cfg.Quota, NodeLocalStore: cfg.NodeLocalStore,
 		Collect: cfg.Collect, BorrowTick: cfg.BorrowTick, Bucket: cfg.Bucket,
-		Silence: cfg.Silence, ContactLag: lag, PoolTokens: cfg.Spend != nil && cfg.Deposit != nil}, cfg.Gossip.Members(), m)
+		Silence: cfg.Silence, ContactLag: lag, PoolTokens: cfg.Spend != nil && cfg.Deposit != nil, Metrics: m}, cfg.Gossip.Members())
 	if err != nil {
 		return nil, err
 	}
@@ -255,8 +207,9 @@ func New(cfg Config) (*Coordinator, error) {
 		wake:  make(chan struct{}, 1),
 		out:   make(chan outMsg, outboxSize),
 	}
-	c.view.Store(core.view)
-	c.seen.Store(core.seen)
+	v, o := core.Published()
+	c.view.Store(v)
+	c.seen.Store(o)
 	cfg.Gossip.OnMessage(c.receive)
 	return c, nil
 }
@@ -265,13 +218,13 @@ func New(cfg Config) (*Coordinator, error) {
 // global policy and subject, loans included, in [share.MinShare, 1]: the
 // engine's scale factor. Lock-free.
 func (c *Coordinator) Share(policy, subject string) float64 {
-	return c.view.Load().share(policy, subject)
+	return c.view.Load().Share(policy, subject)
 }
 
 // Table returns the allocator's current table (immutable). On a node other
 // than its region's acting node, Share also subtracts what the acting node
 // lent this generation, which the table does not know.
-func (c *Coordinator) Table() *share.Table { return c.view.Load().t }
+func (c *Coordinator) Table() *share.Table { return c.view.Load().Table() }
 
 // RegionShares returns every region's share of a coordinated key as this
 // region computed them at the last rebalance, or nil if the key is not
@@ -289,7 +242,7 @@ func (c *Coordinator) RegionShares(policy, subject string) map[string]float64 {
 // while its engine count plus this plus the cost stay within the limit.
 // Lock-free.
 func (c *Coordinator) QuotaOthers(policy, subject string, w int64) uint64 {
-	return quotaOthers(c.seen.Load(), policy, subject, w)
+	return c.seen.Load().Units(policy, subject, w)
 }
 
 // QuotaCounter returns this node's view of a global quota's G-counter (a
@@ -323,32 +276,6 @@ func (c *Coordinator) raised() uint64 {
 	return c.core.Raised()
 }
 
-// RegionInfo describes one region for GET /v1/regions.
-type RegionInfo struct {
-	Region string   `json:"region"`
-	Nodes  []string `json:"nodes"` // live nodes
-	Live   bool     `json:"live"`
-	// LastReport is when this node last received (or, for its own region,
-	// built) the region's report; zero if never.
-	LastReport      time.Time `json:"last_report,omitzero"`
-	LastReportEpoch uint64    `json:"last_report_epoch,omitempty"`
-	LastReportBytes int       `json:"last_report_bytes,omitempty"`
-	LastReportKeys  int       `json:"last_report_keys"`
-}
-
-// Status is the coordinator's view for GET /v1/regions.
-type Status struct {
-	Region   string        `json:"region"`
-	Node     string        `json:"node"`
-	Interval time.Duration `json:"interval"`
-	Epoch    uint64        `json:"epoch"` // last rebalanced epoch
-	Isolated bool          `json:"isolated"`
-	// CoordinatedKeys is the number of keys with negotiated shares.
-	CoordinatedKeys int          `json:"coordinated_keys"`
-	DefaultShare    float64      `json:"default_share"`
-	Regions         []RegionInfo `json:"regions"`
-}
-
 // Status returns the regions, their nodes and their last reports.
 func (c *Coordinator) Status() Status {
 	live := c.cfg.Gossip.Regions()
@@ -362,7 +289,7 @@ func (c *Coordinator) receive(m gossip.Message) {
 	switch m.Kind {
 	case gossip.KindReport, gossip.KindNodeUsage, gossip.KindLoan:
 	case gossip.KindBorrow:
-		if m.Region == c.core.self {
+		if m.Region == c.core.Region() {
 			return
 		}
 	default:
@@ -375,7 +302,7 @@ func (c *Coordinator) receive(m gossip.Message) {
 	}
 	c.inMu.Unlock()
 	if full {
-		c.m.dropped.WithLabelValues("queue_full").Inc()
+		c.m.Dropped.WithLabelValues("queue_full").Inc()
 		return
 	}
 	select {
@@ -445,10 +372,10 @@ func (c *Coordinator) tick(ctx context.Context) {
 		usage = c.cfg.Usage() // drained only when the core uses it, outside the lock
 	}
 	c.mu.Lock()
-	dead := c.core.dead
+	dead := c.core.Dead()
 	rd := c.core.Tick(now, usage, members)
-	if !slices.Equal(dead, c.core.dead) {
-		c.log.Info("globalshare: membership declared regions dead", "dead", c.core.dead, "isolated", c.core.alloc.Isolated())
+	if !slices.Equal(dead, c.core.Dead()) {
+		c.log.Info("globalshare: membership declared regions dead", "dead", c.core.Dead(), "isolated", c.core.Isolated())
 	}
 	c.publishLocked()
 	c.mu.Unlock()
@@ -481,7 +408,7 @@ func (c *Coordinator) mail(ctx context.Context) {
 			c.loansIn.Add(1)
 		}
 		if rd.Dropped != "" {
-			c.m.dropped.WithLabelValues(rd.Dropped).Inc()
+			c.m.Dropped.WithLabelValues(rd.Dropped).Inc()
 			c.log.Debug("globalshare: message dropped", "kind", m.Kind, "from", m.From, "reason", rd.Dropped)
 		}
 		c.do(ctx, rd)
@@ -491,17 +418,18 @@ func (c *Coordinator) mail(ctx context.Context) {
 // publishLocked hands the core's current shares to the check path.
 // Called with c.mu held.
 func (c *Coordinator) publishLocked() {
-	if v := c.core.view; c.view.Load() != v {
+	v, o := c.core.Published()
+	if c.view.Load() != v {
 		c.view.Store(v)
 	}
-	if s := c.core.seen; c.seen.Load() != s {
-		c.seen.Store(s)
+	if c.seen.Load() != o {
+		c.seen.Store(o)
 	}
 }
 
 // do sends and saves what rd asks, in order: node usage and reports at
 // once, borrow messages through sendLoop.
-func (c *Coordinator) do(ctx context.Context, rd Ready) {
+func (c *Coordinator) do(ctx context.Context, rd coordinator.Ready) {
 	for _, u := range rd.NodeUsage {
 		if err := c.cfg.Gossip.SendNodeUsage(ctx, u); err != nil {
 			c.log.Warn("globalshare: send node usage", "err", err)
@@ -511,7 +439,7 @@ func (c *Coordinator) do(ctx context.Context, rd Ready) {
 		if err := c.cfg.Gossip.BroadcastReport(ctx, r); err != nil {
 			c.log.Warn("globalshare: broadcast report", "epoch", r.Epoch, "keys", len(r.Keys), "err", err)
 		} else {
-			c.m.reportsSent.Inc()
+			c.m.ReportsSent.Inc()
 		}
 	}
 	for _, r := range rd.Borrows {
@@ -550,7 +478,7 @@ func (c *Coordinator) do(ctx context.Context, rd Ready) {
 func (c *Coordinator) load(ctx context.Context) *Saved {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.Share.Interval/4)
 	defer cancel()
-	saved, err := c.cfg.Store.LoadShares(lctx, c.core.self)
+	saved, err := c.cfg.Store.LoadShares(lctx, c.core.Region())
 	if err != nil {
 		c.log.Warn("globalshare: load saved shares", "err", err)
 		return nil
@@ -562,7 +490,7 @@ func (c *Coordinator) enqueue(m outMsg) {
 	select {
 	case c.out <- m:
 	default:
-		c.m.borrow.WithLabelValues("send_dropped").Inc()
+		c.m.Borrow.WithLabelValues("send_dropped").Inc()
 	}
 }
 
@@ -589,7 +517,7 @@ func (c *Coordinator) sendLoop(ctx context.Context) {
 				err = c.cfg.Gossip.SendBorrowRequest(ctx, m.req)
 			}
 			if err != nil && ctx.Err() == nil {
-				c.m.borrow.WithLabelValues("send_failed").Inc()
+				c.m.Borrow.WithLabelValues("send_failed").Inc()
 				c.log.Debug("globalshare: send borrow message", "loan", m.isLoan, "err", err)
 			}
 		}
@@ -607,24 +535,24 @@ func (c *Coordinator) spend(ctx context.Context, sp Spend) {
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			c.m.borrow.WithLabelValues("spend_failed").Inc()
+			c.m.Borrow.WithLabelValues("spend_failed").Inc()
 			c.log.Debug("globalshare: token spend", "policy", sp.Key.Policy, "err", err)
 		}
 		return
 	case n <= 0:
-		c.m.borrow.WithLabelValues("spend_empty").Inc()
+		c.m.Borrow.WithLabelValues("spend_empty").Inc()
 		return
 	}
 	l := sp.Of(n)
 	if err := c.cfg.Gossip.SendLoan(ctx, l); err != nil {
 		if ctx.Err() == nil {
-			c.m.borrow.WithLabelValues("send_failed").Inc()
+			c.m.Borrow.WithLabelValues("send_failed").Inc()
 			c.log.Debug("globalshare: send token loan", "err", err)
 		}
 		return
 	}
 	c.spendsSent.Add(1)
-	c.m.borrow.WithLabelValues("tokens_lent").Inc()
+	c.m.Borrow.WithLabelValues("tokens_lent").Inc()
 }
 
 // depositTokens carries out one deposit on sendLoop's goroutine. One that
@@ -633,57 +561,24 @@ func (c *Coordinator) depositTokens(ctx context.Context, dp Deposit) {
 	defer c.depositsDone.Add(1)
 	if err := c.cfg.Deposit(ctx, dp); err != nil {
 		if ctx.Err() == nil {
-			c.m.borrow.WithLabelValues("deposit_failed").Inc()
+			c.m.Borrow.WithLabelValues("deposit_failed").Inc()
 			c.log.Debug("globalshare: token deposit", "policy", dp.Key.Policy, "err", err)
 		}
 		return
 	}
-	c.m.borrow.WithLabelValues("tokens_deposited").Inc()
+	c.m.Borrow.WithLabelValues("tokens_deposited").Inc()
 }
 
 var _ Gossip = (*gossip.Node)(nil)
 
-type metrics struct {
-	rebalances     prometheus.Counter
-	reportsSent    prometheus.Counter
-	reportsMissing prometheus.Counter
-	reportKeys     prometheus.Gauge
-	coordKeys      prometheus.Gauge
-	regions        prometheus.Gauge
-	isolated       prometheus.Gauge
-	borrow         *prometheus.CounterVec
-	dropped        *prometheus.CounterVec
-}
-
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		rebalances: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_globalshare_rebalances_total",
-			Help: "Epochs rebalanced."}),
-		reportsSent: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_globalshare_reports_sent_total",
-			Help: "Regional reports broadcast by this node (the region's publisher)."}),
-		reportsMissing: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_globalshare_reports_missing_total",
-			Help: "Other regions' reports not received by the settle deadline, summed over epochs."}),
-		reportKeys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_report_keys",
-			Help: "Keys in this region's last report."}),
-		coordKeys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_coordinated_keys",
-			Help: "Keys with negotiated shares."}),
-		regions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_regions",
-			Help: "Regions known to the allocation (failed ones included until reclaimed)."}),
-		isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_isolated",
-			Help: "1 while this region cannot reach a majority and runs at the safe share."}),
-		borrow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_borrow_total",
-			Help: "Borrowing events on this node: requested (a borrow request sent), lent (a loan sent, own share cut), " +
-				"accepted (a loan applied), mirrored (another node of this region lent: cut applied here), " +
-				"tokens_requested (a token request sent), tokens_offered (a token loan handed to the owner to fill), " +
-				"tokens_lent (its tokens taken out of the bucket and the loan sent), spend_empty (the bucket had none to spare), " +
-				"spend_failed (the engine could not take them), tokens_accepted (a token loan received, to deposit), " +
-				"tokens_deposited, deposit_failed, send_dropped (outbox full), send_failed."}, []string{"event"}),
-		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_messages_dropped_total",
-			Help: "Received messages the coordinator did not apply: unknown_region, epoch (future or too old), " +
-				"number (NaN, infinite, negative or above the whole limit), malformed, queue_full."}, []string{"reason"}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.rebalances, m.reportsSent, m.reportsMissing, m.reportKeys, m.coordKeys, m.regions, m.isolated, m.borrow, m.dropped)
-	}
-	return m
-}
+// The core's values that the Coordinator's API hands out.
+type (
+	Saved      = coordinator.Saved
+	SavedShare = coordinator.SavedShare
+	Status     = coordinator.Status
+	RegionInfo = coordinator.RegionInfo
+	QuotaView  = coordinator.QuotaView
+	QuotaStat  = coordinator.QuotaStat
+	Spend      = coordinator.Spend
+	Deposit    = coordinator.Deposit
+)

@@ -334,15 +334,15 @@ func TestSharesFollowTraffic(t *testing.T) {
 func hasNodeUse(c *Coordinator, e uint64, node string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.core.nodeUse[e][node]
-	return ok
+	_, nodes := c.core.Filed(e)
+	return slices.Contains(nodes, node)
 }
 
 func hasReport(c *Coordinator, e uint64, region string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.core.reports[e][region]
-	return ok
+	reports, _ := c.core.Filed(e)
+	return slices.Contains(reports, region)
 }
 
 type memStore struct {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
@@ -75,7 +76,7 @@ func TestCoordinatorCarriesOutSpends(t *testing.T) {
 				func(context.Context, Deposit) error { return nil })
 
 			// The borrower is a core of its own, asking as eu would.
-			eu, err := NewCore(CoreConfig{Share: sc, Region: "eu", Node: "eu-1", PoolTokens: true,
+			eu, err := coordinator.NewCore(coordinator.CoreConfig{Share: sc, Region: "eu", Node: "eu-1", PoolTokens: true,
 				Limit: func(p string) (float64, bool) { return slow, p == policy }, Bucket: func(p string) bool { return p == policy }}, members)
 			if err != nil {
 				t.Fatal(err)
@@ -143,11 +144,9 @@ func TestCoordinatorCarriesOutDeposits(t *testing.T) {
 	waitFor(t, 5*time.Second, "the core started", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.core.alloc == nil {
-			return false
-		}
-		gen = c.core.alloc.Generation()
-		return true
+		var ok bool
+		gen, ok = c.core.Generation()
+		return ok
 	})
 	key := share.Key{Policy: policy, Subject: "k"}
 	loan := func(lender string, epoch uint64, seq uint64) gossip.Message {
@@ -184,7 +183,7 @@ func TestCoordinatorCarriesOutDeposits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if off.core.cfg.PoolTokens {
+	if off.core.Config().PoolTokens {
 		t.Error("a coordinator without Spend and Deposit pools tokens")
 	}
 }

@@ -1,13 +1,16 @@
-package globalshare
+package coordinator
 
 import (
+	"context"
+	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -19,8 +22,8 @@ import (
 func TestCoreTokenPooling(t *testing.T) {
 	sc := share.DefaultConfig()
 	const slow = 20.0 // units/s: below BorrowMinRate
-	members := []gossip.Member{{Node: "eu-1", Region: "eu", State: gossip.StateAlive},
-		{Node: "us-1", Region: "us", State: gossip.StateAlive}, {Node: "us-2", Region: "us", State: gossip.StateAlive}}
+	members := []msg.Member{{Node: "eu-1", Region: "eu", State: msg.StateAlive},
+		{Node: "us-1", Region: "us", State: msg.StateAlive}, {Node: "us-2", Region: "us", State: msg.StateAlive}}
 	now := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
 	newCore := func(node, region string, pool bool) *Core {
 		c, err := NewCore(CoreConfig{Share: sc, Region: region, Node: node, PoolTokens: pool,
@@ -60,7 +63,7 @@ func TestCoreTokenPooling(t *testing.T) {
 
 	// us answers with a Spend, not a loan, and keeps its share.
 	before := us.Share(policy, "k")
-	rd := us.Step(now, gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req})
+	rd := us.Step(now, msg.Message{Kind: msg.KindBorrow, From: "eu-1", Region: "eu", Borrow: req})
 	if len(rd.Loans) != 0 || len(rd.Spends) != 1 {
 		t.Fatalf("token request answered with %d loans and %d spends, want 0 and 1", len(rd.Loans), len(rd.Spends))
 	}
@@ -82,8 +85,8 @@ func TestCoreTokenPooling(t *testing.T) {
 	// eu's acting node deposits the 5 units into its bucket; its share
 	// does not move.
 	l := sp.Of(5)
-	msg := gossip.Message{Kind: gossip.KindLoan, From: "us-1", Region: "us", Loan: l}
-	rd = eu.Step(now, msg)
+	loanMsg := msg.Message{Kind: msg.KindLoan, From: "us-1", Region: "us", Loan: l}
+	rd = eu.Step(now, loanMsg)
 	if rd.Dropped != "" {
 		t.Fatalf("token loan dropped: %s", rd.Dropped)
 	}
@@ -93,11 +96,11 @@ func TestCoreTokenPooling(t *testing.T) {
 	if got := eu.Share(policy, "k"); got != 0.5 {
 		t.Errorf("borrower's share after a token loan = %v, want 0.5", got)
 	}
-	if rd := eu.Step(now, msg); len(rd.Deposits) != 0 {
+	if rd := eu.Step(now, loanMsg); len(rd.Deposits) != 0 {
 		t.Errorf("a duplicate token loan was deposited: %+v", rd.Deposits)
 	}
 	// us's other node mirrors no cut: a token loan moves no share.
-	if us2.Step(now, msg); us2.Share(policy, "k") != 0.5 {
+	if us2.Step(now, loanMsg); us2.Share(policy, "k") != 0.5 {
 		t.Errorf("lender's other node after a token loan: share %v, want 0.5", us2.Share(policy, "k"))
 	}
 
@@ -110,10 +113,82 @@ func TestCoreTokenPooling(t *testing.T) {
 		}
 	}
 	off2 := newCore("us-1", "us", false)
-	if rd := off2.Step(now, gossip.Message{Kind: gossip.KindBorrow, From: "eu-1", Region: "eu", Borrow: req}); len(rd.Spends) != 0 {
+	if rd := off2.Step(now, msg.Message{Kind: msg.KindBorrow, From: "eu-1", Region: "eu", Borrow: req}); len(rd.Spends) != 0 {
 		t.Errorf("a core without PoolTokens answered with %d spends", len(rd.Spends))
 	}
-	if rd := off.Step(now, msg); len(rd.Deposits) != 0 {
+	if rd := off.Step(now, loanMsg); len(rd.Deposits) != 0 {
 		t.Errorf("a core without PoolTokens deposited %+v", rd.Deposits)
+	}
+}
+
+// fakeBucket is a TokenBucket holding level units, recording what it is
+// asked.
+type fakeBucket struct {
+	level    int64
+	ok       bool  // Level's ok
+	allow    bool  // Take's answer
+	err      error // returned by every call
+	took     []int64
+	deposits []int64
+}
+
+func (b *fakeBucket) Level(context.Context, share.Key) (int64, bool, error) {
+	return b.level, b.ok, b.err
+}
+
+func (b *fakeBucket) Take(_ context.Context, _ share.Key, units int64) (bool, error) {
+	b.took = append(b.took, units)
+	return b.allow, b.err
+}
+
+func (b *fakeBucket) Put(_ context.Context, _ share.Key, units int64) error {
+	b.deposits = append(b.deposits, units)
+	return b.err
+}
+
+// TestSpendDo: a spend reads the bucket, takes Spend.Take of its level in
+// one check, and hands over only what the store itself allowed; a bucket
+// that cannot be read or a store that fails takes and hands over nothing.
+func TestSpendDo(t *testing.T) {
+	sp := Spend{Key: share.Key{Policy: policy, Subject: "k"}, Max: 5, Keep: 2, Part: 0.5, Limit: 20}
+	fail := errors.New("store down")
+	for _, tt := range []struct {
+		name    string
+		b       fakeBucket
+		want    int64
+		took    []int64
+		wantErr bool
+	}{
+		{"takes part of the level above Keep", fakeBucket{level: 10, ok: true, allow: true}, 4, []int64{4}, false},
+		{"at most Max", fakeBucket{level: 100, ok: true, allow: true}, 5, []int64{5}, false},
+		{"too little to take", fakeBucket{level: 3, ok: true, allow: true}, 0, nil, false},
+		{"no bucket to read", fakeBucket{level: 10, ok: false, allow: true}, 0, nil, false},
+		{"the take rejected", fakeBucket{level: 10, ok: true, allow: false}, 0, []int64{4}, false},
+		{"the store failed", fakeBucket{level: 10, ok: true, allow: true, err: fail}, 0, nil, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := tt.b
+			got, err := sp.Do(context.Background(), &b)
+			if got != tt.want || (err != nil) != tt.wantErr || !reflect.DeepEqual(b.took, tt.took) {
+				t.Errorf("Spend.Do = %d, %v (took %v), want %d, error %v (took %v)", got, err, b.took, tt.want, tt.wantErr, tt.took)
+			}
+		})
+	}
+}
+
+// TestDepositDo: a deposit puts its units into the bucket once, puts
+// nothing for no units, and reports a store that could not take them.
+func TestDepositDo(t *testing.T) {
+	key := share.Key{Policy: policy, Subject: "k"}
+	var b fakeBucket
+	if err := (Deposit{Key: key, Units: 3}).Do(context.Background(), &b); err != nil || !reflect.DeepEqual(b.deposits, []int64{3}) {
+		t.Errorf("Deposit.Do = %v, deposits %v; want nil, [3]", err, b.deposits)
+	}
+	if err := (Deposit{Key: key}).Do(context.Background(), &b); err != nil || len(b.deposits) != 1 {
+		t.Errorf("Deposit.Do of 0 units = %v, deposits %v; want nil and nothing put", err, b.deposits)
+	}
+	b.err = errors.New("store down")
+	if err := (Deposit{Key: key, Units: 2}).Do(context.Background(), &b); err == nil {
+		t.Error("Deposit.Do on a failing store = nil, want an error")
 	}
 }

@@ -1,4 +1,4 @@
-package globalshare
+package coordinator
 
 import (
 	"cmp"
@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -19,7 +19,7 @@ import (
 //   - every drain, the node adds the units the engine admitted to its own
 //     component of a per-node counter of its region;
 //   - at the epoch boundary it sends that (cumulative) component to the
-//     region's other nodes in gossip.NodeUsage.Quotas;
+//     region's other nodes in msg.NodeUsage.Quotas;
 //   - at boundary + Collect the region's component is the sum of its nodes'
 //     components, and the publisher's report carries the region's counters
 //     (share.Report.Quotas) of the keys whose count grew in the last
@@ -62,11 +62,17 @@ func (q *quotaState) init() {
 // last known counts of the region's other daemons. The check path admits
 // while its engine count plus this plus the cost stay within the limit.
 func (c *Core) QuotaOthers(policy, subject string, w int64) uint64 {
-	return quotaOthers(c.seen, policy, subject, w)
+	return c.seen.Units(policy, subject, w)
 }
 
-func quotaOthers(seen *map[share.Key]quotaSeen, policy, subject string, w int64) uint64 {
-	s, ok := (*seen)[share.Key{Policy: policy, Subject: subject}]
+// Others is what QuotaOthers reads: per global quota, the units the
+// others spent in its current window. Immutable once published; an owner
+// may hand it to other goroutines (Core.Published).
+type Others map[share.Key]quotaSeen
+
+// Units is Core.QuotaOthers on o.
+func (o *Others) Units(policy, subject string, w int64) uint64 {
+	s, ok := (*o)[share.Key{Policy: policy, Subject: subject}]
 	if !ok || s.window != w {
 		return 0
 	}
@@ -144,7 +150,7 @@ func (c *Core) nodeQuotas(epoch uint64) []share.QuotaCounter {
 }
 
 // mergeNodeQuotas files another node's components (from its NodeUsage).
-func (c *Core) mergeNodeQuotas(u gossip.NodeUsage) {
+func (c *Core) mergeNodeQuotas(u msg.NodeUsage) {
 	if len(u.Quotas) == 0 || u.Node == c.node {
 		return
 	}
@@ -252,7 +258,8 @@ func (c *Core) publishQuotas() {
 			}
 		}
 	}
-	c.seen = &seen
+	others := Others(seen)
+	c.seen = &others
 }
 
 // others is what the check path sees of key k: the newest window

@@ -1,4 +1,4 @@
-package globalshare
+package coordinator
 
 import (
 	"maps"
@@ -10,7 +10,7 @@ import (
 	"github.com/sluice-rl/sluice/share"
 )
 
-// Borrowing between rebalances (share-algorithms.md §3 step 6), driven
+// Borrowing between rebalances, driven
 // exactly as the simulator drives it, with the same share functions:
 //
 //   - Every BorrowTick (250 ms) the core takes the engine usage its owner
@@ -63,35 +63,6 @@ import (
 // share plus loans can exceed 1 (several lenders answering one request),
 // and the engine rejects a Scale above 1.
 
-// view is what Share reads: the allocator's table (its own loans included),
-// the cuts another node of this region lent this generation, and the caps
-// that keep those cuts in force after a rebalance until the raise.
-// Immutable once published.
-type view struct {
-	t    *share.Table
-	cut  map[share.Key]float64 // fraction of L_global lent by another node of this region
-	caps map[share.Key]float64 // upper bounds until the raise after a rebalance
-}
-
-// share is the engine's scale for a key: in [share.MinShare, 1] whatever
-// the table, cuts and caps hold.
-func (v *view) share(policy, subject string) float64 {
-	if v.cut == nil && v.caps == nil {
-		return v.t.Share(policy, subject)
-	}
-	// Subtract another node's loans from the sum before clamping: a
-	// share plus loans above 1 less a mirrored cut is the region's share.
-	s := v.t.Unclamped(policy, subject)
-	k := share.Key{Policy: policy, Subject: subject}
-	if d, ok := v.cut[k]; ok {
-		s -= d
-	}
-	if c, ok := v.caps[k]; ok {
-		s = min(s, c)
-	}
-	return share.Scale(s)
-}
-
 type mirrorID struct {
 	node string
 	seq  uint64
@@ -132,66 +103,7 @@ func (b *borrowState) init(now time.Time) {
 	b.mirrored = map[mirrorID]bool{}
 }
 
-func addUsage(dst map[engine.UsageKey]engine.Usage, src map[engine.UsageKey]engine.Usage) {
-	for k, u := range src {
-		d := dst[k]
-		d.Demand += u.Demand
-		d.Admitted += u.Admitted
-		if !u.At.Before(d.At) {
-			d.Remaining, d.At = u.Remaining, u.At
-		}
-		dst[k] = d
-	}
-}
-
 func (c *Core) borrowing() bool { return c.cfg.Share.BorrowEvery > 0 }
-
-// drain is the report's drain: everything Tick was given since the last one.
-func (c *Core) drain() map[engine.UsageKey]engine.Usage {
-	out := c.b.acc
-	c.b.acc = map[engine.UsageKey]engine.Usage{}
-	return out
-}
-
-// publish makes the current shares the ones Share returns.
-func (c *Core) publish(now time.Time) {
-	if !c.balanced {
-		c.publishStart(now)
-		return
-	}
-	v := &view{t: c.alloc.Table(now)}
-	if len(c.b.cut) > 0 {
-		v.cut = maps.Clone(c.b.cut)
-	}
-	if c.b.caps != nil {
-		if now.Before(c.b.capsUntil) {
-			v.caps = c.b.caps
-		} else {
-			c.b.caps = nil
-		}
-	}
-	c.view = v
-}
-
-// publishStart is publish before the first rebalance: every key at 1/n of
-// the live regions (or its restored share), with the loans of the start
-// generation and another node's mirrored cuts on top.
-func (c *Core) publishStart(now time.Time) {
-	v := &view{t: share.NewTable(c.defaultShare(), c.restored)}
-	if c.alloc != nil {
-		ov := c.alloc.Overlay(now)
-		if len(ov) > 0 || len(c.b.cut) > 0 {
-			v.cut = maps.Clone(c.b.cut)
-			if v.cut == nil {
-				v.cut = map[share.Key]float64{}
-			}
-			for k, d := range ov {
-				v.cut[k] -= d // a cut is subtracted; a loan adds
-			}
-		}
-	}
-	c.view = v
-}
 
 // startGen reports whether this region may borrow and lend before its
 // first rebalance, in the start generation (share.NewAllocator): only while
@@ -230,7 +142,7 @@ func (c *Core) expireCuts(now time.Time) {
 		old := c.view
 		caps := make(map[share.Key]float64, len(c.b.cut))
 		for k := range c.b.cut {
-			caps[k] = old.share(k.Policy, k.Subject)
+			caps[k] = old.Share(k.Policy, k.Subject)
 		}
 		c.b.caps, c.b.capsUntil = caps, now.Add(c.cfg.Share.RaiseDelay)
 	}
@@ -370,7 +282,7 @@ func (c *Core) borrow(now time.Time, k share.Key, rate, tokens float64) {
 		last, rejected := c.b.rejected[k]
 		onset := ok && now.Sub(on) <= c.cfg.Share.BorrowEvery || !rejected || now.Sub(last) > c.quiet()
 		req.Burst = onset && c.bucket(k.Policy)
-		c.m.borrow.WithLabelValues("requested").Inc()
+		c.m.Borrow.WithLabelValues("requested").Inc()
 		c.rd.Borrows = append(c.rd.Borrows, req)
 	}
 }
@@ -467,7 +379,7 @@ func (c *Core) loan(now time.Time, from string, l share.Loan) {
 		c.tokenLoan(now, l)
 	case l.Borrower == c.self:
 		if c.alloc.Accept(now, l) {
-			c.m.borrow.WithLabelValues("accepted").Inc()
+			c.m.Borrow.WithLabelValues("accepted").Inc()
 			c.publish(now)
 		}
 	case l.Lender == c.self && l.Version < share.TokenVersion: // a token loan cuts no share
@@ -477,13 +389,13 @@ func (c *Core) loan(now time.Time, from string, l share.Loan) {
 		}
 		c.b.mirrored[id] = true
 		c.b.cut[l.Key] += l.Amount
-		c.m.borrow.WithLabelValues("mirrored").Inc()
+		c.m.Borrow.WithLabelValues("mirrored").Inc()
 		c.publish(now)
 	}
 }
 
 func (c *Core) lent(l share.Loan) {
-	c.m.borrow.WithLabelValues("lent").Inc()
+	c.m.Borrow.WithLabelValues("lent").Inc()
 	c.rd.Loans = append(c.rd.Loans, l)
 }
 
@@ -495,192 +407,3 @@ func (c *Core) bucket(policy string) bool { return c.cfg.Bucket != nil && c.cfg.
 // mark the onset of a shortage (BorrowRequest.Burst), and for this
 // region's bucket estimate to be trusted as a lender's (Use.Tokens).
 func (c *Core) quiet() time.Duration { return 2 * c.cfg.Share.BorrowEvery }
-
-// Token pooling (share/tokens.go) for keys whose L_global is below
-// BorrowMinRate, on the acting node, when the owner carries out Spends and
-// Deposits (CoreConfig.PoolTokens).
-//
-// One central bucket wastes refill only when the whole pool is full; the
-// buckets of n regions waste it whenever any one of them is full, while
-// another may be rejecting. Pooling keeps the regions' buckets about
-// equally full, as fractions of their capacities: a region whose bucket
-// estimate falls below tokenAskBelow of its capacity (or that rejected)
-// asks every other region; each answers with what makes its own bucket
-// and the borrower's equally full, were it the only lender (Spend.Part),
-// which its owner reads from its real bucket; and the borrower deposits
-// what it receives into its bucket, up to its capacity.
-const (
-	// tokenAskBelow is the part of its bucket's capacity (one second of
-	// its refill) below which a region asks for tokens: a region that sees
-	// a few arrivals per second then has over half a second before it
-	// rejects, a few deliveries. Asking higher up sends a request after
-	// nearly every arrival of a small bucket (0.8 sent four times the
-	// bytes in zipf-keys) for tokens that mostly do not fit.
-	tokenAskBelow = 0.65
-)
-
-// Spend is a token loan waiting for its tokens: the owner takes them out
-// of this region's bucket for Key and then sends the loan. It reads the
-// bucket (an engine check of cost 0 at the scale it enforces for the key),
-// takes n = Take(remaining) units with a check of cost n at that scale,
-// and, if n > 0 and that check is allowed, sends Of(n) as it sends Loans.
-// If it takes nothing it sends nothing: the request goes unanswered, which
-// only leaves the borrower short.
-type Spend struct {
-	Key share.Key
-	// Max is the most to take (units): what the borrower asked for, at
-	// most one second of L_global (the most a loan can carry).
-	Max float64
-	// Keep is what the bucket keeps for this region's own traffic (units):
-	// the level at which it would be as full as the borrower's.
-	Keep float64
-	// Part is the part of what the bucket holds above Keep to hand over,
-	// in (0, 1]: the borrower's capacity over both capacities, which
-	// leaves both buckets equally full.
-	Part float64
-	// Limit is L_global of the key (units/s).
-	Limit float64
-	// Loan is the loan to fill (Of).
-	Loan share.Loan
-}
-
-// Take is how many whole units to take from a bucket holding remaining
-// units: Part of what it holds above Keep, at most Max; 0 if that is less
-// than one.
-func (s Spend) Take(remaining float64) int64 {
-	n := math.Floor(min(s.Max, (remaining-s.Keep)*s.Part))
-	if !(n >= 1) {
-		return 0
-	}
-	return int64(n)
-}
-
-// Of is the loan handing over units taken out of the bucket.
-func (s Spend) Of(units int64) share.Loan { return share.TokenLoanOf(s.Loan, float64(units), s.Limit) }
-
-// Deposit is tokens another region took out of its bucket for Key and
-// handed over: the owner puts Units back into this region's bucket of the
-// key (an engine deposit at the scale it enforces, up to the bucket's
-// capacity; what does not fit is lost, as the refill of a full bucket is).
-// A deposit the owner cannot make is lost too: it only leaves this region
-// short.
-type Deposit struct {
-	Key   share.Key
-	Units int64
-}
-
-// askTokens asks for tokens for every key of the last dt seconds below
-// BorrowMinRate that was rejected here, or whose bucket estimate is below
-// tokenAskBelow of its capacity, as often as the allocator lets it
-// (Allocator.AskTokens).
-func (c *Core) askTokens(now time.Time, dt, nodes float64) {
-	if !c.cfg.PoolTokens {
-		return
-	}
-	var keys []share.Key
-	want := map[share.Key]float64{}
-	for k, u := range c.b.fast {
-		limit, ok := c.cfg.Limit(k.Policy)
-		if !ok || !(limit > 0) || limit >= c.cfg.Share.BorrowMinRate || !c.bucket(k.Policy) {
-			continue
-		}
-		key := share.Key{Policy: k.Policy, Subject: k.Subject}
-		capacity := c.Share(k.Policy, k.Subject) * limit // one second of refill
-		level := 0.0
-		switch {
-		case !u.At.IsZero():
-			// What the engine's last check of the key here left (with a
-			// regional store, in the region's bucket), refilled since:
-			// a fact, where the estimate below drifts by what arrived
-			// since its tick.
-			level = min(float64(u.Remaining)+capacity*max(now.Sub(u.At).Seconds(), 0), capacity)
-			if level >= tokenAskBelow*capacity {
-				continue
-			}
-		case u.Demand <= u.Admitted:
-			tok, seen := c.b.tokens[key]
-			if !seen {
-				tok = capacity
-			}
-			level = min(max(tok+capacity*dt-float64(u.Admitted)*nodes, 0), capacity)
-			if level >= tokenAskBelow*capacity {
-				continue
-			}
-		}
-		keys = append(keys, key)
-		want[key] = max(capacity-level, 1) / limit
-	}
-	slices.SortFunc(keys, compareKeys)
-	for _, k := range keys {
-		limit, _ := c.cfg.Limit(k.Policy)
-		if req, ok := c.alloc.AskTokens(now, k, limit, want[k]); ok {
-			c.m.borrow.WithLabelValues("tokens_requested").Inc()
-			c.rd.Borrows = append(c.rd.Borrows, req)
-		}
-	}
-}
-
-// tokenRequest answers a peer's token request with a Spend that would
-// leave this region's bucket and the borrower's equally full: the
-// borrower's level is its capacity less what it asked for (its room), its
-// capacity its share as this region computed it at the last rebalance.
-// The owner reads the real bucket, so no estimate of this region's level
-// gates the answer.
-func (c *Core) tokenRequest(now time.Time, r share.BorrowRequest, limit float64) {
-	if !c.cfg.PoolTokens || !c.bucket(r.Policy) {
-		return
-	}
-	capacity := c.Share(r.Policy, r.Subject) * limit
-	other := c.regionShare(r.Key, r.Region) * limit
-	if !(capacity > 0) || !(other > 0) {
-		return
-	}
-	l, ok := c.alloc.TokenLoan(now, r, limit)
-	if !ok {
-		return
-	}
-	full := max(0, 1-min(r.Want, 1)*limit/other) // the borrower's level, a fraction of its capacity
-	sp := Spend{Key: r.Key, Max: min(r.Want, 1) * limit, Keep: full * capacity, Part: other / (capacity + other), Limit: limit, Loan: l}
-	if est, seen := c.b.tokens[r.Key]; seen {
-		// What the owner is about to take is gone from the estimate.
-		c.b.tokens[r.Key] = est - float64(sp.Take(est))
-	}
-	c.m.borrow.WithLabelValues("tokens_offered").Inc()
-	c.rd.Spends = append(c.rd.Spends, sp)
-}
-
-// regionShare is region's share of key as this region computed it at the
-// last rebalance, or the default share if the key is not coordinated.
-func (c *Core) regionShare(key share.Key, region string) float64 {
-	if v := c.alloc.Shares(key); v != nil {
-		if i := slices.Index(c.alloc.Regions(), region); i >= 0 && i < len(v) && v[i] > 0 {
-			return v[i]
-		}
-	}
-	return c.defaultShare()
-}
-
-// tokenLoan takes a token loan addressed to this region: applied once, in
-// its generation (Allocator.Accept), and deposited by the owner of the
-// acting node only, which asked for it; the region's other nodes drop it,
-// so the tokens land in one bucket once.
-func (c *Core) tokenLoan(now time.Time, l share.Loan) {
-	if !c.cfg.PoolTokens || !c.isActor() {
-		return
-	}
-	limit, ok := c.cfg.Limit(l.Policy)
-	if !ok || !(limit > 0) || !c.alloc.Accept(now, l) {
-		return
-	}
-	units := int64(math.Round(min(l.Tokens, 1) * limit))
-	if units < 1 {
-		return
-	}
-	c.m.borrow.WithLabelValues("tokens_accepted").Inc()
-	c.rd.Deposits = append(c.rd.Deposits, Deposit{Key: l.Key, Units: units})
-	if est, seen := c.b.tokens[l.Key]; seen {
-		// The bucket holds them once the owner has deposited them, up to
-		// its capacity: the next look must not ask for them again.
-		c.b.tokens[l.Key] = min(est+float64(units), c.Share(l.Policy, l.Subject)*limit)
-	}
-}
