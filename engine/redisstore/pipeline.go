@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/metrics"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,9 +26,9 @@ import (
 // On a single server (or a Sentinel's primary) a batch goes as one script
 // call that decides its checks one after another: Redis then pays its
 // per-call cost (the call's setup, TIME, the script's closures) once per
-// batch, and the daemon writes and reads one command. On a Cluster, where
-// the checks of a batch lie in many slots, it goes as a pipeline of one
-// call per check. Either way each check keeps its own result and its
+// batch, and the daemon writes and reads one command. On a Cluster a batch
+// is one call too, to its lane's primary (execNode), and a check whose
+// slot moved is sent again alone. Each check keeps its own result and its
 // atomicity (a Redis error for one check, such as a key of the wrong type,
 // fails only that check: the script decides each in a protected call) and
 // its own deadline, which starts when its batch is sent: time in the queue
@@ -96,6 +98,11 @@ type lane struct {
 	// deadline (see adapt), and the rest wait in the queue, where waiting
 	// is not failing.
 	size int
+	// stall is the scheduling delay the last batch's deadline watch
+	// measured: the queue's bound is lengthened by as much, since a check
+	// that waited while the daemon could not run waited for the daemon,
+	// not for Redis.
+	stall time.Duration
 }
 
 // Batch size adaptation: a batch that took more than a quarter of its
@@ -178,7 +185,7 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	for n < len(ln.queue) && len(batch) < ln.size {
 		p := ln.queue[n]
 		n++
-		if now.Sub(p.queuedAt) > s.queueWait {
+		if now.Sub(p.queuedAt) > s.queueWait+ln.stall {
 			if p.state.CompareAndSwap(checkQueued, checkDone) {
 				p.done <- answer{err: engine.ErrStoreBusy}
 			}
@@ -197,15 +204,15 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	return batch
 }
 
-// send writes batch to Redis as one pipeline and answers each check. It
-// returns when every check of the batch is answered, by its reply or by its
-// deadline. A client library may overstay the context's deadline (a dial,
-// a handshake with a stalled server); the batch's timer then answers the
-// late checks with engine.ErrDeadline and hands the lane's slot to a new flush, so
-// that one stalled batch does not hold up the queue, and send reports
-// false: its goroutine has no slot left and must stop once the library
-// returns. The late replies are dropped; their spend, if any, is that of a
-// reply lost on the network.
+// send writes batch to Redis and answers each check. It returns when every
+// check of the batch is answered, by its reply or by its deadline (see
+// deadlineWatch). A client library may overstay the context's deadline (a
+// dial, a handshake with a stalled server); the batch's timer then answers
+// the late checks with engine.ErrDeadline and hands the lane's slot to a
+// new flush, so that one stalled batch does not hold up the queue, and send
+// reports false: its goroutine has no slot left and must stop once the
+// library returns. The late replies are dropped; their spend, if any, is
+// that of a reply lost on the network.
 func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	now := time.Now()
 	longest := time.Duration(0)
@@ -215,50 +222,203 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 		longest = max(longest, p.roundTrip)
 		first = min(first, p.roundTrip)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), longest)
+	// The client reads the replies for longer than the deadline: a reply
+	// that arrived while this daemon could not run is still Redis's
+	// answer. The watch decides when a check has failed.
+	w := &deadlineWatch{s: s, ln: ln, batch: batch, slack: max(time.Millisecond, min(first/5, 5*time.Millisecond)),
+		giveUp: now.Add(longest + s.queueWait)}
+	ctx, cancel := context.WithDeadline(context.Background(), w.giveUp)
 	defer cancel()
+	w.mu.Lock()
+	w.arm(now, first)
+	w.mu.Unlock()
+	s.exec(ctx, batch)
+	stall := w.stop()
+	ln.mu.Lock()
+	ln.stall = stall
+	ln.mu.Unlock()
+	ln.adapt(len(batch), time.Since(now)-stall, first, s.maxBatch)
+	return w.handedOver.CompareAndSwap(false, true)
+}
 
-	var handedOver atomic.Bool
-	var expire func()
-	expire = func() {
-		now := time.Now()
-		next := time.Duration(0)
-		for _, p := range batch {
-			if p.state.Load() == checkDone {
-				continue
-			}
-			if left := p.deadline.Sub(now); left > 0 {
-				if next == 0 || left < next {
-					next = left
-				}
-				continue
-			}
+// deadlineWatch answers the checks of a batch that Redis did not answer
+// within their deadlines, and only those: a deadline measures Redis, not
+// this daemon's own scheduling delays. On a machine whose CPU is taken
+// (other processes, or more goroutines than it runs at once), a reply can
+// sit in the socket for milliseconds before the goroutine that reads it
+// runs; that reply is a decision of the store, and deciding the check by
+// the fallback as well would admit it twice. So the watch's timer measures
+// its own lateness: a timer that fires more than slack after it was due
+// shows the daemon did not run for that long, and every check's deadline
+// moves by as much (stall). A check fails only when its deadline, so
+// moved, has passed at two fires in a row that were both on time, slack
+// apart, with no goroutine kept waiting to run longer than slack in
+// between (the runtime's scheduling latencies): the daemon was running for
+// that long, with time for the reading goroutine to take the reply, and
+// none came. A store that does not answer
+// thus fails a check within its deadline plus one to two slacks (a fifth
+// of the deadline, 1 to 5 ms); a daemon starved for the queue's bound
+// (Config.QueueWait) past the longest deadline (giveUp) fails what is
+// left, and the client stops reading then too: a connection is not held
+// longer than that by a server that stopped answering.
+type deadlineWatch struct {
+	s          *Store
+	ln         *lane
+	batch      []*queuedCheck
+	slack      time.Duration
+	giveUp     time.Time
+	handedOver atomic.Bool
+
+	mu      sync.Mutex
+	due     time.Time // when the timer should fire
+	stall   time.Duration
+	confirm bool     // the last fire was on time with a check past its deadline
+	sched   []uint64 // the runtime's scheduling latency counts then
+	timer   *time.Timer
+	stopped bool
+}
+
+// arm sets the timer to fire after d; w.mu is held.
+func (w *deadlineWatch) arm(now time.Time, d time.Duration) {
+	w.due = now.Add(d)
+	w.timer = time.AfterFunc(d, w.expire)
+}
+
+// stop ends the watch once the batch is back and returns the scheduling
+// delay it measured.
+func (w *deadlineWatch) stop() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.timer.Stop()
+	return w.stall
+}
+
+// expire runs when the timer fires: it fails the checks whose time is up
+// and sets the timer for the next.
+func (w *deadlineWatch) expire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	now := time.Now()
+	onTime := now.Sub(w.due) <= w.slack
+	if !onTime {
+		w.stall += now.Sub(w.due)
+	}
+	if w.confirm && onTime && schedLatency(w.sched) > w.slack {
+		// The timer ran on time, but other goroutines waited to run:
+		// the reader may be one of them, or not yet told of its reply.
+		onTime = false
+		w.stall += w.slack
+	}
+	next, past, failed := time.Duration(0), false, false
+	for _, p := range w.batch {
+		if p.state.Load() == checkDone {
+			continue
+		}
+		left := p.deadline.Add(w.stall).Sub(now)
+		switch {
+		case !now.Before(w.giveUp) || (left <= 0 && onTime && w.confirm):
 			p.finish(nil, engine.ErrDeadline)
-		}
-		if handedOver.CompareAndSwap(false, true) {
-			go s.flush(ln)
-		}
-		if next > 0 { // a check with a longer deadline is still out
-			time.AfterFunc(next, expire)
+			failed = true
+		case left <= 0:
+			past = true
+		case next == 0 || left < next:
+			next = left
 		}
 	}
-	timer := time.AfterFunc(first, expire)
-	defer timer.Stop()
+	w.confirm = past && onTime
+	if w.confirm {
+		w.sched = schedCounts(w.sched[:0])
+	}
+	if past && (next == 0 || w.slack < next) {
+		next = w.slack
+	}
+	if failed && w.handedOver.CompareAndSwap(false, true) {
+		go w.s.flush(w.ln)
+	}
+	if next > 0 {
+		w.arm(now, min(next, max(w.giveUp.Sub(now), 0)+time.Microsecond))
+	}
+}
 
-	s.exec(ctx, batch)
-	ln.adapt(len(batch), time.Since(now), first, s.maxBatch)
-	return handedOver.CompareAndSwap(false, true)
+// schedMetric is the runtime's histogram of the time goroutines waited,
+// ready, before they ran.
+const schedMetric = "/sched/latencies:seconds"
+
+// schedCounts appends the runtime's scheduling latency counts to counts.
+func schedCounts(counts []uint64) []uint64 {
+	s := []metrics.Sample{{Name: schedMetric}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return counts
+	}
+	return append(counts, s[0].Value.Float64Histogram().Counts...)
+}
+
+// schedLatency is the longest time a goroutine waited to run since the
+// runtime counted before (schedCounts), to its histogram's bucket: how long
+// this process kept ready goroutines waiting meanwhile.
+func schedLatency(before []uint64) time.Duration {
+	s := []metrics.Sample{{Name: schedMetric}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return 0
+	}
+	h := s[0].Value.Float64Histogram()
+	for i := min(len(h.Counts), len(before)) - 1; i >= 0; i-- {
+		if h.Counts[i] > before[i] {
+			return time.Duration(h.Buckets[i] * float64(time.Second))
+		}
+	}
+	return 0
 }
 
 // exec runs batch as one script call (merged) or as one pipeline of a call
-// per check, then, if Redis has lost the script (restart, failover, SCRIPT
-// FLUSH), sends again with EVAL only the calls it refused: a NOSCRIPT call
-// ran nothing. Each check gets its own reply or error.
+// per check. Each check gets its own reply or error.
 func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
-	if s.merge && len(batch) > 1 {
-		s.execMerged(ctx, batch)
+	switch {
+	case len(batch) < 2:
+	case s.merge:
+		s.execMerged(ctx, s.c, batch)
+		return
+	case s.crossSlot.Load():
+		s.execNode(ctx, batch)
 		return
 	}
+	s.execEach(ctx, batch)
+}
+
+// execNode runs a Cluster batch as one call of clusterScript on the primary
+// that serves its first check, sent to that node's own client, so that
+// go-redis follows no redirection for the call as a whole. The node decides
+// every check whose slot it serves. A check whose slot has moved away (a
+// resharding, a failover the slot map has not caught up with) fails its
+// first GET inside the script, before it writes anything: the node ran
+// nothing of it, so it is sent again alone, routed by go-redis's slot map,
+// which follows MOVED and ASK. A check is thus decided once, by one node:
+// never failed for having moved, never decided twice by the merged call
+// and its retry.
+func (s *Store) execNode(ctx context.Context, batch []*queuedCheck) {
+	node, err := s.c.(masterForKeyer).MasterForKey(ctx, keyString(batch[0].cmd[3]))
+	if err != nil {
+		s.execEach(ctx, batch)
+		return
+	}
+	if again := s.execMerged(ctx, node, batch); len(again) > 0 {
+		if r, ok := s.c.(stateReloader); ok {
+			r.ReloadState(ctx)
+		}
+		s.execEach(ctx, again)
+	}
+}
+
+// execEach runs batch as one pipeline of a call per check, then, if Redis
+// has lost the script (restart, failover, SCRIPT FLUSH), sends again with
+// EVAL only the calls it refused: a NOSCRIPT call ran nothing.
+func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 	pipe := s.c.Pipeline()
 	cmds := make([]*redis.IntSliceCmd, len(batch))
 	for i, p := range batch {
@@ -275,7 +435,7 @@ func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
 			if again == nil {
 				again = s.c.Pipeline()
 			}
-			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd)...)
+			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd, redisScript)...)
 			_ = again.Process(ctx, cmds[i])
 		}
 	}
@@ -300,44 +460,80 @@ func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
 	}
 }
 
-// execMerged runs batch as one script call of all its checks: their keys
-// in order, then now and pad (the same for all), their number, and each
-// check's policy count and values (redis.lua's header). The reply holds
-// each check's integers in turn, or one error in place of a failed
-// check's.
-func (s *Store) execMerged(ctx context.Context, batch []*queuedCheck) {
+// processor is the part of a go-redis client that sends one command.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// execMerged runs batch as one script call of all its checks through c:
+// their keys in order, then now and pad (the same for all), their number,
+// and each check's policy count and values (redis.lua's header); on a
+// Cluster node the keys go after the values instead, undeclared, and the
+// script is clusterScript. The reply holds each check's integers in turn,
+// or one error in place of a failed check's. It answers every check but
+// those the node did not run (Cluster only: their slots are not the
+// node's, or the node refused the script), which it returns.
+func (s *Store) execMerged(ctx context.Context, c processor, batch []*queuedCheck) []*queuedCheck {
 	keys := 0 // a check has a key per policy
 	for _, p := range batch {
 		keys += p.keys
 	}
 	first := batch[0].cmd
 	args := make([]any, 0, 3+keys+3+len(batch)+6*keys)
-	args = append(args, "evalsha", s.sha, strconv.Itoa(keys))
-	for _, p := range batch {
-		args = append(args, p.cmd[3:3+p.keys]...)
+	sha, script := s.sha, redisScript
+	if s.cluster {
+		sha, script = s.clusterSHA, clusterScript
+		args = append(args, "evalsha", sha, "0")
+	} else {
+		args = append(args, "evalsha", sha, strconv.Itoa(keys))
+		for _, p := range batch {
+			args = append(args, p.cmd[3:3+p.keys]...)
+		}
 	}
 	args = append(args, first[3+batch[0].keys], first[4+batch[0].keys], len(batch))
 	for _, p := range batch {
 		args = append(args, p.cmd[6+p.keys:]...)
 	}
-	c := redis.NewSliceCmd(ctx, args...)
-	if err := s.c.Process(ctx, c); isNoScript(err) {
-		c = redis.NewSliceCmd(ctx, evalCommand(args)...)
-		_ = s.c.Process(ctx, c)
+	if s.cluster {
+		for _, p := range batch {
+			args = append(args, p.cmd[3:3+p.keys]...)
+		}
 	}
-	v, err := c.Result()
+	cmd := redis.NewSliceCmd(ctx, args...)
+	if err := c.Process(ctx, cmd); isNoScript(err) {
+		cmd = redis.NewSliceCmd(ctx, evalCommand(args, script)...)
+		_ = c.Process(ctx, cmd)
+	}
+	v, err := cmd.Result()
 	if err != nil {
+		if s.cluster && notRun(err) {
+			if refused(err) {
+				s.crossSlot.Store(false)
+			}
+			return batch
+		}
 		err = callErr(ctx, err)
 		for _, p := range batch {
 			p.finish(nil, err)
 		}
-		return
+		return nil
 	}
+	return s.mergedReplies(v, batch, keys)
+}
+
+// mergedReplies answers each check of batch from v, the merged call's
+// reply, and returns those a Cluster node did not run.
+func (s *Store) mergedReplies(v []any, batch []*queuedCheck, keys int) []*queuedCheck {
+	var again []*queuedCheck
 	ints := make([]int64, 0, 5*keys)
 	for _, p := range batch {
 		if len(v) > 0 {
 			if e, ok := v[0].(redis.Error); ok {
 				v = v[1:]
+				if s.cluster && notLocal(e) {
+					again = append(again, p)
+					continue
+				}
 				p.finish(nil, e)
 				continue
 			}
@@ -364,11 +560,48 @@ func (s *Store) execMerged(ctx context.Context, batch []*queuedCheck) {
 		}
 		p.finish(ints[start:len(ints):len(ints)], nil)
 	}
+	return again
 }
 
-// evalCommand is cmd, an EVALSHA, as the EVAL of the script's text.
-func evalCommand(cmd []any) []any {
-	return append([]any{"eval", redisScript}, cmd[2:]...)
+// notLocal reports a check that a Cluster node refused inside the merged
+// script because it does not serve the check's slot (Redis: "Script
+// attempted to access a non local key"), or a redirection.
+func notLocal(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "non local key") || redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+}
+
+// notRun reports an error reply to a whole call that means Redis ran none
+// of it: a redirection, a slot in migration, or a script it refused.
+func notRun(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+		redis.HasErrorPrefix(err, "TRYAGAIN") || refused(err)
+}
+
+// refused reports a server that will not run clusterScript at all: one
+// older than Redis 7.0, which cannot read its flags line.
+func refused(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "compiling script") || strings.Contains(msg, "shebang") || strings.Contains(msg, "flag")
+}
+
+// keyString is a key of a command as newQueuedCheck built it: a string, or
+// a pointer to one.
+func keyString(v any) string {
+	if k, ok := v.(*string); ok {
+		return *k
+	}
+	k, _ := v.(string)
+	return k
+}
+
+// evalCommand is cmd, an EVALSHA, as the EVAL of script's text.
+func evalCommand(cmd []any, script string) []any {
+	return append([]any{"eval", script}, cmd[2:]...)
 }
 
 // callErr is the error of a script call, told apart as a deadline when the

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,12 @@ import (
 //
 //go:embed redis.lua
 var redisScript string
+
+// clusterScript is redisScript flagged to touch keys of several slots, as
+// the merged call of a batch does on a Cluster node (pipeline.go). Redis
+// requires 7.0 or later for the flag; a server that refuses it gets one
+// call per check instead.
+var clusterScript = "#!lua flags=allow-cross-slot-keys\n" + redisScript
 
 // Scripter is the part of a go-redis client the Redis store uses. Both
 // *redis.Client and *redis.ClusterClient satisfy it; a cluster client
@@ -130,11 +137,15 @@ type Store struct {
 	prefix    string
 	cfgErr    error
 	sha       string
-	// merge writes a batch as one script call of all its checks. Only on
-	// a single server: on a Cluster the checks of a batch lie in many
-	// slots, and one call may touch only one.
-	merge bool
-	lanes sync.Map // shard name -> *lane
+	// merge writes a batch as one script call of all its checks, on a
+	// single server. On a Cluster, while crossSlot holds, a batch goes as
+	// one call of clusterScript to the primary of its lane (pipeline.go);
+	// crossSlot is cleared if a node refuses that script.
+	merge      bool
+	cluster    bool
+	crossSlot  atomic.Bool
+	clusterSHA string
+	lanes      sync.Map // shard name -> *lane
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
 	clock engine.Clock
@@ -149,8 +160,9 @@ type Store struct {
 func New(c Scripter, cfg Config) *Store {
 	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
 		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
-	_, cluster := c.(masterForKeyer)
-	s.merge = !cluster
+	_, s.cluster = c.(masterForKeyer)
+	s.merge = !s.cluster
+	s.crossSlot.Store(s.cluster)
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -168,6 +180,8 @@ func New(c Scripter, cfg Config) *Store {
 	}
 	sum := sha1.Sum([]byte(redisScript))
 	s.sha = hex.EncodeToString(sum[:])
+	sum = sha1.Sum([]byte(clusterScript))
+	s.clusterSHA = hex.EncodeToString(sum[:])
 	return s
 }
 
@@ -191,6 +205,11 @@ func (s *Store) Warm(ctx context.Context) error {
 	}
 	if sha != s.sha {
 		return fmt.Errorf("loading the check script: the server named it %s, want %s", sha, s.sha)
+	}
+	if s.cluster {
+		// A server that refuses the flag is not an error: crossSlot is
+		// cleared at the first batch it refuses.
+		_ = l.ScriptLoad(ctx, clusterScript).Err()
 	}
 	// A zero cost only reads: no state is written. A server's first runs
 	// of the script are several times slower than the rest (measured: 7,

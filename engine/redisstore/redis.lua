@@ -16,8 +16,14 @@
 -- its own, and a check that fails (a key of the wrong type) fails alone.
 --
 -- KEYS      the state of each policy of each check, in order; all keys of
---           one check share its subject's hash tag (a call of several
---           checks is sent only to a single server, never to a Cluster).
+--           one check share its subject's hash tag. A call of several
+--           checks to a Cluster node declares no keys and passes them at
+--           the end of ARGV instead, in the same order: Redis requires a
+--           script's declared keys to share one slot, and the checks of a
+--           batch lie in many slots of one node. That call runs the
+--           script's Cluster variant, whose first line flags it
+--           allow-cross-slot-keys; a key the node does not serve fails
+--           that check's GET, before it writes anything.
 --           Numbers in ARGV are read with `+ 0`: Lua 5.1's tonumber parses
 --           its string twice, and parsing is a good part of the script's
 --           cost.
@@ -55,6 +61,10 @@
 -- check's five integers per policy are replaced by one error reply.
 
 local US = 1000000
+
+-- K holds the keys: KEYS, or, in a call that declares none, the ARGV after
+-- the checks' values (set once m is known, below).
+local K = KEYS
 
 local now
 if ARGV[1] ~= '' then
@@ -167,19 +177,26 @@ local function full_bucket(old_t, a, t, burst)
 end
 
 -- one_bucket decides a check of a single token bucket, the common case,
--- whose key is KEYS[k] and whose 6 values start at ARGV[j].
+-- whose key is K[k] and whose 6 values start at ARGV[j].
 local function one_bucket(k, j)
   local rate, burst, cost = ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 4] + 0
-  local a, t = bucket_state(redis.call('GET', KEYS[k]), 1)
+  local a, t = bucket_state(redis.call('GET', K[k]), 1)
   local ok, limit, remaining, reset, retry, na, _, nt = token_bucket(a, t, rate, burst, cost)
   if (ok == 1 and cost ~= 0) or (ok == 0 and full_bucket(t, na, nt, burst)) then
     local us = bucket_ttl(na, rate, burst, ARGV[j + 5] + 0)
-    redis.call('SET', KEYS[k], bucket_value(1, na, nt), 'PX', math.ceil(us / 1000) + ARGV[2])
+    redis.call('SET', K[k], bucket_value(1, na, nt), 'PX', math.ceil(us / 1000) + ARGV[2])
   end
   return ok, limit, remaining, reset, retry
 end
 
 local m = ARGV[3] + 0
+
+if #KEYS == 0 then
+  K = {}
+  local j = 4
+  for _ = 1, m do j = j + 1 + 6 * ARGV[j] end
+  for i = j, #ARGV do K[#K + 1] = ARGV[i] end
+end
 
 -- A lone check of a single token bucket is decided here, before the
 -- functions that only other algorithms and several policies need are
@@ -406,14 +423,14 @@ local function ttl(alg, a, t, p1, p2, w, f)
   return US
 end
 
--- store writes the new state a, b, t of the policy whose key is KEYS[k]
+-- store writes the new state a, b, t of the policy whose key is K[k]
 -- and whose 6 values start at ARGV[j], with its TTL.
 local function store(k, j, alg, a, b, t, p1, p2, w)
   local us = ttl(alg, a, t, p1, p2, w, ARGV[j + 5] + 0)
-  redis.call('SET', KEYS[k], encode(alg, a, b, t), 'PX', math.ceil(us / 1000) + ARGV[2])
+  redis.call('SET', K[k], encode(alg, a, b, t), 'PX', math.ceil(us / 1000) + ARGV[2])
 end
 
--- subject decides a check of n policies whose keys start at KEYS[k + 1]
+-- subject decides a check of n policies whose keys start at K[k + 1]
 -- and whose values at ARGV[j]: all of them or none. It returns the five
 -- integers of each policy.
 local function subject(k, j, n)
@@ -424,7 +441,7 @@ local function subject(k, j, n)
     local alg = ARGV[v] + 0
     local p1, p2 = ARGV[v + 1] + 0, ARGV[v + 2] + 0
     local w, cost = ARGV[v + 3] + 0, ARGV[v + 4] + 0
-    local a, b, t = load(KEYS[k + i], alg)
+    local a, b, t = load(K[k + i], alg)
     local ok, limit, remaining, reset, retry, na, nb, nt = decide(alg, a, b, t, p1, p2, w, cost)
     if ok == 0 then
       all = false
