@@ -2,22 +2,21 @@ package gossip
 
 import (
 	"context"
-	"io"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluice-rl/sluice/gossip/gossiptest"
 	"github.com/sluice-rl/sluice/share"
 )
 
 // startFaultNode is startNode on a FaultNet: a node of region sending
 // through fn.
-func startFaultNode(t *testing.T, fn *FaultNet, name, region string, join ...string) (*Node, *inbox) {
+func startFaultNode(t *testing.T, fn *gossiptest.FaultNet, name, region string, join ...string) (*Node, *inbox) {
 	t.Helper()
 	n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: keyA, Preset: PresetLocal,
 		Join: join, Registerer: prometheus.NewRegistry(), LeaveTimeout: 500 * time.Millisecond,
-		Logger: testLogger(name), Now: testNow, Faults: fn})
+		Logger: testLogger(name), Now: testNow, Memberlist: fn.Attach(region)})
 	if err != nil {
 		t.Fatalf("New(%s) = %v", name, err)
 	}
@@ -41,7 +40,7 @@ func live(n *Node, name string) bool {
 // delayed one arrives no sooner than its delay.
 func TestFaultNetPartitionLossDelay(t *testing.T) {
 	t.Parallel()
-	fn := NewFaultNet(1)
+	fn := gossiptest.NewFaultNet(1)
 	fn.Detect = 600 * time.Millisecond
 	eu, _ := startFaultNode(t, fn, "eu-1", "eu")
 	us, usIn := startFaultNode(t, fn, "us-1", "us", eu.Addr())
@@ -91,12 +90,12 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 // same region is never pinged.
 func TestContactFollowsReachability(t *testing.T) {
 	t.Parallel()
-	fn := NewFaultNet(2)
+	fn := gossiptest.NewFaultNet(2)
 	fn.Detect = 600 * time.Millisecond
 	start := func(name, region string, join ...string) *Node {
 		n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: keyA, Preset: PresetLocal,
 			Join: join, Registerer: prometheus.NewRegistry(), LeaveTimeout: 500 * time.Millisecond,
-			Logger: testLogger(name), ContactEvery: 20 * time.Millisecond, Faults: fn})
+			Logger: testLogger(name), ContactEvery: 20 * time.Millisecond, Memberlist: fn.Attach(region)})
 		if err != nil {
 			t.Fatalf("New(%s) = %v", name, err)
 		}
@@ -145,23 +144,5 @@ func TestContactFollowsReachability(t *testing.T) {
 	}
 	if got := contact(eu2, "eu-1"); !got.IsZero() {
 		t.Errorf("eu-2's contact with eu-1, of its own region, = %v, want zero (never pinged)", got)
-	}
-}
-
-// TestFaultNetSendsUncompressed checks that a node on a FaultNet turns off
-// memberlist's packet compression (see FaultNet).
-func TestFaultNetSendsUncompressed(t *testing.T) {
-	mc := memberlist.DefaultLocalConfig()
-	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
-	mc.LogOutput = io.Discard
-	if !mc.EnableCompression {
-		t.Fatal("memberlist's local preset no longer compresses: this test checks nothing")
-	}
-	if err := NewFaultNet(1).attach(mc, "r0"); err != nil {
-		t.Fatal(err)
-	}
-	defer mc.Transport.Shutdown()
-	if mc.EnableCompression {
-		t.Error("attach left EnableCompression on")
 	}
 }
