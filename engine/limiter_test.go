@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // faultyStore wraps a MemoryStore, counts calls and fails on demand. The
@@ -153,17 +155,10 @@ func TestBreakerOpensThenProbes(t *testing.T) {
 	}
 	st.fail.Store(false)
 	// gobreaker reads the real clock: wait for the probe, bounded.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testwait.For(t, 5*time.Second, "the breaker to let a probe through", func() bool {
 		o, _ := lim.Check(ctx, req)
-		if o.Source == FromStore {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("breaker never let a probe through")
-		}
-		time.Sleep(5 * time.Millisecond) // pacing the probe loop, not waiting for a condition
-	}
+		return o.Source == FromStore
+	})
 	if got := lim.Stats().Breakers["store"]; got != "closed" {
 		t.Errorf("breaker after a good probe = %q, want closed", got)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-rl/sluice/gossip/gossiptest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -45,17 +46,17 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 	eu, _ := startFaultNode(t, fn, "eu-1", "eu")
 	us, usIn := startFaultNode(t, fn, "us-1", "us", eu.Addr())
 	regions := []string{"eu", "us"}
-	waitFor(t, 10*time.Second, "the two nodes to see each other", func() bool { return live(eu, "us-1") && live(us, "eu-1") })
+	testwait.For(t, 10*time.Second, "the two nodes to see each other", func() bool { return live(eu, "us-1") && live(us, "eu-1") })
 	ctx := context.Background()
 
 	fn.Partition([]string{"us"}, regions)
-	waitFor(t, 10*time.Second, "each side to declare the other dead", func() bool { return !live(eu, "us-1") && !live(us, "eu-1") })
+	testwait.For(t, 10*time.Second, "each side to declare the other dead", func() bool { return !live(eu, "us-1") && !live(us, "eu-1") })
 	if c := fn.Counts(); c.CutPackets == 0 {
 		t.Errorf("Counts() = %+v during a partition, want packets cut", c)
 	}
 
 	fn.Heal()
-	waitFor(t, 15*time.Second, "the partition to heal", func() bool { return live(eu, "us-1") && live(us, "eu-1") })
+	testwait.For(t, 15*time.Second, "the partition to heal", func() bool { return live(eu, "us-1") && live(us, "eu-1") })
 
 	fn.SetLoss(1)
 	if err := eu.BroadcastReport(ctx, testReport("eu", 100, 1)); err != nil {
@@ -74,7 +75,7 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 	if d := time.Since(sent); d >= delay {
 		t.Errorf("BroadcastReport took %v at a %v delay, want it not to wait for delivery", d, delay)
 	}
-	waitFor(t, 10*time.Second, "the delayed report", func() bool { _, ok := usIn.findReport("eu", 101); return ok })
+	testwait.For(t, 10*time.Second, "the delayed report", func() bool { _, ok := usIn.findReport("eu", 101); return ok })
 	if d := time.Since(sent); d < delay {
 		t.Errorf("delayed report arrived after %v, want at least %v", d, delay)
 	}
@@ -115,14 +116,14 @@ func TestContactFollowsReachability(t *testing.T) {
 		m, _ := memberState(n, name)
 		return m.Contact
 	}
-	waitFor(t, 10*time.Second, "contact both ways", func() bool {
+	testwait.For(t, 10*time.Second, "contact both ways", func() bool {
 		return time.Since(contact(eu, "us-1")) < 200*time.Millisecond && time.Since(contact(us, "eu-1")) < 200*time.Millisecond &&
 			time.Since(contact(us, "eu-2")) < 200*time.Millisecond && live(eu, "eu-2")
 	})
 
 	fn.Partition([]string{"us"}, []string{"eu", "us"})
 	cut := time.Now() // a ping stamped before this and answered was sent before the cut
-	waitFor(t, 10*time.Second, "contact to go stale on both sides", func() bool {
+	testwait.For(t, 10*time.Second, "contact to go stale on both sides", func() bool {
 		return time.Since(contact(eu, "us-1")) > 300*time.Millisecond && time.Since(contact(us, "eu-1")) > 300*time.Millisecond
 	})
 	for _, c := range []struct {
@@ -136,7 +137,7 @@ func TestContactFollowsReachability(t *testing.T) {
 
 	healed := time.Now()
 	fn.Heal()
-	waitFor(t, 10*time.Second, "contact after healing", func() bool {
+	testwait.For(t, 10*time.Second, "contact after healing", func() bool {
 		return contact(eu, "us-1").After(healed) && contact(us, "eu-1").After(healed)
 	})
 	if got := contact(eu, "eu-2"); !got.IsZero() {

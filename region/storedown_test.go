@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -59,7 +60,7 @@ func TestLocalFallbackSharedByRegionDaemons(t *testing.T) {
 		}
 		ds = append(ds, serveDaemon(t, cfg))
 	}
-	eventually(t, "three live daemons in eu on each", 15*time.Second, func() bool {
+	testwait.For(t, 15*time.Second, "three live daemons in eu on each", func() bool {
 		for _, l := range ds {
 			if l.d.localDaemons() != 3 {
 				return false
@@ -154,7 +155,7 @@ func TestStartWithRedisDown(t *testing.T) {
 
 	// Keep checking until the decision path's breaker opens: from then on
 	// the store is tried again only once per probe interval.
-	eventually(t, "the store breaker to open", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "the store breaker to open", func() bool {
 		checkOnce(t, l, ordersCheck)
 		_, rd := ready()
 		for _, st := range rd.Breakers {
@@ -167,12 +168,12 @@ func TestStartWithRedisDown(t *testing.T) {
 
 	srv.Restart()
 	up := time.Now()
-	eventually(t, "a decision from the store", 5*time.Second+2*time.Second, func() bool {
+	testwait.For(t, 5*time.Second+2*time.Second, "a decision from the store", func() bool {
 		_, body := checkOnce(t, l, ordersCheck)
 		return body["source"] == "store"
 	})
 	t.Logf("decisions from the store %v after redis-server started", time.Since(up).Round(10*time.Millisecond))
-	eventually(t, "/readyz 200", 5*time.Second, func() bool { code, _ := ready(); return code == http.StatusOK })
+	testwait.For(t, 5*time.Second, "/readyz 200", func() bool { code, _ := ready(); return code == http.StatusOK })
 	// The daemon saved its --policies set into the empty Redis.
 	if got, err := srv.Client(t).HGet(t.Context(), "{sluice-policies}:state", "snapshot").Result(); err != nil || !strings.Contains(got, `"orders"`) {
 		t.Errorf("policy set in Redis after it came back = %q, %v; want the --policies set", got, err)
