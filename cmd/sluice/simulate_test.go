@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/sluice-rl/sluice/internal/racedetector"
+	"github.com/sluice-rl/sluice/internal/testenv"
 	"github.com/sluice-rl/sluice/simulator"
 	"github.com/sluice-rl/sluice/simulator/live"
 )
@@ -215,7 +216,7 @@ func TestSimulateLiveOut(t *testing.T) {
 	cmd.SetArgs([]string{"--live", "--scenario", "steady-uneven", "--out", dir})
 	switch err := cmd.ExecuteContext(context.Background()); {
 	case errors.Is(err, live.ErrBehind):
-		t.Skipf("%v; nothing written", err) // refused: the machine could not drive it
+		testenv.TooSlow(t, "%v; nothing written", err) // refused: the machine could not drive it
 	case err != nil:
 		t.Fatalf("simulate --live = %v (stderr %q)", err, errb.String())
 	}
