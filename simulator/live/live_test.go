@@ -18,13 +18,18 @@ import (
 // redis-server, so node usage is summed into the regional report and both
 // daemons share the region's buckets; real memberlist and HTTP checks; 60
 // scenario seconds (6 live) offered 2·L split 70/20/10 at a live L of
-// 300/s. A run the machine fell behind on (ErrBehind: checks answered
+// 200/s. A run the machine fell behind on (ErrBehind: checks answered
 // late, bunched at the daemons) still counts, for a loaded CI machine
-// does fall behind, so the bound is generous: a shared 2-core machine
-// measured 5 to 10 points (virtual 0.04), and 25 points leaves more than
-// twice that for a slower one while staying far below what a broken share
-// exchange costs (a region enforcing the whole L, or none of it, is 50
-// points off, or more).
+// does fall behind, so the bounds are generous and chosen to tell a
+// working share exchange from a broken one, not to measure it. After the
+// warm-up (two intervals):
+//   - r1, offered 70% of the demand, admits at least half of what is
+//     admitted: negotiated shares give it 70%, static thirds 38%;
+//   - the regions together admit at most 1.1·L·W: a region that enforced
+//     the whole L would let 1.6·L through;
+//   - global_error_p99_pct is at most 40: beside a CPU hog on 2 cores,
+//     checks answered up to 0.5 s late, it measured 21 (unloaded 5, the
+//     virtual run 0.04), and static thirds cost 13 points on average.
 func TestLiveSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("live run with redis-server; skipped under -short")
@@ -32,7 +37,7 @@ func TestLiveSmoke(t *testing.T) {
 	sc := simulator.Scenario{Name: "smoke", Regions: 3, Duration: simulator.Duration(60 * time.Second),
 		Limit: simulator.LimitSpec{Rate: 1000}, Traffic: simulator.Traffic{Rate: 2, Split: []float64{70, 20, 10}}}
 	var st Stats
-	res, err := Run(context.Background(), sc, Options{Seed: 1, Store: "redis", NodesPerRegion: 2, Limit: 300, Stats: &st})
+	res, err := Run(context.Background(), sc, Options{Seed: 1, Store: "redis", NodesPerRegion: 2, Limit: 200, Stats: &st})
 	if errors.Is(err, ErrBehind) {
 		t.Log(err)
 	} else if err != nil {
@@ -40,19 +45,27 @@ func TestLiveSmoke(t *testing.T) {
 	}
 	t.Logf("live smoke: checks answered %v (p50), %v (p99) late; %+v", st.LateP50, st.LateP99, res.Summary)
 	if len(res.Windows) != 6 {
-		t.Errorf("%d windows, want 6", len(res.Windows))
+		t.Fatalf("%d windows, want 6", len(res.Windows))
 	}
-	if res.Summary.GlobalErrorP99Pct > 25 {
-		t.Errorf("global_error_p99_pct = %.2f, want ≤ 25 after the warm-up", res.Summary.GlobalErrorP99Pct)
+	var r1, adm int64
+	var lw float64
+	for _, w := range res.Windows {
+		if w.StartS < 20 {
+			continue
+		}
+		r1 += w.Regions[0].Admitted
+		adm += w.Admitted
+		lw += w.Limit
 	}
-	for r := range sc.Regions {
-		var adm int64
-		for _, w := range res.Windows {
-			adm += w.Regions[r].Admitted
-		}
-		if adm == 0 {
-			t.Errorf("region r%d admitted nothing", r)
-		}
+	t.Logf("after the warm-up: admitted %d of L·W %.0f, r1 %d", adm, lw, r1)
+	if adm == 0 || float64(r1) < 0.5*float64(adm) {
+		t.Errorf("r1 admitted %d of %d, want at least half (negotiated shares: 70%%)", r1, adm)
+	}
+	if float64(adm) > 1.1*lw {
+		t.Errorf("admitted %d, want at most 1.1·L·W = %.0f", adm, 1.1*lw)
+	}
+	if res.Summary.GlobalErrorP99Pct > 40 {
+		t.Errorf("global_error_p99_pct = %.2f, want ≤ 40 after the warm-up", res.Summary.GlobalErrorP99Pct)
 	}
 }
 
