@@ -39,6 +39,15 @@ func live(n *Node, name string) bool {
 // partition makes membership declare the other side dead and stops
 // reports, healing brings both back, a lost report never arrives, and a
 // delayed one arrives no sooner than its delay.
+//
+// It runs on real time: memberlist's sockets on loopback, which a
+// testing/synctest bubble cannot hold (a goroutine in a read from the
+// network is not durably blocked); the protocol rules timed by contact
+// and membership are tested on virtual time in the coordinator's scripted
+// cores. Every wait here is for a condition, with a deadline of 10 to 15 s,
+// 16 to 25 times Detect, which a loaded machine only delays; the one bound
+// is the delayed send's, which must return before its 300 ms delay: a
+// buffered write that takes microseconds.
 func TestFaultNetPartitionLossDelay(t *testing.T) {
 	t.Parallel()
 	fn := gossiptest.NewFaultNet(1)
@@ -89,6 +98,13 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 // Member.Contact; a partition stops it advancing (the last answered ping
 // was sent before the cut), healing starts it again, and a node of the
 // same region is never pinged.
+//
+// On real time, as TestFaultNetPartitionLossDelay, for the same reason.
+// Its freshness thresholds are waits with a 10 s deadline, not bounds: a
+// contact fresher than 200 ms (2.5 ping periods plus the 60 ms probe
+// timeout) has 10 s to appear, and one staler than 300 ms after the cut
+// only grows staler; what is asserted, a contact stamped before the cut
+// and none with a node of the same region, does not depend on timing.
 func TestContactFollowsReachability(t *testing.T) {
 	t.Parallel()
 	fn := gossiptest.NewFaultNet(2)

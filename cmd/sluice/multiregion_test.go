@@ -244,9 +244,17 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 		}
 		return out
 	}
-	// Under the race detector the daemons answer several times slower and
-	// intervals fall short by 5-12% in turn; only overshoot is asserted
-	// there, shortfall without it.
+	// The bound is the documented ±5% of L per interval, on real time (six
+	// daemon processes and three redis-servers cannot share a virtual
+	// clock). Its margin against a loaded machine: overshoot needs the
+	// shares to sum above 1, which lateness cannot cause, so +5% holds
+	// whatever the load; a shortfall comes from checks answered late and
+	// bunched (a bucket's burst is L/10, 100 ms of refill, and refill
+	// beyond it is lost), so -5% allows about 50 ms of bunching per
+	// interval. Beside a CPU hog on 2 cores the intervals measured 195 to
+	// 202 of 200. Under the race detector the daemons answer several times
+	// slower and intervals fall short by 5-12% in turn; only overshoot is
+	// asserted there, shortfall without it.
 	under := 0.05
 	if racedetector.Enabled {
 		under = 1
