@@ -101,8 +101,8 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 //
 // On real time, as TestFaultNetPartitionLossDelay, for the same reason.
 // Its freshness thresholds are waits with a 10 s deadline, not bounds: a
-// contact fresher than 200 ms (2.5 ping periods plus the 60 ms probe
-// timeout) has 10 s to appear, and one staler than 300 ms after the cut
+// contact fresher than 200 ms (ten ping periods, three probe timeouts)
+// has 10 s to appear, and one staler than 300 ms after the cut
 // only grows staler; what is asserted, a contact stamped before the cut
 // and none with a node of the same region, does not depend on timing.
 func TestContactFollowsReachability(t *testing.T) {
