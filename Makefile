@@ -37,7 +37,7 @@ lint:
 # Benchmarks end with one `BENCH <name> <value> <unit>` line per figure.
 bench:
 	@mkdir -p out
-	$(GO) test -run '^$$' -bench . -skip '^BenchmarkRedis' -benchmem -count 1 -timeout 30m ./engine/ ./simulator/... 2>&1 | tee out/bench.txt
+	$(GO) test -run '^$$' -bench . -skip '^BenchmarkRedis' -benchmem -count 1 -timeout 30m ./engine/... ./simulator/... 2>&1 | tee out/bench.txt
 	@bash bench/extra.sh 2>&1 | tee -a out/bench.txt
 	@echo "---- summary ----"
 	@awk -f bench/summary.awk out/bench.txt

@@ -55,7 +55,10 @@
 # (0.7), HTTP_BENCH_N (50000 iterations of each Go benchmark), SYSTEMS (all, in
 # the order above), SLUICE_REDIS_FLAGS (more flags for sluice serve on Redis,
 # e.g. --store-timeout 20ms), SLUICE_TOOLS (cache of the peers' binaries, default
-# ~/.cache/sluice-tools). Prints `BENCH <name> <value> <unit>` lines last.
+# ~/.cache/sluice-tools), SLUICE_BASE_BIN (another sluice binary, e.g. a build of
+# an earlier commit: it runs beside this one as base_memory and base_redis,
+# interleaved round by round, and the ratios of this build over it are
+# printed). Prints `BENCH <name> <value> <unit>` lines last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +72,7 @@ RATE=${RATE:-auto}
 RATE_FRACTION=${RATE_FRACTION:-0.7}
 SATURATION=${SATURATION:-1}
 SYSTEMS=${SYSTEMS:-"sluice_memory sluice_redis gubernator envoy_ratelimit trivial"}
+[ -z "${SLUICE_BASE_BIN:-}" ] || SYSTEMS="$SYSTEMS base_memory base_redis"
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
 GUBERNATOR_MOD=github.com/gubernator-io/gubernator/v2
@@ -111,6 +115,8 @@ wait_http() {
 }
 
 start_redis
+# Per system: URL and the JSON body, {user} standing for the subject.
+declare -A url body
 
 cat >"$work/policies.json" <<'EOF'
 [{"id": "bench", "match": {"routes": ["/bench"]}, "algorithm": "token_bucket",
@@ -121,6 +127,15 @@ sm_port=$(freeport); sr_port=$(freeport)
 start sluice_memory "$work/sluice" serve --listen "127.0.0.1:$sm_port" --policies "$work/policies.json" --log-level warn
 start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sr_port" --policies "$work/policies.json" --log-level warn \
   --store "redis://127.0.0.1:$redis_port" ${SLUICE_REDIS_FLAGS:-}
+
+if [ -n "${SLUICE_BASE_BIN:-}" ]; then
+  bm_port=$(freeport); br_port=$(freeport)
+  start base_memory "$SLUICE_BASE_BIN" serve --listen "127.0.0.1:$bm_port" --policies "$work/policies.json" --log-level warn
+  start base_redis "$SLUICE_BASE_BIN" serve --listen "127.0.0.1:$br_port" --policies "$work/policies.json" --log-level warn \
+    --store "redis://127.0.0.1:$redis_port" ${SLUICE_REDIS_FLAGS:-}
+  url[base_memory]="http://127.0.0.1:$bm_port/v1/check"
+  url[base_redis]="http://127.0.0.1:$br_port/v1/check"
+fi
 
 gh_port=$(freeport); gg_port=$(freeport); gm_port=$(freeport)
 start gubernator env GUBER_HTTP_ADDRESS="127.0.0.1:$gh_port" GUBER_GRPC_ADDRESS="127.0.0.1:$gg_port" \
@@ -146,12 +161,12 @@ start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRP
 tr_port=$(freeport)
 start trivial "$work/trivial" --listen "127.0.0.1:$tr_port"
 
-# Per system: URL and the JSON body, {user} standing for the subject.
-declare -A url body
 url[sluice_memory]="http://127.0.0.1:$sm_port/v1/check"
 url[sluice_redis]="http://127.0.0.1:$sr_port/v1/check"
 body[sluice_memory]='{"user":"{user}","route":"/bench","method":"GET"}'
 body[sluice_redis]=${body[sluice_memory]}
+body[base_memory]=${body[sluice_memory]}
+body[base_redis]=${body[sluice_memory]}
 url[gubernator]="http://127.0.0.1:$gh_port/v1/GetRateLimits"
 body[gubernator]='{"requests":[{"name":"bench","unique_key":"{user}","hits":1,"limit":1000,"duration":1000,"algorithm":"TOKEN_BUCKET"}]}'
 url[envoy_ratelimit]="http://127.0.0.1:$rh_port/json"
@@ -167,11 +182,11 @@ for s in $SYSTEMS; do
   # Redis connections open: a few tries.
   for try in 1 2 3 4 5 6 7 8 9 10; do
     answer=$(curl -sS -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/probe$try}" "${url[$s]}")
-    [[ "$s" != sluice_* || "$answer" == *'"source":"store"'* ]] && break
+    [[ "$s" != sluice_* && "$s" != base_* || "$answer" == *'"source":"store"'* ]] && break
     sleep 0.2
   done
   case "$s:$answer" in
-    sluice_*:*'"allowed":true'*'"source":"store"'* | gubernator:*UNDER_LIMIT* | envoy_ratelimit:*'"overallCode":"OK"'* | trivial:*) ;;
+    sluice_*:*'"allowed":true'*'"source":"store"'* | base_*:*'"allowed":true'*'"source":"store"'* | gubernator:*UNDER_LIMIT* | envoy_ratelimit:*'"overallCode":"OK"'* | trivial:*) ;;
     *) die "$s answered $answer" ;;
   esac
   log "$s ready at ${url[$s]}"
@@ -186,6 +201,9 @@ redis_breaker_opens() { metric 'sluice_breaker_opens_total'; }
 
 declare -A sat lat50 lat99 cpu rcpu
 before_all=$(redis_checks); before_store=$(redis_store_checks); before_opens=$(redis_breaker_opens)
+if [ -n "${SLUICE_BASE_BIN:-}" ]; then
+  base_all0=$(metric_at "$br_port" 'sluice_checks_total{'); base_store0=$(metric_at "$br_port" 'sluice_checks_total{decision="allowed",source="store"}')
+fi
 sat_rounds=$ROUNDS
 [ "$SATURATION" = 1 ] || sat_rounds=0
 for r in $(seq 1 "$sat_rounds"); do
@@ -219,6 +237,16 @@ if [ "$SATURATION" = 1 ] && [[ " $SYSTEMS " == *" sluice_redis "* ]]; then
   satm[sluice_redis]=$(awk -v v="${satm[sluice_redis]}" -v s="$store_share" 'BEGIN { printf "%.2f", v * s }')
 fi
 
+# The base build on Redis, counted as this one is: only what Redis decided.
+if [ "$SATURATION" = 1 ] && [ -n "${SLUICE_BASE_BIN:-}" ]; then
+  b_checks=$(($(metric_at "$br_port" 'sluice_checks_total{') - base_all0))
+  b_store=$(($(metric_at "$br_port" 'sluice_checks_total{decision="allowed",source="store"}') - base_store0))
+  [ "$b_checks" -gt 0 ] || die "base_redis counted no checks in /metrics"
+  log "base_redis: $b_store of $b_checks checks decided by Redis"
+  satm[base_redis_total]=${satm[base_redis]}
+  satm[base_redis]=$(awk -v v="${satm[base_redis]}" -v a="$b_store" -v b="$b_checks" 'BEGIN { printf "%.2f", v * a / b }')
+fi
+
 # ---- fixed rate -----------------------------------------------------------
 
 if [ "$RATE" = auto ]; then
@@ -229,7 +257,7 @@ if [ "$RATE" = auto ]; then
 fi
 log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
 ticks=$(getconf CLK_TCK)
-declare -A on_redis=([sluice_redis]=1 [envoy_ratelimit]=1)
+declare -A on_redis=([sluice_redis]=1 [envoy_ratelimit]=1 [base_redis]=1)
 for r in $(seq 1 "$ROUNDS"); do
   for s in $SYSTEMS; do
     spid=$(eval echo "\$pid_$s")
@@ -321,6 +349,12 @@ cost_ratio peers_cpu_trivial_over_sluice_memory sluice_memory trivial
 ratio peers_sluice_redis_over_envoy_ratelimit sluice_redis envoy_ratelimit
 ratio peers_sluice_memory_over_gubernator sluice_memory gubernator
 ratio peers_sluice_memory_over_trivial sluice_memory trivial
+if [ -n "${SLUICE_BASE_BIN:-}" ]; then
+  ratio peers_sluice_memory_over_base_memory sluice_memory base_memory
+  ratio peers_sluice_redis_over_base_redis sluice_redis base_redis
+  cost_ratio peers_cpu_base_memory_over_sluice_memory sluice_memory base_memory
+  cost_ratio peers_cpu_base_redis_over_sluice_redis sluice_redis base_redis
+fi
 # The slower Sluice's p99 at the fixed rate over the faster peer's: at most 1
 # when both Sluice daemons answer as fast as both peers or faster.
 sluice_p99=0; peer_p99=

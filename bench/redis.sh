@@ -24,8 +24,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${REDIS_BENCH_N:-200000}"
 rounds="${REDIS_BENCH_ROUNDS:-3}"
-out=$(go test -run '^$' -bench '^BenchmarkRedisCheck$' -benchtime "${n}x" -count "$rounds" -timeout 30m ./engine/ 2>&1 &&
-  go test -run '^$' -bench '^BenchmarkRedisBytesPerSubject$' -benchtime 1x -count 1 -timeout 5m ./engine/ 2>&1) || {
+out=$(go test -run '^$' -bench '^BenchmarkRedisCheck$' -benchtime "${n}x" -count "$rounds" -timeout 30m ./engine/redisstore/ 2>&1 &&
+  go test -run '^$' -bench '^BenchmarkRedisBytesPerSubject$' -benchtime 1x -count 1 -timeout 5m ./engine/redisstore/ 2>&1) || {
   echo "$out" >&2
   exit 1
 }

@@ -3,6 +3,8 @@ package engine
 import (
 	"math"
 	"time"
+
+	"github.com/sluice-rl/sluice/engine/internal/quant"
 )
 
 // State is what one policy remembers about one subject between checks.
@@ -15,9 +17,9 @@ type State struct {
 	// A is the token count (token bucket), the level (leaky bucket), or the
 	// current window's count (fixed window, sliding window counter). Decide
 	// returns a bucket's A rounded to 29 significant bits in the limiter's
-	// favour (see quantDown), as the Redis store keeps it. A window count is
+	// favour (see quant.Down), as the Redis store keeps it. A window count is
 	// a whole number, a sum of whole costs, and is returned exactly (see
-	// storedCount).
+	// quant.StoredCount).
 	A float64
 	// B is the previous window's count (sliding window counter only),
 	// exact as A is.
@@ -90,8 +92,8 @@ type counters struct {
 // the old state. Every floating-point operation here is mirrored, in the
 // same order, by the Redis store's Lua script (see redis.lua): change both.
 // The results are computed on the exact numbers; only a bucket's state
-// returned is rounded (quantDown, quantUpTo) to what the Redis store can
-// keep. Window counts are whole numbers and are kept exactly (storedCount).
+// returned is rounded (quant.Down, quant.UpTo) to what the Redis store can
+// keep. Window counts are whole numbers and are kept exactly (quant.StoredCount).
 func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	*r = Result{}
 	switch l.Algorithm {
@@ -108,7 +110,7 @@ func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
 
 // keepRejected reports whether a rejected check's state must be stored
 // all the same: a token bucket that is full at the burst enforced now
-// (quantDown of it, as stored), at a time later than the stored state's
+// (quant.Down of it, as stored), at a time later than the stored state's
 // (oldT, zero for none). Storing it spends nothing, so a request rejected
 // under any policy may store it and stay all-or-nothing.
 //
@@ -129,7 +131,7 @@ func decide(now int64, st *counters, l *Limit, cost float64, r *Result) {
 // need nothing: a leaky bucket or window left unwritten reads as empty,
 // which is what a fresh state stored at the rejection would hold.
 func keepRejected(oldT int64, next *counters, l *Limit) bool {
-	return l.Algorithm == TokenBucket && next.t != oldT && next.a == quantDown(l.Burst)
+	return l.Algorithm == TokenBucket && next.t != oldT && next.a == quant.Down(l.Burst)
 }
 
 const usPerSec = 1e6
@@ -187,7 +189,7 @@ func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	}
 	r.Remaining = floorUnits(tokens)
 	r.ResetAfter = usToDuration(ceilUs((burst - tokens) * usPerSec / rate))
-	st.a, st.t = quantDown(tokens), t
+	st.a, st.t = quant.Down(tokens), t
 }
 
 // leakyBucket is the leaky bucket as a meter: each admitted unit raises a
@@ -217,7 +219,7 @@ func leakyBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	}
 	r.Remaining = floorUnits(burst - level)
 	r.ResetAfter = usToDuration(ceilUs(level * usPerSec / rate))
-	st.a, st.t = quantUpTo(level, burst), t
+	st.a, st.t = quant.UpTo(level, burst), t
 }
 
 func windowUs(l *Limit) int64 { return int64(l.Window / time.Microsecond) }
@@ -241,7 +243,7 @@ func fixedWindow(now int64, st *counters, l *Limit, cost float64, r *Result) {
 		r.RetryAfter = usToDuration(end - now + w)
 	}
 	r.Remaining = floorUnits(l.Count - count)
-	st.a, st.t = storedCount(count), t
+	st.a, st.t = quant.StoredCount(count), t
 }
 
 // slidingCounter estimates the count over the last window as the current
@@ -276,7 +278,7 @@ func slidingCounter(now int64, st *counters, l *Limit, cost float64, r *Result) 
 	case prev > 0:
 		r.ResetAfter = usToDuration(t + w - now)
 	}
-	st.a, st.b, st.t = storedCount(cur), storedCount(prev), t
+	st.a, st.b, st.t = quant.StoredCount(cur), quant.StoredCount(prev), t
 }
 
 func estimate(cur, prev float64, w, e int64) float64 {
@@ -363,82 +365,11 @@ func commitLog(log []int64, drop int, now, cost int64) []int64 {
 // holding more than 2^28 tokens loses up to a token per check.
 //
 // Window counts are not rounded this way: they are whole numbers, and the
-// Redis store keeps them as 5-byte integers, exactly (see storedCount).
+// Redis store keeps them as 5-byte integers, exactly (see quant.StoredCount).
 //
 // A leaky bucket's level is rounded up only as far as its burst allows
-// (quantUpTo).
+// (quant.UpTo).
 //
-// The rounding is to the doubles whose low 24 encoding bits are zero,
-// exactly the numbers 5 bytes can hold: 29 significant bits for normal
-// numbers, and below 2^-1022 (subnormals) a fixed quantum of 2^-1050, so
-// tiny values keep fewer bits rather than more than the store can hold.
-// Zero, infinities and NaN are returned unchanged; rounding the largest
-// finite doubles away from zero gives an infinity. None of these occur
-// with valid limits (at most 1e12 units). redis.lua's q29 computes the
-// same with frexp and ldexp; TestRedisQuantisersAgree holds them equal.
-const quantLowBits = 1<<24 - 1
-
-// quantDown rounds x towards minus infinity to 29 significant bits.
-func quantDown(x float64) float64 {
-	b := math.Float64bits(x)
-	if b&quantLowBits == 0 || b>>52&0x7ff == 0x7ff {
-		return x
-	}
-	if b>>63 == 0 {
-		return math.Float64frombits(b &^ quantLowBits)
-	}
-	return math.Float64frombits(b&^quantLowBits + quantLowBits + 1)
-}
-
-// quantUp rounds x towards plus infinity to 29 significant bits.
-func quantUp(x float64) float64 { return -quantDown(-x) }
-
-// quantUpTo rounds x up, unless that takes it past most (a limit that
-// is not itself a 29-bit number, such as a scaled burst) while rounding
-// down leaves less than a unit below most. Then it rounds down: a level
-// just under its burst must stay under it, or the next check at the same
-// instant would be rejected even at cost zero; and since costs are whole
-// units, no cost fits in what rounding down gives back, so nothing more is
-// admitted. Past 2^28, where the gap between 29-bit numbers reaches a
-// unit, rounding down could admit more, check after check; there x is
-// rounded up even past most, and a cost-zero check just after may be
-// rejected until the bucket drains that sliver.
-func quantUpTo(x, most float64) float64 {
-	q := quantUp(x)
-	if q <= most {
-		return q
-	}
-	if d := quantDown(x); most-d < 1 {
-		return d
-	}
-	return q
-}
-
-// maxStoredCount is the largest window count the Redis store can keep: it
-// stores counts as 5-byte unsigned integers (struct '<I5').
-const maxStoredCount = 1<<40 - 1
-
-// storedCount is a window count as both stores keep it. A count is a sum
-// of the whole costs admitted in its window, each admitted only while the
-// sum stays within the enforced Count, which Validate bounds by 1e12 (and
-// a Scale of at most 1 only lowers): so it is a whole number from 0 to
-// 1e12 < 2^40, and storedCount returns it unchanged. (The 29-bit rounding
-// of bucket state would not do: above 2^29 it would count a cost-1 check
-// as 2.) Anything else cannot occur; should it, both stores keep the same
-// number (redis.lua's stored_count mirrors this, TestRedisStoredCountAgrees
-// holds them equal): a fraction rounds up, in the limiter's favour, and
-// anything from 2^40 - 1 up, or NaN, is held at 2^40 - 1, which is still
-// more than any valid Count, so the window keeps refusing.
-func storedCount(x float64) float64 {
-	if !(x < maxStoredCount) {
-		return maxStoredCount
-	}
-	if !(x > 0) {
-		return 0
-	}
-	return math.Ceil(x)
-}
-
 // ttl is how long state must be kept after a check at now: until the
 // bucket is full (or empty) again or the window can no longer matter, plus
 // a second of slack. Past it, a missing state decides exactly as the

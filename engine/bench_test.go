@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/sluice-rl/sluice/internal/manualclock"
 	"golang.org/x/time/rate"
 )
 
@@ -92,7 +93,7 @@ func BenchmarkMemoryBytesPerSubject(b *testing.B) {
 	const n = 1_000_000
 	names := benchNames(n)
 	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 20}
-	clock := newManualClock()
+	clock := manualclock.New()
 	ctx := context.Background()
 	var perSubject float64
 	for range b.N {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -20,7 +21,8 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
-func clockOrReal(c Clock) Clock {
+// ClockOrReal returns c, or the real clock when c is nil.
+func ClockOrReal(c Clock) Clock {
 	if c == nil {
 		return realClock{}
 	}
@@ -92,9 +94,9 @@ func (d *Decision) RetryAfter() time.Duration {
 // ErrBadRequest marks a request the engine refuses to decide.
 var ErrBadRequest = errors.New("bad check request")
 
-// validate rejects what no store can decide. Limits are cheap to check, so
+// Validate rejects what no store can decide. Limits are cheap to check, so
 // each check re-validates rather than trusting its caller.
-func (r *Request) validate() error {
+func (r *Request) Validate() error {
 	if r.Subject == "" {
 		return fmt.Errorf("%w: empty subject", ErrBadRequest)
 	}
@@ -127,30 +129,30 @@ func (r *Request) validate() error {
 	return nil
 }
 
-// units is the cost the algorithms apply: Cost, or its negative for a
+// Units is the cost the algorithms apply: Cost, or its negative for a
 // deposit (the token bucket then gains the units, up to its burst).
-func (c *Check) units() int64 {
+func (c *Check) Units() int64 {
 	if c.Deposit {
 		return -c.Cost
 	}
 	return c.Cost
 }
 
-// scale is the factor effective applies: Scale, or 1 for "all".
-func (c *Check) scale() float64 {
+// ScaleFactor is the factor Effective applies: Scale, or 1 for "all".
+func (c *Check) ScaleFactor() float64 {
 	if c.Scale > 0 && c.Scale < 1 {
 		return c.Scale
 	}
 	return 1
 }
 
-// effective is the limit a check enforces after regional scaling.
-func (c *Check) effective() Limit { return c.Limit.Scale(c.Scale) }
+// Effective is the limit a check enforces after regional scaling.
+func (c *Check) Effective() Limit { return c.Limit.Scale(c.Scale) }
 
-// finish sets Allowed and Decider from the per-policy results. When the
+// Finish sets Allowed and Decider from the per-policy results. When the
 // request is rejected nothing was spent, so a policy that would have
 // allowed reports what it still has, not what it would have had.
-func (d *Decision) finish(checks []Check) {
+func (d *Decision) Finish(checks []Check) {
 	d.Allowed = true
 	d.Decider = -1
 	for i := 0; i < d.N; i++ {
@@ -183,3 +185,12 @@ func (d *Decision) finish(checks []Check) {
 		}
 	}
 }
+
+// ErrStoreBusy is a check that waited in the store's own queue longer than
+// the queue's bound without being sent: the daemon is overloaded, the store
+// did not fail. The Limiter decides such a check by its policy's failure
+// mode but does not count it against the store's circuit breaker.
+var ErrStoreBusy = errors.New("store busy: check waited too long in the queue")
+
+// ErrDeadline is a store call that outlived its deadline.
+var ErrDeadline = fmt.Errorf("store call: %w", context.DeadlineExceeded)

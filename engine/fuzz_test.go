@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/engine/internal/quant"
 )
 
 // FuzzDecide drives every algorithm through a sequence of checks decoded
@@ -45,7 +47,7 @@ func FuzzDecide(f *testing.F) {
 			}
 			// A rejection keeps the state, or stores a full bucket at now.
 			if !r.Allowed && !reflect.DeepEqual(next, st) &&
-				(l.Algorithm != TokenBucket || !reflect.DeepEqual(next, State{A: quantDown(l.Burst), T: now.UnixMicro()})) {
+				(l.Algorithm != TokenBucket || !reflect.DeepEqual(next, State{A: quant.Down(l.Burst), T: now.UnixMicro()})) {
 				t.Fatalf("step %d: rejected check changed the state %+v to %+v", i, st, next)
 			}
 			bound := 3*l.Window.Seconds() + 1

@@ -1,7 +1,10 @@
 // Package engine decides whether a subject may spend a cost now. It holds
 // the five algorithms as pure functions of (now, state, limit, cost), the
-// stores that keep their state (in process or in Redis), and the machinery
-// that keeps a check fast and safe when a store misbehaves.
+// value types every caller shares (Limit, Request, Decision) and the
+// in-process store. The Redis store (engine/redisstore) and the Limiter
+// that keeps a check fast and safe when a store misbehaves
+// (engine/limiter) are packages of their own, so that a program links a
+// store client only when it uses that store.
 //
 // The engine knows nothing of HTTP, policy documents or regions: callers
 // hand it a subject and the limits that apply, already resolved.
@@ -143,8 +146,8 @@ func (l Limit) Validate() error {
 		if l.Window%time.Millisecond != 0 {
 			return limitErr("window", "must be a whole number of milliseconds, got %v", l.Window)
 		}
-		if l.Algorithm == SlidingWindowLog && l.Count > float64(l.maxLog()) {
-			return limitErr("count", "sliding_window_log keeps one timestamp per unit, so its limit must be at most %d, got %v (use sliding_window_counter for large limits)", l.maxLog(), l.Count)
+		if l.Algorithm == SlidingWindowLog && l.Count > float64(l.MaxLogCount()) {
+			return limitErr("count", "sliding_window_log keeps one timestamp per unit, so its limit must be at most %d, got %v (use sliding_window_counter for large limits)", l.MaxLogCount(), l.Count)
 		}
 	default:
 		return limitErr("algorithm", "unknown algorithm %d", uint8(l.Algorithm))
@@ -152,7 +155,9 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-func (l Limit) maxLog() int {
+// MaxLogCount is the most entries a sliding log of this limit keeps: MaxLog,
+// or DefaultMaxLogLimit when MaxLog is zero.
+func (l Limit) MaxLogCount() int {
 	if l.MaxLog > 0 {
 		return l.MaxLog
 	}
@@ -193,3 +198,7 @@ func (l Limit) Scale(f float64) Limit {
 	l.Count *= f
 	return l
 }
+
+// CapacityUnits is Capacity in whole units, rounded down, as the
+// algorithms report Remaining.
+func (l Limit) CapacityUnits() int64 { return floorUnits(l.Capacity()) }

@@ -101,7 +101,7 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		maxKeys = DefaultMaxKeys
 	}
 	s := &MemoryStore{
-		clock:  clockOrReal(cfg.Clock),
+		clock:  ClockOrReal(cfg.Clock),
 		seed:   maphash.MakeSeed(),
 		shards: make([]memShard, n),
 		mask:   uint64(n - 1),
@@ -127,7 +127,7 @@ type pending struct {
 
 // Check decides a request: all of its policies or none.
 func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err error) {
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		return Decision{Decider: -1}, err
 	}
 	now := s.clock.Now().UnixMicro()
@@ -147,7 +147,7 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	}
 	for i := range p {
 		p[i].key = s.key(sub, req.Checks[i].Policy)
-		p[i].lim = req.Checks[i].effective()
+		p[i].lim = req.Checks[i].Effective()
 	}
 	if tab, ok := sh.acquire(req.Checks, p); ok {
 		s.decide(sh, tab, now, req.Checks, p, &d)
@@ -219,10 +219,10 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 			q.next = counters{a: e.a, b: e.b, t: e.t}
 			oldT = e.t
 		}
-		decide(now, &q.next, &q.lim, float64(c.units()), &d.Results[i])
+		decide(now, &q.next, &q.lim, float64(c.Units()), &d.Results[i])
 		q.keep = !d.Results[i].Allowed && keepRejected(oldT, &q.next, &q.lim)
 	}
-	d.finish(checks)
+	d.Finish(checks)
 	if !d.Allowed {
 		for i := range p {
 			if q := &p[i]; q.keep {
@@ -231,7 +231,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 					delete(sh.logs, q.key) // only on the slow path: acquire refuses logs
 				}
 				e.a, e.b, e.t = q.next.a, q.next.b, q.next.t
-				e.meta = packMeta(expirySeconds(now+ttl(now, &q.next, nil, &q.lim, checks[i].scale()), s.base), q.lim.Algorithm)
+				e.meta = packMeta(expirySeconds(now+ttl(now, &q.next, nil, &q.lim, checks[i].ScaleFactor()), s.base), q.lim.Algorithm)
 			}
 		}
 		return
@@ -255,7 +255,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 			delete(sh.logs, q.key) // only on the slow path: acquire refuses logs
 		}
 		e.a, e.b, e.t = q.next.a, q.next.b, q.next.t
-		e.meta = packMeta(expirySeconds(now+ttl(now, &q.next, log, &q.lim, c.scale()), s.base), q.lim.Algorithm)
+		e.meta = packMeta(expirySeconds(now+ttl(now, &q.next, log, &q.lim, c.ScaleFactor()), s.base), q.lim.Algorithm)
 	}
 }
 

@@ -8,10 +8,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/manualclock"
 )
 
 func TestMemoryStoreEvictsLeastRecentlyUsed(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 8, Shards: 1})
 	l := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Hour}
 	// Recency is kept to the millisecond: a millisecond between checks
@@ -45,7 +47,7 @@ func TestMemoryStoreEvictsLeastRecentlyUsed(t *testing.T) {
 }
 
 func TestMemoryStoreExpiresIdleState(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 4})
 	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 20}
 	for i := range 100 {
@@ -75,7 +77,7 @@ func TestMemoryStoreExpiresIdleState(t *testing.T) {
 // the open-addressing deletion is exercised, and checks every live key is
 // still found with its own state.
 func TestMemoryStoreTableSurvivesChurn(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 512, Shards: 2})
 	l := Limit{Algorithm: FixedWindow, Count: 1000, Window: 24 * time.Hour}
 	spent := map[string]int64{}
@@ -108,7 +110,7 @@ func TestMemoryStoreTableSurvivesChurn(t *testing.T) {
 }
 
 func TestMemoryStoreSlidingLogMemoryIsReused(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 1})
 	l := Limit{Algorithm: SlidingWindowLog, Count: 10, Window: time.Second}
 	for range 1000 {
@@ -141,7 +143,7 @@ func TestMemoryStoreCheckAllocatesNothing(t *testing.T) {
 // find their states lock entries without the shard's mutex; growth moves
 // every entry): no admitted unit may be lost or counted twice.
 func TestMemoryStoreConcurrentGrowthLosesNothing(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 2})
 	l := Limit{Algorithm: FixedWindow, Count: 1e9, Window: time.Hour}
 	const subjects, workers, perWorker = 3000, 8, 6000
@@ -188,7 +190,7 @@ func TestMemoryStoreConcurrentGrowthLosesNothing(t *testing.T) {
 // the table stays consistent (every state found is the subject's own, and
 // the store holds no more than it may).
 func TestMemoryStoreConcurrentEvictionAndSweep(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 4, MaxKeys: 400})
 	tb := Limit{Algorithm: TokenBucket, Rate: 100, Burst: 1000}
 	logl := Limit{Algorithm: SlidingWindowLog, Count: 50, Window: time.Second}
@@ -244,7 +246,7 @@ func TestMemoryStoreConcurrentEvictionAndSweep(t *testing.T) {
 // shifts later entries back) and the table grows: every subject's count
 // must be exactly what the model says.
 func TestMemoryStoreMatchesModelThroughSweeps(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s := NewMemoryStore(MemoryConfig{Clock: clock, Shards: 2})
 	r := rand.New(rand.NewPCG(3, 4))
 	type state struct {
@@ -299,7 +301,7 @@ func TestMemoryStoreMatchesModelThroughSweeps(t *testing.T) {
 func TestMemoryStoreBoundIsStoreWide(t *testing.T) {
 	l := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Hour}
 	t.Run("one subject under MaxKeys", func(t *testing.T) {
-		clock := newManualClock()
+		clock := manualclock.New()
 		s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: 200_000})
 		const states = 100_000
 		for i := range states {
@@ -319,7 +321,7 @@ func TestMemoryStoreBoundIsStoreWide(t *testing.T) {
 	})
 	t.Run("past MaxKeys", func(t *testing.T) {
 		const maxKeys, shards = 1000, 16
-		clock := newManualClock()
+		clock := manualclock.New()
 		s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: maxKeys, Shards: shards})
 		// One subject fills the store, then newcomers arrive.
 		for i := range 3 * maxKeys {
@@ -348,7 +350,7 @@ func TestMemoryStoreBoundIsStoreWide(t *testing.T) {
 	})
 	t.Run("concurrent", func(t *testing.T) {
 		const maxKeys, shards = 400, 8
-		clock := newManualClock()
+		clock := manualclock.New()
 		s := NewMemoryStore(MemoryConfig{Clock: clock, MaxKeys: maxKeys, Shards: shards})
 		var wg sync.WaitGroup
 		for w := range 6 {

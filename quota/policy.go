@@ -52,7 +52,7 @@ const (
 	ScopeGlobal = "global" // the limit is shared across regions
 )
 
-// Policy is one version of a policy document (design 4.3). The JSON field
+// Policy is one version of a policy document. The JSON field
 // names are the document's; ParsePolicy decodes strictly and validates.
 //
 // A Policy held by a Registry is immutable: callers must not modify the

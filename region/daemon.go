@@ -28,6 +28,8 @@ import (
 
 	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/engine/redisstore"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
 	"github.com/sluice-rl/sluice/region/globalshare"
@@ -158,8 +160,8 @@ func (c Config) Validate() error {
 type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
-	lim     *engine.Limiter
-	rstore  *engine.RedisStore  // the decision store when it is Redis, to warm before ready
+	lim     *limiter.Limiter
+	rstore  *redisstore.Store   // the decision store when it is Redis, to warm before ready
 	mem     *engine.MemoryStore // nil on Redis
 	reg     *quota.Registry
 	audit   *quota.AuditLog
@@ -246,19 +248,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 			pstore = quota.NewFileStore(filepath.Join(cfg.DataDir, "policies.json"))
 		}
 	} else {
-		client, err := engine.NewRedisClient(cfg.Store)
+		client, err := redisstore.NewClient(cfg.Store)
 		if err != nil {
 			return nil, err
 		}
 		d.closers = append(d.closers, client.Close)
 		d.redis = client
-		d.rstore = engine.NewRedisStore(client, engine.RedisConfig{Timeout: cfg.StoreTimeout})
+		d.rstore = redisstore.New(client, redisstore.Config{Timeout: cfg.StoreTimeout})
 		store = d.rstore
 		ps := redispolicy.New(client, redispolicy.Config{}, log)
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
-	d.lim = engine.NewLimiter(engine.LimiterConfig{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons, OnStoreCall: d.observeStoreCall, Clock: cfg.Clock})
+	d.lim = limiter.New(limiter.Config{Store: store, Timeout: cfg.StoreTimeout, Logger: log, Daemons: d.localDaemons, OnStoreCall: d.observeStoreCall, Clock: cfg.Clock})
 	d.reg = quota.NewRegistry(quota.RegistryConfig{Store: pstore, Audit: audit, Logger: log})
 	d.pstore = pstore
 	if d.watcher != nil {
@@ -424,7 +426,7 @@ func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
 const storeProbe = time.Second
 
 // storeWarmWait bounds how long a start waits to warm the decision store
-// (RedisStore.Warm) before it reports ready anyway.
+// (redisstore.Store.Warm) before it reports ready anyway.
 const storeWarmWait = 2 * time.Second
 
 // reachStore retries the policy store every storeProbe until it loads (and,
@@ -495,7 +497,7 @@ func (d *Daemon) close() {
 func (d *Daemon) Registry() *quota.Registry { return d.reg }
 
 // Limiter returns the engine limiter, for wiring (gossip drains its usage).
-func (d *Daemon) Limiter() *engine.Limiter { return d.lim }
+func (d *Daemon) Limiter() *limiter.Limiter { return d.lim }
 
 // Route is one entry of the route table: the method and the ServeMux
 // pattern path, whether the admin token guards it, and its handler. The

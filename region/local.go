@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -26,7 +26,7 @@ type Decider struct {
 // daemon's check metrics (sluice_checks_total and the others newMetrics
 // names) are registered on metrics; nil keeps them on a private registry
 // that nothing gathers.
-func NewDecider(lim *engine.Limiter, reg *quota.Registry, metrics prometheus.Registerer) *Decider {
+func NewDecider(lim *limiter.Limiter, reg *quota.Registry, metrics prometheus.Registerer) *Decider {
 	if metrics == nil {
 		metrics = prometheus.NewRegistry()
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -47,7 +48,7 @@ const (
 	otherLabel      = "other"
 )
 
-func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.MemoryStore, storeKind string) *metrics {
+func newMetrics(reg prometheus.Registerer, lim *limiter.Limiter, mem *engine.MemoryStore, storeKind string) *metrics {
 	m := &metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_checks_total",
@@ -104,16 +105,16 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.Memo
 				func() float64 { return float64(mem.Evictions()) }),
 		)
 	}
-	stat := func(name, help string, f func(engine.Stats) uint64) prometheus.Collector {
+	stat := func(name, help string, f func(limiter.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(lim.Stats())) })
 	}
 	reg.MustRegister(m.checks, m.duration, m.wouldReject, m.badRequests, m.panics, m.policyReload, m.policySync, m.policyChecks, m.storeCalls, m.globalLeft,
-		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s engine.Stats) uint64 { return s.StoreCalls }),
-		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s engine.Stats) uint64 { return s.StoreErrors }),
-		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s engine.Stats) uint64 { return s.DenyCacheHits }),
-		stat("sluice_store_busy_total", "Checks that waited past the store queue's bound and were decided by on_store_failure; overload, not a store error, so the breaker does not count them.", func(s engine.Stats) uint64 { return s.StoreBusy }),
-		stat("sluice_degraded_total", "Checks decided without the store, by each policy's on_store_failure.", func(s engine.Stats) uint64 { return s.Degraded }),
-		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s engine.Stats) uint64 { return s.BreakerOpens }),
+		stat("sluice_store_calls_total", "Calls to the decision store (Redis); the memory store is not counted.", func(s limiter.Stats) uint64 { return s.StoreCalls }),
+		stat("sluice_store_errors_total", "Store calls that failed or timed out.", func(s limiter.Stats) uint64 { return s.StoreErrors }),
+		stat("sluice_deny_cache_hits_total", "Checks rejected from the local deny cache without a store call.", func(s limiter.Stats) uint64 { return s.DenyCacheHits }),
+		stat("sluice_store_busy_total", "Checks that waited past the store queue's bound and were decided by on_store_failure; overload, not a store error, so the breaker does not count them.", func(s limiter.Stats) uint64 { return s.StoreBusy }),
+		stat("sluice_degraded_total", "Checks decided without the store, by each policy's on_store_failure.", func(s limiter.Stats) uint64 { return s.Degraded }),
+		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s limiter.Stats) uint64 { return s.BreakerOpens }),
 		&breakerCollector{lim: lim, desc: prometheus.NewDesc("sluice_breaker_state",
 			"Circuit breaker state per store shard: 1 for the state it is in (closed, half_open, open), 0 for the others.", []string{"shard", "state"}, nil)},
 	)
@@ -122,7 +123,7 @@ func newMetrics(reg prometheus.Registerer, lim *engine.Limiter, mem *engine.Memo
 
 // breakerCollector reads the breaker states at scrape time.
 type breakerCollector struct {
-	lim  *engine.Limiter
+	lim  *limiter.Limiter
 	desc *prometheus.Desc
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
@@ -266,7 +267,7 @@ func (d *Daemon) spendTokens(ctx context.Context, sp globalshare.Spend) (int64, 
 	if err != nil {
 		return 0, fmt.Errorf("read bucket of %s: %w", sp.Key.Policy, err)
 	}
-	if read.Degraded || read.Source == engine.FromDenyCache || read.N != 1 {
+	if read.Degraded || read.Source == limiter.FromDenyCache || read.N != 1 {
 		return 0, nil
 	}
 	n := sp.Take(float64(read.Results[0].Remaining))

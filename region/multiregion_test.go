@@ -17,7 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/redisstore"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
@@ -212,7 +212,7 @@ func TestPolicySyncNewestWins(t *testing.T) {
 
 func TestRedisSharesRoundTrip(t *testing.T) {
 	srv := redistest.Start(t)
-	client, err := engine.NewRedisClient("redis://" + srv.Addr())
+	client, err := redisstore.NewClient("redis://" + srv.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Borrowing (share-algorithms.md §3 step 6) moves unused share to a region
+// Borrowing moves unused share to a region
 // whose bucket is about to empty, between two rebalances, without waiting
 // for the next epoch. It is safe by construction: the lender cuts its own
 // share before it sends the Loan, so a loan in flight (or lost) only

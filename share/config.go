@@ -54,8 +54,9 @@ type Config struct {
 	BorrowEvery time.Duration
 	// LendFraction is the part of its slack (share minus CapFactor times
 	// its own offered rate) a lender gives per request (default 1: the
-	// lender already keeps 20% headroom over its own rate, and §3's "half"
-	// leaves a shifted region at 50%, 75%, ... of its need for seconds).
+	// lender already keeps 20% headroom over its own rate, and lending
+	// only half leaves a shifted region at 50%, 75%, ... of its need for
+	// seconds).
 	LendFraction float64
 	// BorrowMinRate (units/s): keys whose L_global is below it neither
 	// borrow nor lend, because a rate estimated over a fraction of a
@@ -74,7 +75,8 @@ type Config struct {
 	TokenEvery time.Duration
 	// NoiseZ is how many standard deviations of Poisson counting noise a
 	// rate measured over Recent must stand out by before the allocation
-	// acts on it (default 3; zero trusts every measurement as §3 does).
+	// acts on it (default 3; zero trusts every measurement, taking a risen
+	// recent rate as the demand at once).
 	// Counting noise is √count: a key offered 4/s in a region has about 8
 	// arrivals in the 2 s recent window, ±35%, and taking those 8 at face
 	// value moved shares of a steady key by a third from one interval to
@@ -93,7 +95,7 @@ type Config struct {
 	NoiseSmoothing float64
 }
 
-// DefaultConfig returns the recommended settings (share-algorithms.md §3).
+// DefaultConfig returns the recommended settings.
 func DefaultConfig() Config {
 	return Config{
 		Interval:           10 * time.Second,

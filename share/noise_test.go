@@ -100,6 +100,6 @@ func TestRecentRiseBeyondNoiseJumps(t *testing.T) {
 	zero := cfg
 	zero.NoiseZ = 0
 	if !zero.risen(5, 5.1) || zero.recentHigh(3) != 3 {
-		t.Errorf("NoiseZ 0 must keep §3's rule: risen(5, 5.1) = %v, recentHigh(3) = %v", zero.risen(5, 5.1), zero.recentHigh(3))
+		t.Errorf("NoiseZ 0 must trust every measurement: risen(5, 5.1) = %v, recentHigh(3) = %v", zero.risen(5, 5.1), zero.recentHigh(3))
 	}
 }

@@ -69,7 +69,7 @@ func ExampleNew_daemon() {
 	// 429 "burst";r=0;t=100 application/problem+json
 }
 
-// Limiting in-process: an engine.Limiter (nil: the memory store) and a
+// Limiting in-process: an limiter.Limiter (nil: the memory store) and a
 // quota.Registry of policies, no daemon.
 func ExampleNew_inProcess() {
 	reg := quota.NewRegistry(quota.RegistryConfig{})

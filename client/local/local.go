@@ -1,4 +1,4 @@
-// Package local decides checks in-process, with an engine.Limiter and a
+// Package local decides checks in-process, with an limiter.Limiter and a
 // quota.Registry, instead of asking a daemon. It runs the daemon's own
 // decision code (region.Decider): the same validation, policies,
 // overrides, exemptions, shadow mode, failure modes, problems and the same
@@ -16,7 +16,7 @@ import (
 	"context"
 
 	"github.com/sluice-rl/sluice/client"
-	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 )
@@ -27,9 +27,9 @@ type Limiter struct {
 }
 
 // New returns a Limiter; lim nil is an in-process memory store.
-func New(lim *engine.Limiter, reg *quota.Registry) *Limiter {
+func New(lim *limiter.Limiter, reg *quota.Registry) *Limiter {
 	if lim == nil {
-		lim = engine.NewLimiter(engine.LimiterConfig{})
+		lim = limiter.New(limiter.Config{})
 	}
 	return &Limiter{dec: region.NewDecider(lim, reg, nil)}
 }

@@ -761,7 +761,7 @@ func TestEnvoyConfigStructure(t *testing.T) {
 		t.Errorf("ext_authz @type = %v", got)
 	}
 	if got := yamlAt(t, ea, "failure_mode_allow"); got != true {
-		t.Errorf("failure_mode_allow = %v, want true (NFR-03: Sluice down must not take the API down)", got)
+		t.Errorf("failure_mode_allow = %v, want true (Sluice down must not take the API down)", got)
 	}
 	hs := yamlAt(t, ea, "http_service")
 	if got := yamlAt(t, hs, "path_prefix"); got != "/v1/authz" {

@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluice-rl/sluice/decisionlog"
-	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/redisstore"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 	"github.com/sluice-rl/sluice/rls"
@@ -88,7 +88,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			// go-redis logs every failed dial through a process-wide
 			// logger: one unstructured line per check while Redis is down.
-			redis.SetLogger(engine.RedisLogger{L: log})
+			redis.SetLogger(redisstore.Logger{L: log})
 			if err := identityFlags(&cfg, trusted); err != nil {
 				return err
 			}

@@ -321,7 +321,7 @@ func (c *Core) deadline() time.Time {
 }
 
 // Tick advances the core to now. usage is what this node's engine admitted
-// and was offered since the last Tick (engine.Limiter.DrainUsage); members
+// and was offered since the last Tick (limiter.Limiter.DrainUsage); members
 // is the membership as gossip sees it now (nil: unchanged).
 func (c *Core) Tick(now time.Time, usage map[engine.UsageKey]engine.Usage, members []gossip.Member) Ready {
 	c.rd = Ready{}

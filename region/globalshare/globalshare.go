@@ -88,7 +88,7 @@ type Config struct {
 	// before the node's Run starts delivering messages.
 	Gossip Gossip
 	// Usage drains this node's usage since the last call, in cost units
-	// (engine.Limiter.DrainUsage). The coordinator is its only caller.
+	// (limiter.Limiter.DrainUsage). The coordinator is its only caller.
 	Usage func() map[engine.UsageKey]engine.Usage
 	// Limit returns L_global of a global policy in units per second; ok is
 	// false for policies that are not global (their usage is ignored).

@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/storetest"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -26,7 +28,7 @@ const redisBenchSubjects = 100000
 
 // redisBenchLimit is the one policy of the Redis benchmarks: generous enough
 // that nearly every check is allowed and so writes its state.
-var redisBenchLimit = Limit{Algorithm: TokenBucket, Rate: 100, Burst: 1000}
+var redisBenchLimit = engine.Limit{Algorithm: engine.TokenBucket, Rate: 100, Burst: 1000}
 
 // BenchmarkRedisCheck measures the Redis store with 64 concurrent callers,
 // one token bucket policy, over 100 000 subjects (checks/s), and then the
@@ -42,7 +44,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 	// A long timeout: this measures throughput, and on a loaded machine
 	// some calls outlast the 5 ms default, which would count failures as
 	// work done.
-	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	s := New(c, Config{Timeout: time.Second})
 	subjects := make([]string, redisBenchSubjects)
 	for i := range subjects {
 		subjects[i] = "s" + strconv.Itoa(i)
@@ -50,7 +52,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 	// Load the script and open connections before measuring.
 	warm, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.Check(warm, one("warm", "p", redisBenchLimit, 0)); err != nil {
+	if _, err := s.Check(warm, storetest.One("warm", "p", redisBenchLimit, 0)); err != nil {
 		b.Fatal(err)
 	}
 
@@ -65,7 +67,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 			ctx := context.Background()
 			for pb.Next() {
 				i = (i + 7919) % redisBenchSubjects
-				if _, err := s.Check(ctx, one(subjects[i], "p", redisBenchLimit, 1)); err != nil {
+				if _, err := s.Check(ctx, storetest.One(subjects[i], "p", redisBenchLimit, 1)); err != nil {
 					failed.Add(1)
 				}
 			}
@@ -87,7 +89,7 @@ func BenchmarkRedisCheck(b *testing.B) {
 				"-n", strconv.Itoa(max(b.N, redisBenchCallers*pipeline)),
 				"-r", strconv.Itoa(redisBenchSubjects), "--csv",
 				"EVALSHA", s.ScriptSHA(), "1", s.Key("s__rand_int__", "p"),
-				"", "0", "1", "1", strconv.Itoa(int(TokenBucket)),
+				"", "0", "1", "1", strconv.Itoa(int(engine.TokenBucket)),
 				strconv.FormatFloat(redisBenchLimit.Rate, 'g', -1, 64), strconv.FormatFloat(redisBenchLimit.Burst, 'g', -1, 64), "0", "1", "1"}
 			b.ResetTimer()
 			out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
@@ -158,13 +160,13 @@ func redisBenchmarkRPS(out string) (float64, error) {
 func BenchmarkRedisBytesPerSubject(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client(b)
-	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	s := New(c, Config{Timeout: time.Second})
 	ctx := context.Background()
 	subject := func(i int) string { return "user:" + strconv.Itoa(100000+i) }
 	// A slow refill keeps every state alive (TTL) while the fill runs.
-	l := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 100}
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 100}
 	for i := range 10000 {
-		if _, err := s.Check(ctx, one(subject(i), "api", l, 1)); err != nil {
+		if _, err := s.Check(ctx, storetest.One(subject(i), "api", l, 1)); err != nil {
 			b.Fatal(err)
 		}
 	}

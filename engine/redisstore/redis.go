@@ -1,4 +1,8 @@
-package engine
+// Package redisstore keeps the engine's state in Redis (a single server,
+// a Cluster or a Sentinel-managed primary): one Lua script decides a
+// check's policies atomically, and checks bound for the same primary are
+// pipelined. It decides exactly as engine.MemoryStore does.
+package redisstore
 
 import (
 	"context"
@@ -17,6 +21,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/engine"
 )
 
 // redisScript decides every policy of one subject in one atomic call. It
@@ -36,12 +41,12 @@ type Scripter interface {
 	Pipeline() redis.Pipeliner
 }
 
-// RedisConfig configures a RedisStore.
-type RedisConfig struct {
+// Config configures a Store.
+type Config struct {
 	// Timeout bounds each call to Redis, from sending the script to reading
 	// its reply: Redis's round trip, not the time a check waits in the
-	// store's queue for its turn. Zero means DefaultRedisTimeout. The client
-	// must have ContextTimeoutEnabled (NewRedisClient sets it), or a stalled
+	// store's queue for its turn. Zero means DefaultTimeout. The client
+	// must have ContextTimeoutEnabled (NewClient sets it), or a stalled
 	// server holds the caller for the client's ReadTimeout instead.
 	Timeout time.Duration
 	// QueueWait bounds how long a check may wait in the store's queue for
@@ -63,10 +68,10 @@ type RedisConfig struct {
 	Prefix string
 }
 
-// DefaultRedisTimeout is the per-call timeout of a RedisStore: a rate
+// DefaultTimeout is the per-call timeout of a Store: a rate
 // limiter in front of a request must answer in a few milliseconds or not
 // at all.
-const DefaultRedisTimeout = 5 * time.Millisecond
+const DefaultTimeout = 5 * time.Millisecond
 
 // Defaults of the Redis store's queue per primary. Two batches of up to
 // 64 checks in flight keep a Redis server busy (it runs one script at a
@@ -82,7 +87,7 @@ const (
 )
 
 // Validate reports a configuration the store cannot use.
-func (c RedisConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Timeout < 0 {
 		return fmt.Errorf("redis timeout must not be negative, got %v", c.Timeout)
 	}
@@ -98,7 +103,7 @@ func (c RedisConfig) Validate() error {
 	return nil
 }
 
-// RedisStore keeps limiter state in Redis or Redis Cluster, so that every
+// Store keeps limiter state in Redis or Redis Cluster, so that every
 // gateway shares it. It decides exactly as the MemoryStore does: a Lua
 // script reads, decides and writes every policy of a check's subject
 // atomically, on Redis' clock (TIME), so gateway clock skew cannot mint
@@ -116,7 +121,7 @@ func (c RedisConfig) Validate() error {
 // 88 bytes of Redis memory.
 //
 // Concurrent checks bound for one primary are pipelined: see pipeline.go.
-type RedisStore struct {
+type Store struct {
 	c         Scripter
 	timeout   time.Duration
 	queueWait time.Duration
@@ -132,22 +137,22 @@ type RedisStore struct {
 	lanes sync.Map // shard name -> *lane
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
-	clock Clock
+	clock engine.Clock
 	// ttlPad, set only by tests together with clock, lengthens every TTL:
 	// Redis expires keys on real time, which virtual time does not follow.
 	// Keeping a state past its TTL changes no decision.
 	ttlPad int64
 }
 
-// NewRedisStore returns a store that keeps its state through c. A config
+// New returns a store that keeps its state through c. A config
 // that fails Validate makes every Check fail with that error.
-func NewRedisStore(c Scripter, cfg RedisConfig) *RedisStore {
-	s := &RedisStore{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
+func New(c Scripter, cfg Config) *Store {
+	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
 		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
 	_, cluster := c.(masterForKeyer)
 	s.merge = !cluster
 	if s.timeout <= 0 {
-		s.timeout = DefaultRedisTimeout
+		s.timeout = DefaultTimeout
 	}
 	if s.queueWait <= 0 {
 		s.queueWait = max(DefaultRedisQueueWait, 10*s.timeout)
@@ -173,7 +178,7 @@ func NewRedisStore(c Scripter, cfg RedisConfig) *RedisStore {
 // those alone outlast the 5 ms default and turn the first checks into
 // fallback decisions. A client that cannot load scripts (a test double)
 // has nothing to warm.
-func (s *RedisStore) Warm(ctx context.Context) error {
+func (s *Store) Warm(ctx context.Context) error {
 	l, ok := s.c.(interface {
 		ScriptLoad(ctx context.Context, script string) *redis.StringCmd
 	})
@@ -190,7 +195,7 @@ func (s *RedisStore) Warm(ctx context.Context) error {
 	// A zero cost only reads: no state is written. A server's first runs
 	// of the script are several times slower than the rest (measured: 7,
 	// 2.6 and 1.4 ms, then 0.3), so a few, each allowed a second.
-	req := Request{Subject: "sluice:warm", Checks: []Check{{Policy: "warm", Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}}}}
+	req := engine.Request{Subject: "sluice:warm", Checks: []engine.Check{{Policy: "warm", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}}}}
 	for range 4 {
 		if _, err := s.CheckWithin(ctx, req, time.Second); err != nil {
 			return fmt.Errorf("a first check: %w", err)
@@ -200,10 +205,10 @@ func (s *RedisStore) Warm(ctx context.Context) error {
 }
 
 // ScriptSHA is the SHA-1 of the store's script, as EVALSHA names it.
-func (s *RedisStore) ScriptSHA() string { return s.sha }
+func (s *Store) ScriptSHA() string { return s.sha }
 
 // Key returns the Redis key that holds subject's state for policy.
-func (s *RedisStore) Key(subject, policy string) string {
+func (s *Store) Key(subject, policy string) string {
 	return s.prefix + "{" + redisSubject(subject) + "}:" + policy
 }
 
@@ -213,9 +218,9 @@ const resetScript = "return redis.call('DEL', unpack(KEYS))"
 
 // Reset forgets subject's state under each of policies: its next check
 // finds a full bucket or empty windows, as for a subject never seen.
-func (s *RedisStore) Reset(ctx context.Context, subject string, policies []string) error {
+func (s *Store) Reset(ctx context.Context, subject string, policies []string) error {
 	if subject == "" {
-		return fmt.Errorf("%w: empty subject", ErrBadRequest)
+		return fmt.Errorf("%w: empty subject", engine.ErrBadRequest)
 	}
 	if len(policies) == 0 {
 		return nil
@@ -246,24 +251,24 @@ func redisSubject(subject string) string {
 // not decide (Redis down, slow or refusing, or the store's queue full past
 // QueueWait: ErrStoreBusy), never that the request was denied; the
 // Decision is then empty.
-func (s *RedisStore) Check(ctx context.Context, req Request) (Decision, error) {
+func (s *Store) Check(ctx context.Context, req engine.Request) (engine.Decision, error) {
 	return s.CheckWithin(ctx, req, s.timeout)
 }
 
 // CheckWithin is Check with roundTrip in place of the configured Timeout:
 // the deadline of Redis's round trip, counted from the moment the check is
 // sent, after any wait in the store's queue.
-func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip time.Duration) (Decision, error) {
-	if err := req.validate(); err != nil {
-		return Decision{Decider: -1}, err
+func (s *Store) CheckWithin(ctx context.Context, req engine.Request, roundTrip time.Duration) (engine.Decision, error) {
+	if err := req.Validate(); err != nil {
+		return engine.Decision{Decider: -1}, err
 	}
 	if s.cfgErr != nil {
-		return Decision{Decider: -1}, s.cfgErr
+		return engine.Decision{Decider: -1}, s.cfgErr
 	}
-	var d Decision
+	var d engine.Decision
 	d.N = len(req.Checks)
 	if d.N == 0 {
-		d.finish(req.Checks)
+		d.Finish(req.Checks)
 		return d, nil
 	}
 	if roundTrip <= 0 {
@@ -272,27 +277,27 @@ func (s *RedisStore) CheckWithin(ctx context.Context, req Request, roundTrip tim
 	p := s.newQueuedCheck(req, roundTrip)
 	v, err := s.roundTrip(ctx, req.Subject, p)
 	if err != nil {
-		return Decision{Decider: -1}, checkErr(req.Subject, err)
+		return engine.Decision{Decider: -1}, checkErr(req.Subject, err)
 	}
 	return scriptDecision(req, v)
 }
 
 // scriptDecision reads the script's five integers per policy of req.
-func scriptDecision(req Request, v []int64) (Decision, error) {
-	var d Decision
+func scriptDecision(req engine.Request, v []int64) (engine.Decision, error) {
+	var d engine.Decision
 	d.N = len(req.Checks)
 	if len(v) != 5*d.N {
-		return Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %d values, want %d", len(v), 5*d.N))
+		return engine.Decision{Decider: -1}, checkErr(req.Subject, fmt.Errorf("script returned %d values, want %d", len(v), 5*d.N))
 	}
 	for i := range d.N {
 		r := &d.Results[i]
 		r.Allowed = v[5*i] == 1
 		r.Limit = v[5*i+1]
 		r.Remaining = v[5*i+2]
-		r.ResetAfter = usToDuration(v[5*i+3])
-		r.RetryAfter = usToDuration(v[5*i+4])
+		r.ResetAfter = time.Duration(v[5*i+3]) * time.Microsecond
+		r.RetryAfter = time.Duration(v[5*i+4]) * time.Microsecond
 	}
-	d.finish(req.Checks)
+	d.Finish(req.Checks)
 	return d, nil
 }
 
@@ -302,7 +307,7 @@ func scriptDecision(req Request, v []int64) (Decision, error) {
 // names live in the queue entry, one allocation: the values go in as
 // pointers into it, which an interface holds without boxing them apart
 // (go-redis writes a pointer's value as it writes the value).
-func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queuedCheck {
+func (s *Store) newQueuedCheck(req engine.Request, roundTrip time.Duration) *queuedCheck {
 	n := len(req.Checks)
 	p := &queuedCheck{keys: n, roundTrip: roundTrip, queuedAt: time.Now(), done: make(chan answer, 1)}
 	subject := redisSubject(req.Subject)
@@ -314,10 +319,10 @@ func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queue
 	// the command on a cluster.
 	if n == 1 {
 		c := &req.Checks[0]
-		l := c.effective()
+		l := c.Effective()
 		a := &p.one
 		a.key = s.prefix + "{" + subject + "}:" + c.Policy
-		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), windowUs(&l), c.units(), c.scale()
+		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), l.Window.Microseconds(), c.Units(), c.ScaleFactor()
 		a.p1, a.p2 = scriptLimit(&l)
 		p.cmd = append(p.cmdBuf[:0], "evalsha", s.sha, "1", &a.key, now, pad, "1", "1",
 			&a.alg, &a.p1, &a.p2, &a.window, &a.cost, &a.scale)
@@ -332,19 +337,19 @@ func (s *RedisStore) newQueuedCheck(req Request, roundTrip time.Duration) *queue
 	p.cmd = append(p.cmd, now, pad, "1", n)
 	for i := range req.Checks {
 		c := &req.Checks[i]
-		l := c.effective()
+		l := c.Effective()
 		p1, p2 := scriptLimit(&l)
 		// go-redis writes numbers itself, into its buffer: a float as
 		// its shortest exact decimal, which the script reads back bit for
 		// bit. That spares a string per argument.
-		p.cmd = append(p.cmd, int(l.Algorithm), p1, p2, windowUs(&l), c.units(), c.scale())
+		p.cmd = append(p.cmd, int(l.Algorithm), p1, p2, l.Window.Microseconds(), c.Units(), c.ScaleFactor())
 	}
 	return p
 }
 
 // scriptLimit is the rate and burst of a bucket, or the count and 0 of a
 // window, as the script takes them.
-func scriptLimit(l *Limit) (p1, p2 float64) {
+func scriptLimit(l *engine.Limit) (p1, p2 float64) {
 	if l.Algorithm.Windowed() {
 		return l.Count, 0
 	}
@@ -357,7 +362,7 @@ type stateReloader interface {
 	ReloadState(ctx context.Context)
 }
 
-// NewRedisClient connects to the Redis named by url:
+// NewClient connects to the Redis named by url:
 //
 //	redis://[user:password@]host:port[/db]   one server (*redis.Client)
 //	rediss://...                             the same over TLS
@@ -372,7 +377,7 @@ type stateReloader interface {
 // the Sentinels are asked without any.
 //
 // The client is set up for a rate limiter on the request path:
-//   - ContextTimeoutEnabled, so the per-check deadline (RedisConfig.Timeout)
+//   - ContextTimeoutEnabled, so the per-check deadline (Config.Timeout)
 //     also cuts a blocked socket read; without it go-redis waits for its
 //     ReadTimeout (5 s) whatever the context says.
 //   - MaxRetries 1: one retry covers a pooled connection that a restarted
@@ -386,7 +391,7 @@ type stateReloader interface {
 //     within 250 ms, or refuses, is down for our purposes. go-redis would
 //     otherwise retry a refused dial 5 times 100 ms apart, so every check
 //     against a dead server would wait out its whole deadline.
-func NewRedisClient(url string) (redis.UniversalClient, error) {
+func NewClient(url string) (redis.UniversalClient, error) {
 	const (
 		maxRetries  = 1
 		dialTimeout = 250 * time.Millisecond
@@ -465,7 +470,7 @@ func NewRedisClient(url string) (redis.UniversalClient, error) {
 // redis-sentinel://[user:password@]master@host:port,host:port[/db] into the
 // failover options it names: master name, Sentinel addresses, database, and
 // the credentials of the data nodes. It sets no timeouts or pool sizes;
-// NewRedisClient adds those. Each error is one line naming what is wrong.
+// NewClient adds those. Each error is one line naming what is wrong.
 func parseSentinelURL(url string) (*redis.FailoverOptions, error) {
 	const form = "redis-sentinel://MASTER@HOST:PORT[,HOST:PORT...][/DB]"
 	rest, ok := strings.CutPrefix(url, "redis-sentinel://")
@@ -533,7 +538,7 @@ type masterForKeyer interface {
 // Limiter keeps one circuit breaker per cluster primary: one failed shard
 // must not send every subject to the fallback. A single server is one
 // shard, "store". It does no I/O: the cluster client knows its slot map.
-func (s *RedisStore) Shard(ctx context.Context, subject string) string {
+func (s *Store) Shard(ctx context.Context, subject string) string {
 	if m, ok := s.c.(masterForKeyer); ok {
 		if c, err := m.MasterForKey(ctx, s.prefix+"{"+redisSubject(subject)+"}:"); err == nil {
 			return c.Options().Addr
@@ -542,12 +547,12 @@ func (s *RedisStore) Shard(ctx context.Context, subject string) string {
 	return "store"
 }
 
-// RedisLogger adapts slog to go-redis's process-wide logger, at debug
+// Logger adapts slog to go-redis's process-wide logger, at debug
 // level: go-redis logs every failed dial, which during an outage is one
-// line per check. Install it once, in main: redis.SetLogger(RedisLogger{l}).
-type RedisLogger struct{ L *slog.Logger }
+// line per check. Install it once, in main: redis.SetLogger(Logger{l}).
+type Logger struct{ L *slog.Logger }
 
 // Printf implements go-redis's internal logging interface.
-func (r RedisLogger) Printf(ctx context.Context, format string, v ...any) {
+func (r Logger) Printf(ctx context.Context, format string, v ...any) {
 	r.L.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
 }

@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"bytes"
@@ -16,6 +16,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/internal/quant"
+	"github.com/sluice-rl/sluice/engine/storetest"
+	"github.com/sluice-rl/sluice/internal/manualclock"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -33,19 +37,19 @@ const virtualTTLPad = int64(time.Hour / time.Millisecond)
 
 // newTestRedisStore returns a store on a fresh redis-server whose time
 // comes from clock (Redis' own TIME when clock is nil).
-func newTestRedisStore(t testing.TB, clock Clock) (*RedisStore, *redistest.Server) {
+func newTestRedisStore(t testing.TB, clock engine.Clock) (*Store, *redistest.Server) {
 	t.Helper()
 	srv := redistest.Start(t)
-	s := NewRedisStore(srv.Client(t), RedisConfig{Timeout: time.Second})
+	s := New(srv.Client(t), Config{Timeout: time.Second})
 	setVirtualClock(s, clock)
 	return s, srv
 }
 
 // daemonClient returns a client to srv built as the daemon builds one
-// (NewRedisClient: its pool and timeouts), closed when the test ends.
+// (NewClient: its pool and timeouts), closed when the test ends.
 func daemonClient(t testing.TB, srv *redistest.Server) redis.UniversalClient {
 	t.Helper()
-	c, err := NewRedisClient("redis://" + srv.Addr())
+	c, err := NewClient("redis://" + srv.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,22 +58,23 @@ func daemonClient(t testing.TB, srv *redistest.Server) redis.UniversalClient {
 }
 
 // setVirtualClock makes s read time from clock instead of Redis' TIME.
-func setVirtualClock(s *RedisStore, clock Clock) {
+func setVirtualClock(s *Store, clock engine.Clock) {
 	if clock != nil {
 		s.clock, s.ttlPad = clock, virtualTTLPad
 	}
 }
 
-// The Redis store runs every store-independent test in store_test.go.
-func init() {
-	storeCases = append(storeCases, storeCase{"redis", func(t *testing.T, clock Clock) checker {
+// TestRedisStoreShared holds the Redis store to the semantics every store
+// shares (engine/storetest), as the memory store is.
+func TestRedisStoreShared(t *testing.T) {
+	storetest.Run(t, storetest.Case{Name: "redis", New: func(t *testing.T, clock engine.Clock) storetest.Checker {
 		s, _ := newTestRedisStore(t, clock)
 		return s
 	}})
 }
 
 func TestRedisKey(t *testing.T) {
-	s := NewRedisStore(nil, RedisConfig{})
+	s := New(nil, Config{})
 	tests := []struct{ subject, policy, want string }{
 		{"alice", "p", "rl:{alice}:p"},
 		{"user:42", "daily", "rl:{user:42}:daily"},
@@ -86,17 +91,17 @@ func TestRedisKey(t *testing.T) {
 }
 
 func TestRedisConfigValidate(t *testing.T) {
-	if err := (RedisConfig{Prefix: "a{b}:"}).Validate(); err == nil {
+	if err := (Config{Prefix: "a{b}:"}).Validate(); err == nil {
 		t.Error("Validate(prefix with braces) = nil, want an error")
 	}
-	s := NewRedisStore(nil, RedisConfig{Prefix: "{x}"})
-	if _, err := s.Check(context.Background(), one("a", "p", Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}, 1)); err == nil {
+	s := New(nil, Config{Prefix: "{x}"})
+	if _, err := s.Check(context.Background(), storetest.One("a", "p", engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}, 1)); err == nil {
 		t.Error("Check on a store with a braced prefix = nil error, want one")
 	}
 }
 
 func TestNewRedisClient(t *testing.T) {
-	c, err := NewRedisClient("redis://127.0.0.1:6379/2")
+	c, err := NewClient("redis://127.0.0.1:6379/2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +114,7 @@ func TestNewRedisClient(t *testing.T) {
 			o.ContextTimeoutEnabled, o.DB, o.PoolSize, o.MaxRetries)
 	}
 	_ = c.Close()
-	c, err = NewRedisClient("redis-cluster://u:pw@127.0.0.1:7000,127.0.0.1:7001")
+	c, err = NewClient("redis-cluster://u:pw@127.0.0.1:7000,127.0.0.1:7001")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +127,7 @@ func TestNewRedisClient(t *testing.T) {
 	}
 	_ = c.Close()
 	for _, bad := range []string{"127.0.0.1:6379", "http://x", "redis-cluster://"} {
-		if _, err := NewRedisClient(bad); err == nil {
+		if _, err := NewClient(bad); err == nil {
 			t.Errorf("NewRedisClient(%q) = nil error, want one", bad)
 		}
 	}
@@ -135,15 +140,15 @@ func TestRedisTTL(t *testing.T) {
 	s, srv := newTestRedisStore(t, nil)
 	c := srv.Client(t)
 	ctx := context.Background()
-	req := Request{Subject: "idle", Checks: []Check{
-		{Policy: "tb", Limit: Limit{Algorithm: TokenBucket, Rate: 1000, Burst: 10}, Cost: 10},
-		{Policy: "fw", Limit: Limit{Algorithm: FixedWindow, Count: 5, Window: 100 * time.Millisecond}, Cost: 1},
-		{Policy: "log", Limit: Limit{Algorithm: SlidingWindowLog, Count: 5, Window: 50 * time.Millisecond}, Cost: 2},
-		{Policy: "swc", Limit: Limit{Algorithm: SlidingWindowCounter, Count: 5, Window: 10 * time.Millisecond}, Cost: 1},
-		{Policy: "lb", Limit: Limit{Algorithm: LeakyBucket, Rate: 100, Burst: 10}, Cost: 1},
-		{Policy: "peek", Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10}, Cost: 0},
+	req := engine.Request{Subject: "idle", Checks: []engine.Check{
+		{Policy: "tb", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1000, Burst: 10}, Cost: 10},
+		{Policy: "fw", Limit: engine.Limit{Algorithm: engine.FixedWindow, Count: 5, Window: 100 * time.Millisecond}, Cost: 1},
+		{Policy: "log", Limit: engine.Limit{Algorithm: engine.SlidingWindowLog, Count: 5, Window: 50 * time.Millisecond}, Cost: 2},
+		{Policy: "swc", Limit: engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 5, Window: 10 * time.Millisecond}, Cost: 1},
+		{Policy: "lb", Limit: engine.Limit{Algorithm: engine.LeakyBucket, Rate: 100, Burst: 10}, Cost: 1},
+		{Policy: "peek", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 10}, Cost: 0},
 	}}
-	if d := mustCheck(t, s, req); !d.Allowed {
+	if d := storetest.MustCheck(t, s, req); !d.Allowed {
 		t.Fatalf("first check rejected: %+v", d)
 	}
 	// The most each TTL can be: the state's own lifetime plus the second.
@@ -201,11 +206,11 @@ func TestRedisStateIsCompact(t *testing.T) {
 	ctx := context.Background()
 	// A slow refill: a bucket one unit short lives for its refill plus a
 	// second (10 s), so none expires while a busy machine measures them.
-	tb := Limit{Algorithm: TokenBucket, Rate: 0.1, Burst: 100}
-	swc := Limit{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Minute}
+	tb := engine.Limit{Algorithm: engine.TokenBucket, Rate: 0.1, Burst: 100}
+	swc := engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 100, Window: time.Minute}
 	for _, tt := range []struct {
 		subject, policy string
-		l               Limit
+		l               engine.Limit
 		strlen          int64
 		most            float64
 	}{
@@ -215,7 +220,7 @@ func TestRedisStateIsCompact(t *testing.T) {
 	} {
 		subject := func(i int) string { return fmt.Sprintf(tt.subject, 100000+i) }
 		for i := range 1000 {
-			mustCheck(t, s, one(subject(i), tt.policy, tt.l, 1))
+			storetest.MustCheck(t, s, storetest.One(subject(i), tt.policy, tt.l, 1))
 		}
 		per, err := redisBytesPerSubject(ctx, c, s, 1000, subject, tt.policy)
 		if err != nil {
@@ -237,33 +242,33 @@ func TestRedisStateIsCompact(t *testing.T) {
 // scaled burst, later than its stored state. Rejections of a bucket that
 // is not full, or under any other algorithm, leave Redis untouched.
 func TestRedisRejectionWrites(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s, srv := newTestRedisStore(t, clock)
 	c := srv.Client(t)
 	ctx := context.Background()
-	scaled := func(l Limit, cost int64, scale float64) Request {
-		return Request{Subject: "s", Checks: []Check{{Policy: "p", Limit: l, Cost: cost, Scale: scale}}}
+	scaled := func(l engine.Limit, cost int64, scale float64) engine.Request {
+		return engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Limit: l, Cost: cost, Scale: scale}}}
 	}
-	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 100}
+	tb := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 100}
 	tests := []struct {
 		name  string
-		setup []Request // allowed checks made first
-		req   Request   // rejected
+		setup []engine.Request // allowed checks made first
+		req   engine.Request   // rejected
 		write bool
 	}{
 		{"token bucket never seen, small share", nil, scaled(tb, 1, 0.001), true},
-		{"token bucket not full", []Request{scaled(tb, 60, 1)}, scaled(tb, 50, 1), false},
-		{"leaky bucket never seen, small share", nil, scaled(Limit{Algorithm: LeakyBucket, Rate: 10, Burst: 100}, 1, 0.001), false},
-		{"fixed window never seen, small share", nil, scaled(Limit{Algorithm: FixedWindow, Count: 100, Window: time.Minute}, 1, 0.001), false},
-		{"sliding window log never seen, small share", nil, scaled(Limit{Algorithm: SlidingWindowLog, Count: 100, Window: time.Minute}, 1, 0.001), false},
-		{"sliding window counter never seen, small share", nil, scaled(Limit{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Minute}, 1, 0.001), false},
+		{"token bucket not full", []engine.Request{scaled(tb, 60, 1)}, scaled(tb, 50, 1), false},
+		{"leaky bucket never seen, small share", nil, scaled(engine.Limit{Algorithm: engine.LeakyBucket, Rate: 10, Burst: 100}, 1, 0.001), false},
+		{"fixed window never seen, small share", nil, scaled(engine.Limit{Algorithm: engine.FixedWindow, Count: 100, Window: time.Minute}, 1, 0.001), false},
+		{"sliding window log never seen, small share", nil, scaled(engine.Limit{Algorithm: engine.SlidingWindowLog, Count: 100, Window: time.Minute}, 1, 0.001), false},
+		{"sliding window counter never seen, small share", nil, scaled(engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 100, Window: time.Minute}, 1, 0.001), false},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			subject := fmt.Sprint("w", i)
 			for _, r := range tt.setup {
 				r.Subject = subject
-				if d := mustCheck(t, s, r); !d.Allowed {
+				if d := storetest.MustCheck(t, s, r); !d.Allowed {
 					t.Fatalf("setup check %+v rejected", r)
 				}
 			}
@@ -271,7 +276,7 @@ func TestRedisRejectionWrites(t *testing.T) {
 			before, _ := c.Get(ctx, key).Result()
 			clock.Advance(time.Millisecond)
 			tt.req.Subject = subject
-			if d := mustCheck(t, s, tt.req); d.Allowed {
+			if d := storetest.MustCheck(t, s, tt.req); d.Allowed {
 				t.Fatalf("Check(%+v) allowed, want rejected", tt.req)
 			}
 			after, _ := c.Get(ctx, key).Result()
@@ -287,20 +292,20 @@ func TestRedisRejectionWrites(t *testing.T) {
 // B) in 5 bytes each, a bucket's as the top of a double and a window's as
 // an integer, or the log's timestamps as whole doubles.
 func TestRedisStateFormat(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s, srv := newTestRedisStore(t, clock)
 	c := srv.Client(t)
 	ctx := context.Background()
 	now := clock.Now().UnixMicro()
 	w := time.Minute.Microseconds()
-	req := Request{Subject: "fmt", Checks: []Check{
-		{Policy: "tb", Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10 - 1.0/3}, Cost: 1},
-		{Policy: "lb", Limit: Limit{Algorithm: LeakyBucket, Rate: 1, Burst: 10}, Cost: 3},
-		{Policy: "fw", Limit: Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Minute}, Cost: 1<<40 - 1e12 + 2},
-		{Policy: "log", Limit: Limit{Algorithm: SlidingWindowLog, Count: 10, Window: time.Minute}, Cost: 3},
-		{Policy: "swc", Limit: Limit{Algorithm: SlidingWindowCounter, Count: 1e12, Window: time.Minute}, Cost: 1<<29 + 1},
+	req := engine.Request{Subject: "fmt", Checks: []engine.Check{
+		{Policy: "tb", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 10 - 1.0/3}, Cost: 1},
+		{Policy: "lb", Limit: engine.Limit{Algorithm: engine.LeakyBucket, Rate: 1, Burst: 10}, Cost: 3},
+		{Policy: "fw", Limit: engine.Limit{Algorithm: engine.FixedWindow, Count: 1e12, Window: time.Minute}, Cost: 1<<40 - 1e12 + 2},
+		{Policy: "log", Limit: engine.Limit{Algorithm: engine.SlidingWindowLog, Count: 10, Window: time.Minute}, Cost: 3},
+		{Policy: "swc", Limit: engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 1e12, Window: time.Minute}, Cost: 1<<29 + 1},
 	}}
-	if d := mustCheck(t, s, req); !d.Allowed {
+	if d := storetest.MustCheck(t, s, req); !d.Allowed {
 		t.Fatalf("check rejected: %+v", d)
 	}
 	q5 := func(b []byte) float64 {
@@ -311,15 +316,15 @@ func TestRedisStateFormat(t *testing.T) {
 	}
 	tests := []struct {
 		policy string
-		alg    Algorithm
+		alg    engine.Algorithm
 		t      int64
 		nums   []float64 // A, B as 5-byte numbers, or the log's timestamps
 	}{
-		{"tb", TokenBucket, now, []float64{quantDown(9 - 1.0/3)}},
-		{"lb", LeakyBucket, now, []float64{3}},
-		{"fw", FixedWindow, now - now%w, []float64{1<<40 - 1e12 + 2}},
-		{"log", SlidingWindowLog, 0, []float64{float64(now), float64(now), float64(now)}},
-		{"swc", SlidingWindowCounter, now - now%w, []float64{1<<29 + 1, 0}},
+		{"tb", engine.TokenBucket, now, []float64{quant.Down(9 - 1.0/3)}},
+		{"lb", engine.LeakyBucket, now, []float64{3}},
+		{"fw", engine.FixedWindow, now - now%w, []float64{1<<40 - 1e12 + 2}},
+		{"log", engine.SlidingWindowLog, 0, []float64{float64(now), float64(now), float64(now)}},
+		{"swc", engine.SlidingWindowCounter, now - now%w, []float64{1<<29 + 1, 0}},
 	}
 	for _, tt := range tests {
 		key := s.Key(req.Subject, tt.policy)
@@ -329,11 +334,11 @@ func TestRedisStateFormat(t *testing.T) {
 		}
 		lo := uint64(binary.LittleEndian.Uint32(v))
 		hi := uint64(v[4]) | uint64(v[5])<<8 | uint64(v[6])<<16
-		if gotT, gotAlg := int64(hi%(1<<21)<<32|lo), Algorithm(hi>>21); gotT != tt.t || gotAlg != tt.alg {
+		if gotT, gotAlg := int64(hi%(1<<21)<<32|lo), engine.Algorithm(hi>>21); gotT != tt.t || gotAlg != tt.alg {
 			t.Errorf("header of %s = T %d, algorithm %v; want %d, %v", key, gotT, gotAlg, tt.t, tt.alg)
 		}
 		var nums []float64
-		if tt.alg == SlidingWindowLog {
+		if tt.alg == engine.SlidingWindowLog {
 			for i := 7; i+8 <= len(v); i += 8 {
 				nums = append(nums, math.Float64frombits(binary.LittleEndian.Uint64(v[i:])))
 			}
@@ -347,7 +352,7 @@ func TestRedisStateFormat(t *testing.T) {
 			}
 		}
 		want := 7 + 5*len(tt.nums)
-		if tt.alg == SlidingWindowLog {
+		if tt.alg == engine.SlidingWindowLog {
 			want = 7 + 8*len(tt.nums)
 		}
 		if len(v) != want || !slices.Equal(nums, tt.nums) {
@@ -360,13 +365,13 @@ func TestRedisStateFormat(t *testing.T) {
 // algorithm reads as a subject never seen, as one written by an older
 // format or by a policy that changed algorithm would.
 func TestRedisStateOfAnotherShape(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s, srv := newTestRedisStore(t, clock)
 	c := srv.Client(t)
 	ctx := context.Background()
-	tb := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10}
-	fw := Limit{Algorithm: FixedWindow, Count: 10, Window: time.Minute}
-	mustCheck(t, s, one("x", "p", tb, 7))
+	tb := engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 10}
+	fw := engine.Limit{Algorithm: engine.FixedWindow, Count: 10, Window: time.Minute}
+	storetest.MustCheck(t, s, storetest.One("x", "p", tb, 7))
 	key := s.Key("x", "p")
 	good, err := c.Get(ctx, key).Bytes()
 	if err != nil {
@@ -378,7 +383,7 @@ func TestRedisStateOfAnotherShape(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		value []byte
-		l     Limit
+		l     engine.Limit
 	}{
 		{"another algorithm", good, fw},
 		{"too long", append(append([]byte(nil), good...), 0), tb},
@@ -388,7 +393,7 @@ func TestRedisStateOfAnotherShape(t *testing.T) {
 		if err := c.Set(ctx, key, tt.value, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		d := mustCheck(t, s, one("x", "p", tt.l, 0))
+		d := storetest.MustCheck(t, s, storetest.One("x", "p", tt.l, 0))
 		if want := int64(10); d.Results[0].Remaining != want {
 			t.Errorf("%s: remaining %d, want %d as for a subject never seen", tt.name, d.Results[0].Remaining, want)
 		}
@@ -396,9 +401,9 @@ func TestRedisStateOfAnotherShape(t *testing.T) {
 }
 
 // redisStateValue is st as redis.lua stores it for alg (see its header).
-func redisStateValue(alg Algorithm, st State) []byte {
+func redisStateValue(alg engine.Algorithm, st engine.State) []byte {
 	t := uint64(st.T)
-	if alg == SlidingWindowLog {
+	if alg == engine.SlidingWindowLog {
 		t = 0
 	}
 	hi := t>>32 + uint64(alg)<<21
@@ -407,13 +412,13 @@ func redisStateValue(alg Algorithm, st State) []byte {
 	q5 := func(x float64) []byte { return binary.LittleEndian.AppendUint64(nil, math.Float64bits(x))[3:] }
 	i5 := func(x float64) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(x))[:5] }
 	switch alg {
-	case SlidingWindowLog:
+	case engine.SlidingWindowLog:
 		for _, ts := range st.Log {
 			v = binary.LittleEndian.AppendUint64(v, math.Float64bits(float64(ts)))
 		}
-	case SlidingWindowCounter:
+	case engine.SlidingWindowCounter:
 		v = append(append(v, i5(st.A)...), i5(st.B)...)
-	case FixedWindow:
+	case engine.FixedWindow:
 		v = append(v, i5(st.A)...)
 	default:
 		v = append(v, q5(st.A)...)
@@ -428,52 +433,52 @@ func redisStateValue(alg Algorithm, st State) []byte {
 // rarely looks: at a limit that is not a 29-bit number, and at window
 // counts above 2^29, kept exactly.
 func TestRedisDecidesFromStoredState(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	s, srv := newTestRedisStore(t, clock)
 	c := srv.Client(t)
 	ctx := context.Background()
 	now := clock.Now()
 	us := now.UnixMicro()
 	hour := time.Hour.Microseconds()
-	offGrid := quantDown(10-1.0/3) + 0x1p-25*0.75 // between two 29-bit numbers
+	offGrid := quant.Down(10-1.0/3) + 0x1p-25*0.75 // between two 29-bit numbers
 	tests := []struct {
 		name string
-		l    Limit
-		st   State
+		l    engine.Limit
+		st   engine.State
 		cost int64
 	}{
-		{"leaky bucket filled to an off-grid burst", Limit{Algorithm: LeakyBucket, Rate: 1, Burst: offGrid},
-			State{A: quantDown(offGrid) + 0x1p-26 - 5, T: us}, 5},
-		{"leaky bucket draining", Limit{Algorithm: LeakyBucket, Rate: 3, Burst: 10}, State{A: 7.25, T: us - 1234567}, 2},
-		{"token bucket refilling", Limit{Algorithm: TokenBucket, Rate: 1.0 / 3, Burst: 10}, State{A: quantDown(0.1), T: us - 7654321}, 1},
-		{"fixed window above 2^29", Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Hour}, State{A: 1<<29 + 2, T: us - us%hour}, 1},
-		{"fixed window near 2^40", Limit{Algorithm: FixedWindow, Count: 1e12, Window: time.Hour}, State{A: 1e12 - 2, T: us - us%hour}, 1},
-		{"sliding window counter", Limit{Algorithm: SlidingWindowCounter, Count: 100.5, Window: time.Hour}, State{A: 10, B: 40, T: us - us%hour}, 3},
-		{"sliding window counter above 2^29", Limit{Algorithm: SlidingWindowCounter, Count: 1e12 * 0.7, Window: time.Hour},
-			State{A: 1<<30 + 1, B: 1<<31 + 7, T: us - us%hour}, 1},
-		{"sliding window counter into the next window", Limit{Algorithm: SlidingWindowCounter, Count: 1e12, Window: time.Hour},
-			State{A: 1e12 - 1e9 - 1, B: 1e9 + 3, T: us - us%hour - hour}, 1},
-		{"sliding window log", Limit{Algorithm: SlidingWindowLog, Count: 5, Window: time.Hour}, State{Log: []int64{us - hour, us - 5, us - 1}}, 2},
+		{"leaky bucket filled to an off-grid burst", engine.Limit{Algorithm: engine.LeakyBucket, Rate: 1, Burst: offGrid},
+			engine.State{A: quant.Down(offGrid) + 0x1p-26 - 5, T: us}, 5},
+		{"leaky bucket draining", engine.Limit{Algorithm: engine.LeakyBucket, Rate: 3, Burst: 10}, engine.State{A: 7.25, T: us - 1234567}, 2},
+		{"token bucket refilling", engine.Limit{Algorithm: engine.TokenBucket, Rate: 1.0 / 3, Burst: 10}, engine.State{A: quant.Down(0.1), T: us - 7654321}, 1},
+		{"fixed window above 2^29", engine.Limit{Algorithm: engine.FixedWindow, Count: 1e12, Window: time.Hour}, engine.State{A: 1<<29 + 2, T: us - us%hour}, 1},
+		{"fixed window near 2^40", engine.Limit{Algorithm: engine.FixedWindow, Count: 1e12, Window: time.Hour}, engine.State{A: 1e12 - 2, T: us - us%hour}, 1},
+		{"sliding window counter", engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 100.5, Window: time.Hour}, engine.State{A: 10, B: 40, T: us - us%hour}, 3},
+		{"sliding window counter above 2^29", engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 1e12 * 0.7, Window: time.Hour},
+			engine.State{A: 1<<30 + 1, B: 1<<31 + 7, T: us - us%hour}, 1},
+		{"sliding window counter into the next window", engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 1e12, Window: time.Hour},
+			engine.State{A: 1e12 - 1e9 - 1, B: 1e9 + 3, T: us - us%hour - hour}, 1},
+		{"sliding window log", engine.Limit{Algorithm: engine.SlidingWindowLog, Count: 5, Window: time.Hour}, engine.State{Log: []int64{us - hour, us - 5, us - 1}}, 2},
 	}
 	for i, tt := range tests {
 		key := s.Key("stored", fmt.Sprint(i))
 		if err := c.Set(ctx, key, redisStateValue(tt.l.Algorithm, tt.st), 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		want, wr := Decide(now, tt.st, tt.l, tt.cost)
-		d := mustCheck(t, s, one("stored", fmt.Sprint(i), tt.l, tt.cost))
+		want, wr := engine.Decide(now, tt.st, tt.l, tt.cost)
+		d := storetest.MustCheck(t, s, storetest.One("stored", fmt.Sprint(i), tt.l, tt.cost))
 		if d.Results[0] != wr || !wr.Allowed {
-			t.Errorf("%s: redis decided %+v, Decide %+v; want them equal, allowed", tt.name, d.Results[0], wr)
+			t.Errorf("%s: redis decided %+v, engine.Decide %+v; want them equal, allowed", tt.name, d.Results[0], wr)
 		}
 		got, err := c.Get(ctx, key).Bytes()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if wv := redisStateValue(tt.l.Algorithm, want); !bytes.Equal(got, wv) {
-			t.Errorf("%s: redis stored %x, want %x (Decide's state %+v)", tt.name, got, wv, want)
+			t.Errorf("%s: redis stored %x, want %x (engine.Decide's state %+v)", tt.name, got, wv, want)
 		}
-		if tt.l.Algorithm == LeakyBucket && tt.l.Burst == offGrid {
-			if d := mustCheck(t, s, one("stored", fmt.Sprint(i), tt.l, 0)); !d.Allowed {
+		if tt.l.Algorithm == engine.LeakyBucket && tt.l.Burst == offGrid {
+			if d := storetest.MustCheck(t, s, storetest.One("stored", fmt.Sprint(i), tt.l, 0)); !d.Allowed {
 				t.Errorf("%s: a cost-0 check just after = %+v, want allowed", tt.name, d.Results[0])
 			}
 		}
@@ -497,23 +502,23 @@ for i = 1, #ARGV do
 end
 return out
 `
-	args := make([]any, len(quantEdges))
-	for i, x := range quantEdges {
+	args := make([]any, len(quant.Edges))
+	for i, x := range quant.Edges {
 		args[i] = binary.LittleEndian.AppendUint64(nil, math.Float64bits(x))
 	}
 	v, err := c.Eval(context.Background(), script, nil, args...).StringSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v) != 4*len(quantEdges) {
-		t.Fatalf("script returned %d values, want %d", len(v), 4*len(quantEdges))
+	if len(v) != 4*len(quant.Edges) {
+		t.Fatalf("script returned %d values, want %d", len(v), 4*len(quant.Edges))
 	}
 	lua := func(i int) uint64 { return binary.LittleEndian.Uint64([]byte(v[i])) }
-	for i, x := range quantEdges {
+	for i, x := range quant.Edges {
 		for j, q := range []struct {
 			name string
 			got  float64
-		}{{"down", quantDown(x)}, {"up", quantUp(x)}} {
+		}{{"down", quant.Down(x)}, {"up", quant.Up(x)}} {
 			want := math.Float64bits(q.got)
 			computed, stored := lua(4*i+2*j), lua(4*i+2*j+1)
 			if math.IsNaN(x) {
@@ -546,26 +551,26 @@ for i = 1, #ARGV do
 end
 return out
 `
-	args := make([]any, len(countEdges))
-	for i, tt := range countEdges {
-		args[i] = binary.LittleEndian.AppendUint64(nil, math.Float64bits(tt.x))
+	args := make([]any, len(quant.CountEdges))
+	for i, tt := range quant.CountEdges {
+		args[i] = binary.LittleEndian.AppendUint64(nil, math.Float64bits(tt.X))
 	}
 	v, err := c.Eval(context.Background(), script, nil, args...).StringSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(v) != 3*len(countEdges) {
-		t.Fatalf("script returned %d values, want %d", len(v), 3*len(countEdges))
+	if len(v) != 3*len(quant.CountEdges) {
+		t.Fatalf("script returned %d values, want %d", len(v), 3*len(quant.CountEdges))
 	}
-	for i, tt := range countEdges {
-		want := math.Float64bits(storedCount(tt.x))
+	for i, tt := range quant.CountEdges {
+		want := math.Float64bits(quant.StoredCount(tt.X))
 		computed := binary.LittleEndian.Uint64([]byte(v[3*i]))
 		stored := binary.LittleEndian.Uint64([]byte(v[3*i+1]))
 		packed := []byte(v[3*i+2])
-		wantPacked := binary.LittleEndian.AppendUint64(nil, uint64(storedCount(tt.x)))[:5]
+		wantPacked := binary.LittleEndian.AppendUint64(nil, uint64(quant.StoredCount(tt.X)))[:5]
 		if computed != want || stored != want || !bytes.Equal(packed, wantPacked) {
 			t.Errorf("stored_count(%v) in Lua = %v, packed %x, read back %v; storedCount in Go = %v, packed %x",
-				tt.x, math.Float64frombits(computed), packed, math.Float64frombits(stored), math.Float64frombits(want), wantPacked)
+				tt.X, math.Float64frombits(computed), packed, math.Float64frombits(stored), math.Float64frombits(want), wantPacked)
 		}
 	}
 }
@@ -597,7 +602,7 @@ func luaFunction(t *testing.T, name string) string {
 
 // redisBytesPerSubject averages MEMORY USAGE over the keys of subjects
 // subject(0) ... subject(n-1) under policy.
-func redisBytesPerSubject(ctx context.Context, c redis.Cmdable, s *RedisStore, n int, subject func(int) string, policy string) (float64, error) {
+func redisBytesPerSubject(ctx context.Context, c redis.Cmdable, s *Store, n int, subject func(int) string, policy string) (float64, error) {
 	var total int64
 	for i := range n {
 		key := s.Key(subject(i), policy)
@@ -613,15 +618,15 @@ func redisBytesPerSubject(ctx context.Context, c redis.Cmdable, s *RedisStore, n
 // TestRedisReloadsScript shows that the store recovers when Redis loses
 // its script cache, as it does on restart and failover.
 func TestRedisReloadsScript(t *testing.T) {
-	s, srv := newTestRedisStore(t, newManualClock())
+	s, srv := newTestRedisStore(t, manualclock.New())
 	c := srv.Client(t)
 	ctx := context.Background()
-	l := Limit{Algorithm: FixedWindow, Count: 3, Window: time.Minute}
+	l := engine.Limit{Algorithm: engine.FixedWindow, Count: 3, Window: time.Minute}
 	for i := range 4 {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		d := mustCheck(t, s, one("flush", "p", l, 1))
+		d := storetest.MustCheck(t, s, storetest.One("flush", "p", l, 1))
 		if d.Allowed != (i < 3) {
 			t.Fatalf("check %d after SCRIPT FLUSH: allowed %v, want %v", i, d.Allowed, i < 3)
 		}
@@ -637,12 +642,12 @@ func TestRedisReloadsScript(t *testing.T) {
 func TestRedisTimeout(t *testing.T) {
 	srv := redistest.Start(t)
 	c := daemonClient(t, srv)
-	s := NewRedisStore(c, RedisConfig{Timeout: 20 * time.Millisecond})
-	l := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}
-	mustCheck(t, s, one("slow", "p", l, 0)) // warm the pool and the script cache
+	s := New(c, Config{Timeout: 20 * time.Millisecond})
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}
+	storetest.MustCheck(t, s, storetest.One("slow", "p", l, 0)) // warm the pool and the script cache
 	srv.Pause(time.Second)
 	start := time.Now()
-	_, err := s.Check(context.Background(), one("slow", "p", l, 1))
+	_, err := s.Check(context.Background(), storetest.One("slow", "p", l, 1))
 	took := time.Since(start)
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Check on a paused server = %v, want a deadline error", err)
@@ -659,12 +664,12 @@ func TestRedisCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	cc := cl.Client(t)
 	ctx := context.Background()
-	s := NewRedisStore(cc, RedisConfig{Timeout: time.Second})
-	setVirtualClock(s, newManualClock())
-	policies := []Check{
-		{Policy: "second", Limit: Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}, Cost: 1},
-		{Policy: "minute", Limit: Limit{Algorithm: SlidingWindowCounter, Count: 100, Window: time.Minute}, Cost: 1},
-		{Policy: "day", Limit: Limit{Algorithm: FixedWindow, Count: 1000, Window: 24 * time.Hour}, Cost: 1},
+	s := New(cc, Config{Timeout: time.Second})
+	setVirtualClock(s, manualclock.New())
+	policies := []engine.Check{
+		{Policy: "second", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1},
+		{Policy: "minute", Limit: engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 100, Window: time.Minute}, Cost: 1},
+		{Policy: "day", Limit: engine.Limit{Algorithm: engine.FixedWindow, Count: 1000, Window: 24 * time.Hour}, Cost: 1},
 	}
 	var nodeClients []*redis.Client
 	for _, node := range cl.Nodes() {
@@ -705,7 +710,7 @@ func TestRedisCluster(t *testing.T) {
 		t.Run(subject, func(t *testing.T) {
 			before := evalCalls(t)
 			for i := range 12 {
-				d := mustCheck(t, s, Request{Subject: subject, Checks: policies})
+				d := storetest.MustCheck(t, s, engine.Request{Subject: subject, Checks: policies})
 				if d.Allowed != (i < 10) {
 					t.Fatalf("check %d: allowed %v, want %v", i, d.Allowed, i < 10)
 				}
@@ -738,17 +743,17 @@ func TestRedisCluster(t *testing.T) {
 
 // ExampleRedisStore checks a request against two policies in Redis. It
 // needs a live server, so it is compiled but not run.
-func ExampleRedisStore() {
-	client, err := NewRedisClient("redis://127.0.0.1:6379")
+func ExampleStore() {
+	client, err := NewClient("redis://127.0.0.1:6379")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer client.Close()
-	store := NewRedisStore(client, RedisConfig{Timeout: 5 * time.Millisecond})
-	d, err := store.Check(context.Background(), Request{Subject: "user:42", Checks: []Check{
-		{Policy: "per-second", Limit: Limit{Algorithm: TokenBucket, Rate: 10, Burst: 20}, Cost: 1},
-		{Policy: "daily", Limit: Limit{Algorithm: FixedWindow, Count: 10000, Window: 24 * time.Hour}, Cost: 1},
+	store := New(client, Config{Timeout: 5 * time.Millisecond})
+	d, err := store.Check(context.Background(), engine.Request{Subject: "user:42", Checks: []engine.Check{
+		{Policy: "per-second", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 20}, Cost: 1},
+		{Policy: "daily", Limit: engine.Limit{Algorithm: engine.FixedWindow, Count: 10000, Window: 24 * time.Hour}, Cost: 1},
 	}})
 	if err != nil {
 		// Redis is down or slow: the caller decides whether to fail open.
@@ -770,7 +775,7 @@ func ExampleRedisStore() {
 func TestRedisWarm(t *testing.T) {
 	srv := redistest.Start(t)
 	c := daemonClient(t, srv)
-	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	s := New(c, Config{Timeout: time.Second})
 	ctx := context.Background()
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -794,12 +799,12 @@ func TestRedisWarm(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	dead, err := NewRedisClient("redis://" + addr)
+	dead, err := NewClient("redis://" + addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dead.Close() })
-	err = NewRedisStore(dead, RedisConfig{Timeout: time.Second}).Warm(ctx)
+	err = New(dead, Config{Timeout: time.Second}).Warm(ctx)
 	if err == nil || !strings.Contains(err.Error(), "loading the check script") {
 		t.Errorf("Warm on a closed port = %v, want an error loading the check script", err)
 	}

@@ -1,9 +1,12 @@
-package engine
+package limiter
 
 import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/internal/manualclock"
 )
 
 // TestDeposit: a deposit puts units back into a token bucket up to its
@@ -13,12 +16,12 @@ import (
 // of nothing or tracked is a bad request.
 func TestDeposit(t *testing.T) {
 	ctx := context.Background()
-	clock := newManualClock()
-	lim := NewLimiter(LimiterConfig{Store: NewMemoryStore(MemoryConfig{Clock: clock}), Clock: clock})
-	bucket := Limit{Algorithm: TokenBucket, Rate: 20, Burst: 20}
+	clock := manualclock.New()
+	lim := New(Config{Store: engine.NewMemoryStore(engine.MemoryConfig{Clock: clock}), Clock: clock})
+	bucket := engine.Limit{Algorithm: engine.TokenBucket, Rate: 20, Burst: 20}
 	spend := func(cost int64) Outcome {
 		t.Helper()
-		out, err := lim.Check(ctx, Request{Subject: "k", Checks: []Check{{Policy: "g", Limit: bucket, Cost: cost, Scale: 0.5, Track: true}}})
+		out, err := lim.Check(ctx, engine.Request{Subject: "k", Checks: []engine.Check{{Policy: "g", Limit: bucket, Cost: cost, Scale: 0.5, Track: true}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -26,7 +29,7 @@ func TestDeposit(t *testing.T) {
 	}
 	deposit := func(cost int64) Outcome {
 		t.Helper()
-		out, err := lim.Check(ctx, Request{Subject: "k", Checks: []Check{{Policy: "g", Limit: bucket, Cost: cost, Scale: 0.5, Deposit: true}}})
+		out, err := lim.Check(ctx, engine.Request{Subject: "k", Checks: []engine.Check{{Policy: "g", Limit: bucket, Cost: cost, Scale: 0.5, Deposit: true}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,21 +51,21 @@ func TestDeposit(t *testing.T) {
 	if out := spend(10); !out.Allowed || out.Source != FromStore {
 		t.Errorf("spending the deposited units = %+v from %v, want allowed from the store (no remembered rejection)", out.Results[0], out.Source)
 	}
-	if u := lim.DrainUsage()[UsageKey{Subject: "k", Policy: "g"}]; u.Demand != 21 || u.Admitted != 20 {
+	if u := lim.DrainUsage()[engine.UsageKey{Subject: "k", Policy: "g"}]; u.Demand != 21 || u.Admitted != 20 {
 		t.Errorf("usage = %+v, want the spends only (21 demanded, 20 admitted)", u)
 	}
 	for _, tt := range []struct {
 		name string
-		req  Request
+		req  engine.Request
 	}{
-		{"not alone", Request{Subject: "k", Checks: []Check{{Policy: "g", Limit: bucket, Cost: 1, Deposit: true}, {Policy: "h", Limit: bucket, Cost: 1}}}},
-		{"not a token bucket", Request{Subject: "k", Checks: []Check{{Policy: "g", Limit: Limit{Algorithm: LeakyBucket, Rate: 20, Burst: 20}, Cost: 1, Deposit: true}}}},
-		{"of nothing", Request{Subject: "k", Checks: []Check{{Policy: "g", Limit: bucket, Deposit: true}}}},
-		{"tracked", Request{Subject: "k", Checks: []Check{{Policy: "g", Limit: bucket, Cost: 1, Deposit: true, Track: true}}}},
+		{"not alone", engine.Request{Subject: "k", Checks: []engine.Check{{Policy: "g", Limit: bucket, Cost: 1, Deposit: true}, {Policy: "h", Limit: bucket, Cost: 1}}}},
+		{"not a token bucket", engine.Request{Subject: "k", Checks: []engine.Check{{Policy: "g", Limit: engine.Limit{Algorithm: engine.LeakyBucket, Rate: 20, Burst: 20}, Cost: 1, Deposit: true}}}},
+		{"of nothing", engine.Request{Subject: "k", Checks: []engine.Check{{Policy: "g", Limit: bucket, Deposit: true}}}},
+		{"tracked", engine.Request{Subject: "k", Checks: []engine.Check{{Policy: "g", Limit: bucket, Cost: 1, Deposit: true, Track: true}}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := lim.Check(ctx, tt.req); !errors.Is(err, ErrBadRequest) {
-				t.Errorf("Check(deposit %s) error = %v, want ErrBadRequest", tt.name, err)
+			if _, err := lim.Check(ctx, tt.req); !errors.Is(err, engine.ErrBadRequest) {
+				t.Errorf("Check(deposit %s) error = %v, want engine.ErrBadRequest", tt.name, err)
 			}
 		})
 	}

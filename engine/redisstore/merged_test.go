@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -11,12 +11,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/storetest"
+	"github.com/sluice-rl/sluice/internal/manualclock"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 // sendMerged sends reqs as one batch of s, as a lane would, and returns
 // each check's script reply.
-func sendMerged(t *testing.T, s *RedisStore, reqs []Request) []answer {
+func sendMerged(t *testing.T, s *Store, reqs []engine.Request) []answer {
 	t.Helper()
 	batch := make([]*queuedCheck, len(reqs))
 	for i, req := range reqs {
@@ -42,31 +45,31 @@ func TestRedisMergedCallDecidesAsOneByOne(t *testing.T) {
 	ctx := context.Background()
 	for seed := range uint64(30) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		clock := newManualClock()
+		clock := manualclock.New()
 		clock.Advance(time.Duration(rng.Int64N(int64(24 * time.Hour))))
-		mem := NewMemoryStore(MemoryConfig{Clock: clock})
-		red := NewRedisStore(client, RedisConfig{Timeout: time.Second, Prefix: fmt.Sprintf("merged:%d:", seed)})
+		mem := engine.NewMemoryStore(engine.MemoryConfig{Clock: clock})
+		red := New(client, Config{Timeout: time.Second, Prefix: fmt.Sprintf("merged:%d:", seed)})
 		setVirtualClock(red, clock)
 		if !red.merge {
 			t.Fatal("the store of a single server does not merge a batch into one call")
 		}
-		sets := make([][]Check, 4)
+		sets := make([][]engine.Check, 4)
 		for i := range sets {
 			for j := range 1 + rng.IntN(3) {
-				alg := Algorithm(1 + rng.IntN(5))
-				sets[i] = append(sets[i], Check{Policy: fmt.Sprintf("s%dp%d", i, j), Limit: randomLimit(rng, alg)})
+				alg := engine.Algorithm(1 + rng.IntN(5))
+				sets[i] = append(sets[i], engine.Check{Policy: fmt.Sprintf("s%dp%d", i, j), Limit: randomLimit(rng, alg)})
 			}
 		}
 		subjects := []string{"alice", "{bob}", "=carol", "dave"}
 		for step := range 60 {
 			clock.Advance(randomStep(rng, sets[rng.IntN(len(sets))]))
-			reqs := make([]Request, 2+rng.IntN(7))
+			reqs := make([]engine.Request, 2+rng.IntN(7))
 			for i := range reqs {
-				checks := append([]Check(nil), sets[rng.IntN(len(sets))]...)
+				checks := append([]engine.Check(nil), sets[rng.IntN(len(sets))]...)
 				for j := range checks {
-					checks[j].Cost = randomCost(rng, checks[j].effective())
+					checks[j].Cost = randomCost(rng, checks[j].Effective())
 				}
-				reqs[i] = Request{Subject: subjects[rng.IntN(len(subjects))], Checks: checks}
+				reqs[i] = engine.Request{Subject: subjects[rng.IntN(len(subjects))], Checks: checks}
 			}
 			answers := sendMerged(t, red, reqs)
 			for i, req := range reqs {
@@ -98,13 +101,13 @@ func TestRedisMergedCallFailsOnlyBadChecks(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
-	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
-	sw := Limit{Algorithm: SlidingWindowCounter, Count: 5, Window: time.Second}
-	two := func(subject string) Request {
-		return Request{Subject: subject, Checks: []Check{{Policy: "a", Limit: tb, Cost: 1}, {Policy: "b", Limit: sw, Cost: 1}}}
+	s := New(c, Config{Timeout: time.Second})
+	tb := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+	sw := engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 5, Window: time.Second}
+	two := func(subject string) engine.Request {
+		return engine.Request{Subject: subject, Checks: []engine.Check{{Policy: "a", Limit: tb, Cost: 1}, {Policy: "b", Limit: sw, Cost: 1}}}
 	}
-	reqs := []Request{one("good-1", "a", tb, 1), two("bad-2"), two("good-3"), one("bad-4", "a", tb, 1), two("good-5")}
+	reqs := []engine.Request{storetest.One("good-1", "a", tb, 1), two("bad-2"), two("good-3"), storetest.One("bad-4", "a", tb, 1), two("good-5")}
 	for _, k := range []string{s.Key("bad-2", "b"), s.Key("bad-4", "a")} {
 		if err := c.HSet(ctx, k, "f", "v").Err(); err != nil {
 			t.Fatal(err)
@@ -145,13 +148,13 @@ func TestRedisMergedCallFailsOnlyBadChecks(t *testing.T) {
 func TestRedisMergedCallAfterScriptFlush(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
-	s := NewRedisStore(c, RedisConfig{Timeout: time.Second})
-	tb := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
-	mustCheck(t, s, one("warm", "p", tb, 0)) // the script is loaded
+	s := New(c, Config{Timeout: time.Second})
+	tb := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+	storetest.MustCheck(t, s, storetest.One("warm", "p", tb, 0)) // the script is loaded
 	if err := c.ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	reqs := []Request{one("a", "p", tb, 1), one("b", "p", tb, 1), one("a", "p", tb, 1)}
+	reqs := []engine.Request{storetest.One("a", "p", tb, 1), storetest.One("b", "p", tb, 1), storetest.One("a", "p", tb, 1)}
 	for i, a := range sendMerged(t, s, reqs) {
 		d, err := scriptDecision(reqs[i], a.v)
 		if a.err != nil || err != nil || !d.Allowed {

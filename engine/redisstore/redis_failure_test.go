@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -9,21 +9,25 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/engine/storetest"
+	"github.com/sluice-rl/sluice/internal/manualclock"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // redisLimiter builds a Limiter over a real Redis at addr, with the
 // production client settings.
-func redisLimiter(t testing.TB, url string, cfg LimiterConfig) *Limiter {
+func redisLimiter(t testing.TB, url string, cfg limiter.Config) *limiter.Limiter {
 	t.Helper()
-	c, err := NewRedisClient(url)
+	c, err := NewClient(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	cfg.Store = NewRedisStore(c, RedisConfig{Timeout: cfg.Timeout})
-	return NewLimiter(cfg)
+	cfg.Store = New(c, Config{Timeout: cfg.Timeout})
+	return limiter.New(cfg)
 }
 
 // TestRedisKilledUnderLoad kills the real server while 16 goroutines keep
@@ -33,17 +37,17 @@ func redisLimiter(t testing.TB, url string, cfg LimiterConfig) *Limiter {
 func TestRedisKilledUnderLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	const probe = 300 * time.Millisecond
-	lim := redisLimiter(t, "redis://"+srv.Addr(), LimiterConfig{
+	lim := redisLimiter(t, "redis://"+srv.Addr(), limiter.Config{
 		Timeout: 50 * time.Millisecond, // generous: the test machine is shared
-		Breaker: BreakerConfig{MinCalls: 5, OpenFor: probe},
+		Breaker: limiter.BreakerConfig{MinCalls: 5, OpenFor: probe},
 	})
-	quota := Limit{Algorithm: FixedWindow, Count: 50, Window: time.Hour}
-	login := Limit{Algorithm: SlidingWindowCounter, Count: 5, Window: 15 * time.Minute}
-	reqQuota := func(sub string) Request {
-		return Request{Subject: sub, Checks: []Check{{Policy: "q", Limit: quota, Cost: 1, OnFailure: FailOpen}}}
+	quota := engine.Limit{Algorithm: engine.FixedWindow, Count: 50, Window: time.Hour}
+	login := engine.Limit{Algorithm: engine.SlidingWindowCounter, Count: 5, Window: 15 * time.Minute}
+	reqQuota := func(sub string) engine.Request {
+		return engine.Request{Subject: sub, Checks: []engine.Check{{Policy: "q", Limit: quota, Cost: 1, OnFailure: engine.FailOpen}}}
 	}
-	reqLogin := func(sub string) Request {
-		return Request{Subject: sub, Checks: []Check{{Policy: "login", Limit: login, Cost: 1, OnFailure: FailClosed}}}
+	reqLogin := func(sub string) engine.Request {
+		return engine.Request{Subject: sub, Checks: []engine.Check{{Policy: "login", Limit: login, Cost: 1, OnFailure: engine.FailClosed}}}
 	}
 	ctx := context.Background()
 
@@ -110,7 +114,7 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 	back := time.Now()
 	testwait.For(t, probe+5*time.Second, "decisions from the store", func() bool {
 		o, err := lim.Check(ctx, reqQuota("after"))
-		return err == nil && o.Source == FromStore
+		return err == nil && o.Source == limiter.FromStore
 	})
 	t.Logf("exact limits resumed %v after Redis came back (probe interval %v)", time.Since(back).Round(time.Millisecond), probe)
 	admitted := 1 // the check that saw the store
@@ -133,10 +137,10 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 func TestRedisPausedChecksReturnAtDeadline(t *testing.T) {
 	srv := redistest.Start(t)
 	const deadline = 20 * time.Millisecond
-	lim := redisLimiter(t, "redis://"+srv.Addr(), LimiterConfig{Timeout: deadline, Breaker: BreakerConfig{MinCalls: 1000}})
-	req := Request{Subject: "p", Checks: []Check{{Policy: "q", Limit: Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
+	lim := redisLimiter(t, "redis://"+srv.Addr(), limiter.Config{Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
+	req := engine.Request{Subject: "p", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
 	ctx := context.Background()
-	if o, err := lim.Check(ctx, req); err != nil || o.Source != FromStore {
+	if o, err := lim.Check(ctx, req); err != nil || o.Source != limiter.FromStore {
 		t.Fatalf("warm-up check: %v %v", o.Source, err)
 	}
 	srv.Pause(3 * time.Second)
@@ -167,20 +171,20 @@ func TestRedisPausedChecksReturnAtDeadline(t *testing.T) {
 // than the policy allows was admitted because of it.
 func TestRedisClusterFailover(t *testing.T) {
 	const burst = 20
-	l := Limit{Algorithm: FixedWindow, Count: burst, Window: time.Hour}
+	l := engine.Limit{Algorithm: engine.FixedWindow, Count: burst, Window: time.Hour}
 	ctx := context.Background()
-	for _, mode := range []Failure{FailClosed, FailOpen} {
+	for _, mode := range []engine.Failure{engine.FailClosed, engine.FailOpen} {
 		t.Run(mode.String(), func(t *testing.T) {
 			cl := redistest.StartCluster(t, 3, 1)
-			lim := redisLimiter(t, "redis-cluster://"+joinAddrs(cl.Addrs()), LimiterConfig{
+			lim := redisLimiter(t, "redis-cluster://"+joinAddrs(cl.Addrs()), limiter.Config{
 				Timeout: 100 * time.Millisecond,
-				Breaker: BreakerConfig{MinCalls: 5, OpenFor: 200 * time.Millisecond},
+				Breaker: limiter.BreakerConfig{MinCalls: 5, OpenFor: 200 * time.Millisecond},
 				// Every check must reach the store: the test measures what
 				// the store admits across the failover.
 				DenyCacheSize: -1,
 			})
 			sub := "failover-" + mode.String()
-			req := Request{Subject: sub, Checks: []Check{{Policy: "q", Limit: l, Cost: 1, OnFailure: mode}}}
+			req := engine.Request{Subject: sub, Checks: []engine.Check{{Policy: "q", Limit: l, Cost: 1, OnFailure: mode}}}
 			admitted := 0
 			for range burst {
 				if o, _ := lim.Check(ctx, req); o.Allowed {
@@ -208,7 +212,7 @@ func TestRedisClusterFailover(t *testing.T) {
 						errs.Add(1)
 						continue
 					}
-					if o.Source == FromStore && promotedDone.Load() {
+					if o.Source == limiter.FromStore && promotedDone.Load() {
 						fromStore.Add(1)
 					}
 					if o.Allowed {
@@ -230,7 +234,7 @@ func TestRedisClusterFailover(t *testing.T) {
 			extra := admitted - burst
 			t.Logf("on_store_failure=%s: extra admission across a primary failover = %d (one burst = %d)", mode, extra, burst)
 			limitExtra := burst // one burst: the design's bound for a failover
-			if mode == FailOpen {
+			if mode == engine.FailOpen {
 				limitExtra = 2 * burst // plus what the in-process fallback admits, 2x by design
 			}
 			if extra > limitExtra {
@@ -289,14 +293,14 @@ func waitReplicated(t *testing.T, cl *redistest.Cluster, key string) {
 // the fallback; the others still reach their primaries.
 func TestRedisClusterBreakerPerShard(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
-	lim := redisLimiter(t, "redis-cluster://"+joinAddrs(cl.Addrs()), LimiterConfig{
+	lim := redisLimiter(t, "redis-cluster://"+joinAddrs(cl.Addrs()), limiter.Config{
 		Timeout: 100 * time.Millisecond,
-		Breaker: BreakerConfig{MinCalls: 5, OpenFor: time.Minute},
+		Breaker: limiter.BreakerConfig{MinCalls: 5, OpenFor: time.Minute},
 	})
-	l := Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}
 	ctx := context.Background()
-	req := func(sub string) Request {
-		return Request{Subject: sub, Checks: []Check{{Policy: "q", Limit: l, Cost: 1}}}
+	req := func(sub string) engine.Request {
+		return engine.Request{Subject: sub, Checks: []engine.Check{{Policy: "q", Limit: l, Cost: 1}}}
 	}
 	// Find subjects on two different primaries.
 	dead := cl.PrimaryForKey("rl:{s0}:q")
@@ -315,7 +319,38 @@ func TestRedisClusterBreakerPerShard(t *testing.T) {
 		t.Fatalf("breaker of the dead primary %s = %q, want open (all: %v)", dead.Addr(), got, lim.Stats().Breakers)
 	}
 	o, err := lim.Check(ctx, req(alive))
-	if err != nil || o.Source != FromStore {
+	if err != nil || o.Source != limiter.FromStore {
 		t.Errorf("subject on a live primary: source=%v err=%v (%v), want decided by the store", o.Source, err, o.Err)
+	}
+}
+
+// TestLimiterResetClearsDenyCache rejects a subject on a Redis store until
+// its rejection is cached, resets it, and requires the next check to be
+// allowed by the store, not refused from the cache.
+func TestLimiterResetClearsDenyCache(t *testing.T) {
+	clock := manualclock.New()
+	store, _ := newTestRedisStore(t, clock)
+	l := limiter.New(limiter.Config{Store: store, Clock: clock, Timeout: time.Second})
+	ctx := context.Background()
+	req := storetest.One("locked-out", "login", engine.Limit{Algorithm: engine.FixedWindow, Count: 3, Window: time.Hour}, 1)
+	for range 3 {
+		if o, err := l.Check(ctx, req); err != nil || !o.Allowed {
+			t.Fatalf("check within the limit: %+v %v", o, err)
+		}
+	}
+	for range 2 { // the second rejection comes from the cache
+		if o, _ := l.Check(ctx, req); o.Allowed {
+			t.Fatal("check past the limit allowed")
+		}
+	}
+	if l.Stats().DenyCacheHits == 0 {
+		t.Fatal("no rejection was served from the deny cache: the test does not exercise it")
+	}
+	if err := l.Reset(ctx, "locked-out", []string{"login"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := l.Check(ctx, req)
+	if err != nil || !o.Allowed || o.Source != limiter.FromStore || o.Results[0].Remaining != 2 {
+		t.Fatalf("after reset: %+v %v, want allowed by the store with 2 remaining", o, err)
 	}
 }

@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -8,18 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testenv"
 )
 
 // countingStore counts store calls per subject.
 type countingStore struct {
-	Store
+	engine.Store
 	mu    sync.Mutex
 	calls map[string]int
 }
 
-func (c *countingStore) Check(ctx context.Context, req Request) (Decision, error) {
+func (c *countingStore) Check(ctx context.Context, req engine.Request) (engine.Decision, error) {
 	c.mu.Lock()
 	c.calls[req.Subject]++
 	c.mu.Unlock()
@@ -36,10 +38,10 @@ func (c *countingStore) Check(ctx context.Context, req Request) (Decision, error
 func TestHotKeyIsAbsorbed(t *testing.T) {
 	srv := redistest.Start(t)
 	c := daemonClient(t, srv)
-	cs := &countingStore{Store: NewRedisStore(c, RedisConfig{Timeout: 200 * time.Millisecond}), calls: map[string]int{}}
-	lim := NewLimiter(LimiterConfig{Store: cs, Timeout: 200 * time.Millisecond})
-	hot := Limit{Algorithm: TokenBucket, Rate: 20, Burst: 20}
-	cold := Limit{Algorithm: FixedWindow, Count: 1000, Window: time.Hour}
+	cs := &countingStore{Store: New(c, Config{Timeout: 200 * time.Millisecond}), calls: map[string]int{}}
+	lim := limiter.New(limiter.Config{Store: cs, Timeout: 200 * time.Millisecond})
+	hot := engine.Limit{Algorithm: engine.TokenBucket, Rate: 20, Burst: 20}
+	cold := engine.Limit{Algorithm: engine.FixedWindow, Count: 1000, Window: time.Hour}
 	ctx := context.Background()
 
 	const dur = time.Second
@@ -55,7 +57,7 @@ func TestHotKeyIsAbsorbed(t *testing.T) {
 			defer wg.Done()
 			for time.Now().Before(stop) {
 				time.Sleep(time.Millisecond) // pacing, like requests arriving
-				o, err := lim.Check(ctx, Request{Subject: "hot", Checks: []Check{{Policy: "p", Limit: hot, Cost: 1}}})
+				o, err := lim.Check(ctx, engine.Request{Subject: "hot", Checks: []engine.Check{{Policy: "p", Limit: hot, Cost: 1}}})
 				if err != nil {
 					t.Error(err)
 					return
@@ -70,8 +72,8 @@ func TestHotKeyIsAbsorbed(t *testing.T) {
 	coldErrs := 0
 	for i := 0; time.Now().Before(stop); i++ {
 		sub := fmt.Sprint("cold-", i%50)
-		o, err := lim.Check(ctx, Request{Subject: sub, Checks: []Check{{Policy: "p", Limit: cold, Cost: 1}}})
-		if err != nil || o.Source != FromStore || !o.Allowed {
+		o, err := lim.Check(ctx, engine.Request{Subject: sub, Checks: []engine.Check{{Policy: "p", Limit: cold, Cost: 1}}})
+		if err != nil || o.Source != limiter.FromStore || !o.Allowed {
 			if coldErrs == 0 {
 				t.Logf("first miss: source=%v allowed=%v err=%v storeErr=%v", o.Source, o.Allowed, err, o.Err)
 			}

@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/internal/manualclock"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -34,7 +36,7 @@ func TestRedisConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	const seeds, steps = 40, 200
-	kinds := []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, 0}
+	kinds := []engine.Algorithm{engine.TokenBucket, engine.LeakyBucket, engine.FixedWindow, engine.SlidingWindowLog, engine.SlidingWindowCounter, 0}
 	for _, kind := range kinds {
 		name := "mixed"
 		if kind != 0 {
@@ -43,23 +45,23 @@ func TestRedisConformance(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			for seed := range uint64(seeds) {
 				rng := rand.New(rand.NewPCG(seed, uint64(kind)))
-				clock := newManualClock()
+				clock := manualclock.New()
 				clock.Advance(time.Duration(rng.Int64N(int64(24 * time.Hour))))
-				mem := NewMemoryStore(MemoryConfig{Clock: clock})
-				red := NewRedisStore(client, RedisConfig{Timeout: time.Second, Prefix: fmt.Sprintf("conf:%s:%d:", name, seed)})
+				mem := engine.NewMemoryStore(engine.MemoryConfig{Clock: clock})
+				red := New(client, Config{Timeout: time.Second, Prefix: fmt.Sprintf("conf:%s:%d:", name, seed)})
 				setVirtualClock(red, clock)
 
 				n := 1
 				if kind == 0 {
 					n = 2 + rng.IntN(3)
 				}
-				checks := make([]Check, n)
+				checks := make([]engine.Check, n)
 				for i := range checks {
 					alg := kind
 					if alg == 0 {
-						alg = Algorithm(1 + rng.IntN(5))
+						alg = engine.Algorithm(1 + rng.IntN(5))
 					}
-					checks[i] = Check{Policy: fmt.Sprintf("p%d", i), Limit: randomLimit(rng, alg)}
+					checks[i] = engine.Check{Policy: fmt.Sprintf("p%d", i), Limit: randomLimit(rng, alg)}
 				}
 				subjects := []string{"alice", "{bob}", "=carol"}
 				rescale := seed%2 == 1
@@ -81,10 +83,10 @@ func TestRedisConformance(t *testing.T) {
 						if rescale && rng.IntN(20) == 0 {
 							c.Scale = randomScale()
 						}
-						c.Cost = randomCost(rng, c.effective())
+						c.Cost = randomCost(rng, c.Effective())
 					}
-					req := Request{Subject: subjects[rng.IntN(len(subjects))], Checks: append([]Check(nil), checks...)}
-					if n == 1 && checks[0].Limit.Algorithm == TokenBucket && rng.IntN(6) == 0 {
+					req := engine.Request{Subject: subjects[rng.IntN(len(subjects))], Checks: append([]engine.Check(nil), checks...)}
+					if n == 1 && checks[0].Limit.Algorithm == engine.TokenBucket && rng.IntN(6) == 0 {
 						// A deposit: units handed back, up to the burst.
 						req.Checks[0].Deposit, req.Checks[0].Cost = true, max(1, req.Checks[0].Cost)
 					}
@@ -106,14 +108,14 @@ func TestRedisConformance(t *testing.T) {
 }
 
 // randomLimit draws a valid limit, often with fractional parameters.
-func randomLimit(rng *rand.Rand, alg Algorithm) Limit {
+func randomLimit(rng *rand.Rand, alg engine.Algorithm) engine.Limit {
 	pick := func(whole, frac float64) float64 {
 		if rng.IntN(2) == 0 {
 			return float64(1 + rng.IntN(int(whole)))
 		}
 		return 1 + rng.Float64()*frac
 	}
-	l := Limit{Algorithm: alg}
+	l := engine.Limit{Algorithm: alg}
 	if !alg.Windowed() {
 		l.Rate = []float64{0.01 + rng.Float64(), pick(1000, 1000), 1e6 * rng.Float64(), 3}[rng.IntN(4)]
 		l.Burst = pick(100, 100)
@@ -126,7 +128,7 @@ func randomLimit(rng *rand.Rand, alg Algorithm) Limit {
 		l.Window = time.Duration(1+rng.IntN(5000)) * time.Millisecond
 	}
 	l.Count = pick(200, 200)
-	if alg == SlidingWindowLog {
+	if alg == engine.SlidingWindowLog {
 		l.Count = pick(40, 40)
 	}
 	return l
@@ -135,7 +137,7 @@ func randomLimit(rng *rand.Rand, alg Algorithm) Limit {
 // randomStep draws how far the clock moves before a check: often not at
 // all or a little, sometimes a good part of a window or refill, sometimes
 // far enough to expire state, sometimes a little backwards.
-func randomStep(rng *rand.Rand, checks []Check) time.Duration {
+func randomStep(rng *rand.Rand, checks []engine.Check) time.Duration {
 	l := checks[rng.IntN(len(checks))].Limit
 	scale := l.Window
 	if !l.Algorithm.Windowed() {
@@ -160,7 +162,7 @@ func randomStep(rng *rand.Rand, checks []Check) time.Duration {
 
 // randomCost draws a cost for the effective limit: zero, one, anything up
 // to its capacity, and now and then more than the capacity.
-func randomCost(rng *rand.Rand, l Limit) int64 {
+func randomCost(rng *rand.Rand, l engine.Limit) int64 {
 	capacity := int64(l.Capacity())
 	switch r := rng.IntN(20); {
 	case r < 3:
@@ -174,7 +176,7 @@ func randomCost(rng *rand.Rand, l Limit) int64 {
 	}
 }
 
-func describeRequest(req Request) string {
+func describeRequest(req engine.Request) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "subject %q", req.Subject)
 	for _, c := range req.Checks {

@@ -1,4 +1,9 @@
-package engine
+// Package limiter adds to an engine.Store what keeps a check fast and safe
+// when the store misbehaves: a deadline on every store call, a circuit
+// breaker per store shard, each policy's failure mode (open, local,
+// closed), a cache of rejections, and the usage counts global shares are
+// computed from.
+package limiter
 
 import (
 	"context"
@@ -12,36 +17,10 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/sluice-rl/sluice/engine"
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/time/rate"
 )
-
-// Failure says what a policy does when its store cannot decide.
-type Failure uint8
-
-const (
-	// FailOpen allows, through a coarse in-process limit of the policy's
-	// rate times LimiterConfig.OpenFactor per daemon: availability first.
-	FailOpen Failure = iota
-	// FailLocal protects capacity: an in-process limit of the policy's rate
-	// divided by the number of live daemons.
-	FailLocal
-	// FailClosed rejects: for security policies (login, OTP), where brute
-	// force during an outage is worse than blocked logins.
-	FailClosed
-)
-
-func (f Failure) String() string {
-	switch f {
-	case FailOpen:
-		return "open"
-	case FailLocal:
-		return "local"
-	case FailClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("failure(%d)", uint8(f))
-}
 
 // Source says who made a decision.
 type Source uint8
@@ -56,11 +35,6 @@ func (s Source) String() string {
 	return [...]string{"store", "deny_cache", "fallback"}[s]
 }
 
-// Store decides checks; *MemoryStore and *RedisStore are Stores.
-type Store interface {
-	Check(ctx context.Context, req Request) (Decision, error)
-}
-
 // resetter is implemented by stores that can forget a subject's state.
 type resetter interface {
 	Reset(ctx context.Context, subject string, policies []string) error
@@ -71,7 +45,7 @@ type resetter interface {
 // store's round trip alone, after the wait in the queue, and a check that
 // waited past the queue's own bound fails with ErrStoreBusy.
 type roundTripStore interface {
-	CheckWithin(ctx context.Context, req Request, roundTrip time.Duration) (Decision, error)
+	CheckWithin(ctx context.Context, req engine.Request, roundTrip time.Duration) (engine.Decision, error)
 }
 
 // shardNamer is implemented by stores that spread subjects over several
@@ -111,18 +85,18 @@ func (b BreakerConfig) withDefaults() BreakerConfig {
 	return b
 }
 
-// LimiterConfig configures a Limiter.
-type LimiterConfig struct {
+// Config configures a Limiter.
+type Config struct {
 	// Store decides normally. Nil means an in-process MemoryStore, which
 	// cannot fail, so nothing below applies.
-	Store Store
+	Store engine.Store
 	// Clock supplies time; nil means real time.
-	Clock Clock
+	Clock engine.Clock
 	// Timeout bounds every store call. Default 5 ms: a slow store costs at
 	// most this, never a client library's default seconds. For a store
 	// that queues its calls (Redis) it bounds the round trip from the
 	// moment a check is sent; the wait in the queue has its own, larger
-	// bound (RedisConfig.QueueWait), so that a daemon under load slows
+	// bound (redisstore.Config.QueueWait), so that a daemon under load slows
 	// down rather than deciding without the store.
 	Timeout time.Duration
 	// Breaker opens per store (per shard) on sustained errors.
@@ -155,16 +129,16 @@ type LimiterConfig struct {
 // saves store calls for subjects hammering past their limit, and the usage
 // counts that global shares are computed from.
 type Limiter struct {
-	cfg      LimiterConfig
-	clock    Clock
-	store    Store
-	fallback *MemoryStore
+	cfg      Config
+	clock    engine.Clock
+	store    engine.Store
+	fallback *engine.MemoryStore
 	deny     *denyCache
 	usage    *usageTracker
 	seed     maphash.Seed
 
 	mu       sync.Mutex
-	breakers map[string]*gobreaker.CircuitBreaker[Decision]
+	breakers map[string]*gobreaker.CircuitBreaker[engine.Decision]
 	logs     map[string]*rate.Sometimes
 
 	storeCalls   atomic.Uint64
@@ -175,8 +149,8 @@ type Limiter struct {
 	breakerOpens atomic.Uint64
 }
 
-// NewLimiter returns a Limiter over cfg.Store.
-func NewLimiter(cfg LimiterConfig) *Limiter {
+// New returns a Limiter over cfg.Store.
+func New(cfg Config) *Limiter {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Millisecond
 	}
@@ -195,18 +169,18 @@ func NewLimiter(cfg LimiterConfig) *Limiter {
 	cfg.Breaker = cfg.Breaker.withDefaults()
 	l := &Limiter{
 		cfg:      cfg,
-		clock:    clockOrReal(cfg.Clock),
+		clock:    engine.ClockOrReal(cfg.Clock),
 		store:    cfg.Store,
 		seed:     maphash.MakeSeed(),
-		breakers: make(map[string]*gobreaker.CircuitBreaker[Decision]),
+		breakers: make(map[string]*gobreaker.CircuitBreaker[engine.Decision]),
 		logs:     make(map[string]*rate.Sometimes),
 		usage:    newUsageTracker(),
 	}
 	if l.store == nil {
-		l.store = NewMemoryStore(MemoryConfig{Clock: cfg.Clock})
+		l.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: cfg.Clock})
 	}
-	if _, inProcess := l.store.(*MemoryStore); !inProcess {
-		l.fallback = NewMemoryStore(MemoryConfig{Clock: cfg.Clock, MaxKeys: cfg.FallbackMaxKeys})
+	if _, inProcess := l.store.(*engine.MemoryStore); !inProcess {
+		l.fallback = engine.NewMemoryStore(engine.MemoryConfig{Clock: cfg.Clock, MaxKeys: cfg.FallbackMaxKeys})
 		if cfg.DenyCacheSize > 0 {
 			l.deny = newDenyCache(cfg.DenyCacheSize)
 		}
@@ -216,7 +190,7 @@ func NewLimiter(cfg LimiterConfig) *Limiter {
 
 // Outcome is a Decision with how it was reached.
 type Outcome struct {
-	Decision
+	engine.Decision
 	Source Source
 	// Degraded is true when the store could not decide and a policy's
 	// failure mode did.
@@ -230,9 +204,9 @@ type Outcome struct {
 
 // Check decides req. It returns an error only for a request no store could
 // decide (ErrBadRequest); a failing store yields a degraded Outcome.
-func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
-	if err := req.validate(); err != nil {
-		return Outcome{Decision: Decision{Decider: -1}}, err
+func (l *Limiter) Check(ctx context.Context, req engine.Request) (Outcome, error) {
+	if err := req.Validate(); err != nil {
+		return Outcome{Decision: engine.Decision{Decider: -1}}, err
 	}
 	now := l.clock.Now()
 	if req.Checks[0].Deposit {
@@ -250,7 +224,7 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
 	d, err := l.callStore(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return Outcome{Decision: Decision{Decider: -1}}, ctx.Err()
+			return Outcome{Decision: engine.Decision{Decider: -1}}, ctx.Err()
 		}
 		out := l.degrade(ctx, req, err)
 		l.track(req, out.Decision)
@@ -270,13 +244,13 @@ func (l *Limiter) Check(ctx context.Context, req Request) (Outcome, error) {
 // policy's failure mode (the outcome is then degraded and not allowed).
 // A deposit ends the subject's remembered rejections: its next check must
 // see the tokens.
-func (l *Limiter) deposit(ctx context.Context, req Request) (Outcome, error) {
+func (l *Limiter) deposit(ctx context.Context, req engine.Request) (Outcome, error) {
 	d, err := l.callStore(ctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return Outcome{Decision: Decision{Decider: -1}}, ctx.Err()
+			return Outcome{Decision: engine.Decision{Decider: -1}}, ctx.Err()
 		}
-		return Outcome{Decision: Decision{Decider: -1, N: d.N}, Degraded: true, Err: err}, nil
+		return Outcome{Decision: engine.Decision{Decider: -1, N: d.N}, Degraded: true, Err: err}, nil
 	}
 	if l.deny != nil {
 		l.deny.forget(req.Subject)
@@ -285,15 +259,15 @@ func (l *Limiter) deposit(ctx context.Context, req Request) (Outcome, error) {
 }
 
 // callStore runs one store call under the deadline and the breaker.
-func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) {
-	if _, inProcess := l.store.(*MemoryStore); inProcess {
+func (l *Limiter) callStore(ctx context.Context, req engine.Request) (engine.Decision, error) {
+	if _, inProcess := l.store.(*engine.MemoryStore); inProcess {
 		return l.store.Check(ctx, req)
 	}
 	cb := l.breaker(ctx, req.Subject)
 	l.storeCalls.Add(1)
-	call := func() (Decision, error) { return l.withDeadline(ctx, req) }
+	call := func() (engine.Decision, error) { return l.withDeadline(ctx, req) }
 	if rs, ok := l.store.(roundTripStore); ok {
-		call = func() (Decision, error) { return rs.CheckWithin(ctx, req, l.cfg.Timeout) }
+		call = func() (engine.Decision, error) { return rs.CheckWithin(ctx, req, l.cfg.Timeout) }
 	}
 	var start time.Time
 	if l.cfg.OnStoreCall != nil {
@@ -305,7 +279,7 @@ func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) 
 	}
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrStoreBusy):
+	case errors.Is(err, engine.ErrStoreBusy):
 		l.storeBusy.Add(1)
 	default:
 		l.storeErrors.Add(1)
@@ -314,12 +288,9 @@ func (l *Limiter) callStore(ctx context.Context, req Request) (Decision, error) 
 }
 
 type storeAnswer struct {
-	d   Decision
+	d   engine.Decision
 	err error
 }
-
-// errDeadline is a store call that outlived its deadline.
-var errDeadline = fmt.Errorf("store call: %w", context.DeadlineExceeded)
 
 // withDeadline runs one store call and returns by the deadline whatever
 // the store does. A context deadline alone is not enough: a client library
@@ -327,7 +298,7 @@ var errDeadline = fmt.Errorf("store call: %w", context.DeadlineExceeded)
 // with go-redis against a paused Redis: a quarter of a second). The late
 // call finishes in the background and its answer is dropped; its spend, if
 // any, is the same as that of a reply lost on the network.
-func (l *Limiter) withDeadline(ctx context.Context, req Request) (Decision, error) {
+func (l *Limiter) withDeadline(ctx context.Context, req engine.Request) (engine.Decision, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	ch := make(chan storeAnswer, 1)
 	go func() {
@@ -341,13 +312,13 @@ func (l *Limiter) withDeadline(ctx context.Context, req Request) (Decision, erro
 	case a := <-ch:
 		return a.d, a.err
 	case <-timer.C:
-		return Decision{Decider: -1}, errDeadline
+		return engine.Decision{Decider: -1}, engine.ErrDeadline
 	case <-ctx.Done():
-		return Decision{Decider: -1}, ctx.Err()
+		return engine.Decision{Decider: -1}, ctx.Err()
 	}
 }
 
-func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.CircuitBreaker[Decision] {
+func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.CircuitBreaker[engine.Decision] {
 	name := "store"
 	if s, ok := l.store.(shardNamer); ok {
 		name = s.Shard(ctx, subject)
@@ -358,7 +329,7 @@ func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.Circui
 		return cb
 	}
 	bc := l.cfg.Breaker
-	cb := gobreaker.NewCircuitBreaker[Decision](gobreaker.Settings{
+	cb := gobreaker.NewCircuitBreaker[engine.Decision](gobreaker.Settings{
 		Name:         name,
 		MaxRequests:  1,
 		Interval:     bc.Window,
@@ -370,7 +341,7 @@ func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.Circui
 		// A caller that gave up is not the store's fault, nor is a check
 		// that waited too long in the daemon's own queue: overload.
 		IsExcluded: func(err error) bool {
-			return errors.Is(err, context.Canceled) || errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStoreBusy)
+			return errors.Is(err, context.Canceled) || errors.Is(err, engine.ErrBadRequest) || errors.Is(err, engine.ErrStoreBusy)
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {
@@ -384,12 +355,12 @@ func (l *Limiter) breaker(ctx context.Context, subject string) *gobreaker.Circui
 }
 
 // degrade decides without the store: each policy by its failure mode.
-func (l *Limiter) degrade(ctx context.Context, req Request, cause error) Outcome {
+func (l *Limiter) degrade(ctx context.Context, req engine.Request, cause error) Outcome {
 	l.degraded.Add(1)
 	reason := "store_error"
 	if errors.Is(cause, gobreaker.ErrOpenState) || errors.Is(cause, gobreaker.ErrTooManyRequests) {
 		reason = "breaker_open"
-	} else if errors.Is(cause, ErrStoreBusy) {
+	} else if errors.Is(cause, engine.ErrStoreBusy) {
 		reason = "store_busy"
 	} else if errors.Is(cause, context.DeadlineExceeded) {
 		reason = "store_timeout"
@@ -397,8 +368,8 @@ func (l *Limiter) degrade(ctx context.Context, req Request, cause error) Outcome
 	l.logSometimes(reason, cause)
 
 	out := Outcome{Source: FromFallback, Degraded: true, Err: cause}
-	var local [MaxChecks]Check
-	var where [MaxChecks]int
+	var local [engine.MaxChecks]engine.Check
+	var where [engine.MaxChecks]int
 	n := 0
 	closed := -1
 	daemons := 1
@@ -407,25 +378,25 @@ func (l *Limiter) degrade(ctx context.Context, req Request, cause error) Outcome
 	}
 	for i, c := range req.Checks {
 		switch c.OnFailure {
-		case FailClosed:
+		case engine.FailClosed:
 			if closed < 0 {
 				closed = i
 			}
 			continue
-		case FailLocal:
-			c.Limit = multiply(c.effective(), 1/float64(daemons))
+		case engine.FailLocal:
+			c.Limit = multiply(c.Effective(), 1/float64(daemons))
 		default:
-			c.Limit = multiply(c.effective(), l.cfg.OpenFactor)
+			c.Limit = multiply(c.Effective(), l.cfg.OpenFactor)
 		}
 		c.Scale = 0
 		local[n], where[n] = c, i
 		n++
 	}
-	d := Decision{N: len(req.Checks), Decider: -1}
+	d := engine.Decision{N: len(req.Checks), Decider: -1}
 	if n > 0 {
-		fd, err := l.fallback.Check(ctx, Request{Subject: req.Subject, Checks: local[:n]})
+		fd, err := l.fallback.Check(ctx, engine.Request{Subject: req.Subject, Checks: local[:n]})
 		if err != nil { // cannot happen for a validated request; stay safe
-			fd = Decision{Decider: -1}
+			fd = engine.Decision{Decider: -1}
 		}
 		for j := 0; j < n; j++ {
 			d.Results[where[j]] = fd.Results[j]
@@ -433,24 +404,24 @@ func (l *Limiter) degrade(ctx context.Context, req Request, cause error) Outcome
 	}
 	if closed >= 0 {
 		for i, c := range req.Checks {
-			if c.OnFailure == FailClosed {
-				d.Results[i] = Result{Limit: floorUnits(c.effective().Capacity()), RetryAfter: l.cfg.Breaker.OpenFor}
+			if c.OnFailure == engine.FailClosed {
+				d.Results[i] = engine.Result{Limit: c.Effective().CapacityUnits(), RetryAfter: l.cfg.Breaker.OpenFor}
 			}
 		}
 		out.Unavailable = true
 	}
-	d.finish(req.Checks)
+	d.Finish(req.Checks)
 	out.Decision = d
 	return out
 }
 
 // multiply scales a limit by f, which may exceed one (unlike Scale).
-func multiply(l Limit, f float64) Limit {
+func multiply(l engine.Limit, f float64) engine.Limit {
 	l.Rate *= f
 	l.Burst = math.Max(1, l.Burst*f)
 	l.Count = math.Max(1, l.Count*f)
-	if l.Algorithm == SlidingWindowLog {
-		l.Count = math.Min(l.Count, float64(l.maxLog()))
+	if l.Algorithm == engine.SlidingWindowLog {
+		l.Count = math.Min(l.Count, float64(l.MaxLogCount()))
 	}
 	return l
 }
@@ -471,7 +442,7 @@ func (l *Limiter) logSometimes(reason string, err error) {
 // fingerprint identifies what a rejection was computed from: the policies,
 // their versions, scales and costs. A raised limit is a new version, so a
 // remembered rejection never outlives the limit it was made under.
-func (l *Limiter) fingerprint(req Request) uint64 {
+func (l *Limiter) fingerprint(req engine.Request) uint64 {
 	var h maphash.Hash
 	h.SetSeed(l.seed)
 	var b [8]byte
@@ -493,7 +464,7 @@ func (l *Limiter) fingerprint(req Request) uint64 {
 	return h.Sum64()
 }
 
-func (l *Limiter) track(req Request, d Decision) {
+func (l *Limiter) track(req engine.Request, d engine.Decision) {
 	var now time.Time
 	for i := range req.Checks {
 		c := &req.Checks[i]
@@ -508,7 +479,7 @@ func (l *Limiter) track(req Request, d Decision) {
 
 // DrainUsage returns the units demanded and admitted per (subject, policy)
 // for tracked checks since the last drain, and starts counting afresh.
-func (l *Limiter) DrainUsage() map[UsageKey]Usage { return l.usage.drain() }
+func (l *Limiter) DrainUsage() map[engine.UsageKey]engine.Usage { return l.usage.drain() }
 
 // Stats are the limiter's counters since it started.
 type Stats struct {
@@ -542,8 +513,8 @@ func (l *Limiter) Stats() Stats {
 
 // Peek reads a subject's state under the given checks without spending:
 // every cost is set to zero. It goes to the store like any check.
-func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
-	checks := make([]Check, len(req.Checks))
+func (l *Limiter) Peek(ctx context.Context, req engine.Request) (Outcome, error) {
+	checks := make([]engine.Check, len(req.Checks))
 	copy(checks, req.Checks)
 	for i := range checks {
 		checks[i].Cost = 0
@@ -551,7 +522,7 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
 		checks[i].Deposit = false
 	}
 	req.Checks = checks
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		return Outcome{}, err
 	}
 	d, err := l.callStore(ctx, req)
@@ -570,7 +541,7 @@ func (l *Limiter) Peek(ctx context.Context, req Request) (Outcome, error) {
 // is cleared.
 func (l *Limiter) Reset(ctx context.Context, subject string, policies []string) error {
 	if subject == "" {
-		return fmt.Errorf("%w: empty subject", ErrBadRequest)
+		return fmt.Errorf("%w: empty subject", engine.ErrBadRequest)
 	}
 	r, ok := l.store.(resetter)
 	if !ok {
@@ -603,7 +574,7 @@ type denyKey struct {
 type denied struct {
 	until time.Time
 	at    time.Time
-	Decision
+	engine.Decision
 }
 
 func newDenyCache(size int) *denyCache {
@@ -652,38 +623,25 @@ func (c *denyCache) forget(subject string) {
 	}
 }
 
-func (c *denyCache) put(subject string, fp uint64, until time.Time, d Decision, now time.Time) {
+func (c *denyCache) put(subject string, fp uint64, until time.Time, d engine.Decision, now time.Time) {
 	c.shard(subject).Add(denyKey{subject, fp}, denied{until: until, at: now, Decision: d})
-}
-
-// UsageKey names a (subject, policy) pair whose usage is tracked.
-type UsageKey struct {
-	Subject, Policy string
-}
-
-// Usage is what a tracked pair demanded (allowed and rejected alike: a
-// starved region must still show its demand) and what was admitted, in
-// cost units, and what the pair's last decision left (Remaining) and when
-// (At; zero if none was tracked).
-type Usage struct {
-	Demand, Admitted int64
-	Remaining        int64
-	At               time.Time
 }
 
 type usageTracker struct {
 	mu sync.Mutex
-	m  map[UsageKey]*Usage
+	m  map[engine.UsageKey]*engine.Usage
 }
 
-func newUsageTracker() *usageTracker { return &usageTracker{m: make(map[UsageKey]*Usage)} }
+func newUsageTracker() *usageTracker {
+	return &usageTracker{m: make(map[engine.UsageKey]*engine.Usage)}
+}
 
 func (u *usageTracker) add(subject, policy string, cost int64, allowed bool, remaining int64, at time.Time) {
-	k := UsageKey{subject, policy}
+	k := engine.UsageKey{Subject: subject, Policy: policy}
 	u.mu.Lock()
 	e := u.m[k]
 	if e == nil {
-		e = &Usage{}
+		e = &engine.Usage{}
 		u.m[k] = e
 	}
 	e.Demand += cost
@@ -696,12 +654,12 @@ func (u *usageTracker) add(subject, policy string, cost int64, allowed bool, rem
 	u.mu.Unlock()
 }
 
-func (u *usageTracker) drain() map[UsageKey]Usage {
+func (u *usageTracker) drain() map[engine.UsageKey]engine.Usage {
 	u.mu.Lock()
 	old := u.m
-	u.m = make(map[UsageKey]*Usage, len(old))
+	u.m = make(map[engine.UsageKey]*engine.Usage, len(old))
 	u.mu.Unlock()
-	out := make(map[UsageKey]Usage, len(old))
+	out := make(map[engine.UsageKey]engine.Usage, len(old))
 	for k, v := range old {
 		out[k] = *v
 	}

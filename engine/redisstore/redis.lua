@@ -5,9 +5,9 @@
 -- numbers are IEEE doubles; times are whole microseconds, exact below 2^53),
 -- so the Redis store decides bit for bit as the memory store does. The one
 -- exception is q29, which rounds a bucket's stored number with frexp and
--- ldexp where Go's quantDown and quantUp clear bits; every rounding step
+-- ldexp where Go's quant.Down and quant.Up clear bits; every rounding step
 -- here is exact, so both give the same double (TestRedisQuantisersAgree).
--- Window counts are kept exactly (stored_count, as Go's storedCount;
+-- Window counts are kept exactly (stored_count, as Go's quant.StoredCount;
 -- TestRedisStoredCountAgrees). Change both together; conformance_test.go
 -- checks that they agree.
 --

@@ -1,4 +1,4 @@
-package engine
+package limiter
 
 import (
 	"context"
@@ -7,40 +7,43 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/internal/manualclock"
 )
 
 // faultyStore wraps a MemoryStore, counts calls and fails on demand. The
 // limiter logic under test does not depend on which store fails; the tests
 // against a real Redis that is killed and paused are in redis_failure_test.go.
 type faultyStore struct {
-	inner *MemoryStore
+	inner *engine.MemoryStore
 	calls atomic.Int64
 	fail  atomic.Bool
 }
 
 var errStoreDown = errors.New("store down")
 
-func (s *faultyStore) Check(ctx context.Context, req Request) (Decision, error) {
+func (s *faultyStore) Check(ctx context.Context, req engine.Request) (engine.Decision, error) {
 	s.calls.Add(1)
 	if s.fail.Load() {
-		return Decision{}, errStoreDown
+		return engine.Decision{}, errStoreDown
 	}
 	return s.inner.Check(ctx, req)
 }
 
-func newFaulty(clock Clock) *faultyStore {
-	return &faultyStore{inner: NewMemoryStore(MemoryConfig{Clock: clock})}
+func newFaulty(clock engine.Clock) *faultyStore {
+	return &faultyStore{inner: engine.NewMemoryStore(engine.MemoryConfig{Clock: clock})}
 }
 
 func TestDenyCacheSavesStoreCallsAndHonoursRaisedLimit(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	st := newFaulty(clock)
-	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock})
+	lim := New(Config{Store: st, Clock: clock})
 	check := func(count float64, version uint64) Outcome {
 		t.Helper()
-		o, err := lim.Check(context.Background(), Request{Subject: "hammer", Checks: []Check{{
+		o, err := lim.Check(context.Background(), engine.Request{Subject: "hammer", Checks: []engine.Check{{
 			Policy: "p", Version: version, Cost: 1,
-			Limit: Limit{Algorithm: FixedWindow, Count: count, Window: time.Minute},
+			Limit: engine.Limit{Algorithm: engine.FixedWindow, Count: count, Window: time.Minute},
 		}}})
 		if err != nil {
 			t.Fatal(err)
@@ -69,10 +72,10 @@ func TestDenyCacheSavesStoreCallsAndHonoursRaisedLimit(t *testing.T) {
 }
 
 func TestDenyCacheExpiresAtRetryTime(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	st := newFaulty(clock)
-	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock})
-	req := Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 2, Burst: 1}}}}
+	lim := New(Config{Store: st, Clock: clock})
+	req := engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 2, Burst: 1}}}}
 	ctx := context.Background()
 	lim.Check(ctx, req)
 	o, _ := lim.Check(ctx, req)
@@ -91,27 +94,27 @@ func TestDenyCacheExpiresAtRetryTime(t *testing.T) {
 }
 
 func TestStoreFailureFollowsEachPolicysMode(t *testing.T) {
-	tb := Limit{Algorithm: TokenBucket, Rate: 1, Burst: 10}
+	tb := engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 10}
 	tests := []struct {
 		name        string
-		mode        Failure
+		mode        engine.Failure
 		daemons     int
 		wantAllowed int
 		unavailable bool
 	}{
-		{"open allows twice the limit", FailOpen, 1, 20, false},
-		{"local divides by live daemons", FailLocal, 5, 2, false},
-		{"closed rejects as unavailable", FailClosed, 1, 0, true},
+		{"open allows twice the limit", engine.FailOpen, 1, 20, false},
+		{"local divides by live daemons", engine.FailLocal, 5, 2, false},
+		{"closed rejects as unavailable", engine.FailClosed, 1, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := newManualClock()
+			clock := manualclock.New()
 			st := newFaulty(clock)
 			st.fail.Store(true)
-			lim := NewLimiter(LimiterConfig{Store: st, Clock: clock, Daemons: func() int { return tt.daemons }})
+			lim := New(Config{Store: st, Clock: clock, Daemons: func() int { return tt.daemons }})
 			allowed := 0
 			for range 100 {
-				o, err := lim.Check(context.Background(), Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: tb, OnFailure: tt.mode}}})
+				o, err := lim.Check(context.Background(), engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: tb, OnFailure: tt.mode}}})
 				if err != nil {
 					t.Fatalf("Check returned %v, want a degraded decision", err)
 				}
@@ -140,11 +143,11 @@ func TestStoreFailureFollowsEachPolicysMode(t *testing.T) {
 func TestBreakerOpensThenProbes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const openFor = 50 * time.Millisecond
-		clock := newManualClock()
+		clock := manualclock.New()
 		st := newFaulty(clock)
 		st.fail.Store(true)
-		lim := NewLimiter(LimiterConfig{Store: st, Clock: clock, Breaker: BreakerConfig{MinCalls: 10, OpenFor: openFor}})
-		req := Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}}}}
+		lim := New(Config{Store: st, Clock: clock, Breaker: BreakerConfig{MinCalls: 10, OpenFor: openFor}})
+		req := engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}}}}
 		ctx := context.Background()
 		for range 10 {
 			lim.Check(ctx, req)
@@ -176,21 +179,21 @@ func TestBreakerOpensThenProbes(t *testing.T) {
 }
 
 func TestUsageCountsDemandAndAdmissions(t *testing.T) {
-	clock := newManualClock()
-	lim := NewLimiter(LimiterConfig{Clock: clock})
-	l := Limit{Algorithm: FixedWindow, Count: 5, Window: time.Minute}
+	clock := manualclock.New()
+	lim := New(Config{Clock: clock})
+	l := engine.Limit{Algorithm: engine.FixedWindow, Count: 5, Window: time.Minute}
 	for range 8 {
-		lim.Check(context.Background(), Request{Subject: "g", Checks: []Check{
+		lim.Check(context.Background(), engine.Request{Subject: "g", Checks: []engine.Check{
 			{Policy: "global", Cost: 2, Limit: l, Track: true},
-			{Policy: "local", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 100}},
+			{Policy: "local", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 100}},
 		}})
 	}
 	u := lim.DrainUsage()
 	// Remaining and At are the last decision's: 1 of the 5 left, now.
-	if got, want := u[UsageKey{"g", "global"}], (Usage{Demand: 16, Admitted: 4, Remaining: 1, At: clock.Now()}); got != want {
+	if got, want := u[engine.UsageKey{Subject: "g", Policy: "global"}], (engine.Usage{Demand: 16, Admitted: 4, Remaining: 1, At: clock.Now()}); got != want {
 		t.Errorf("usage = %+v, want %+v", got, want)
 	}
-	if _, ok := u[UsageKey{"g", "local"}]; ok {
+	if _, ok := u[engine.UsageKey{Subject: "g", Policy: "local"}]; ok {
 		t.Error("untracked policy was counted")
 	}
 	if u := lim.DrainUsage(); len(u) != 0 {
@@ -198,55 +201,24 @@ func TestUsageCountsDemandAndAdmissions(t *testing.T) {
 	}
 }
 
-// TestLimiterResetClearsDenyCache rejects a subject on a Redis store until
-// its rejection is cached, resets it, and requires the next check to be
-// allowed by the store, not refused from the cache.
-func TestLimiterResetClearsDenyCache(t *testing.T) {
-	clock := newManualClock()
-	store, _ := newTestRedisStore(t, clock)
-	l := NewLimiter(LimiterConfig{Store: store, Clock: clock, Timeout: time.Second})
-	ctx := context.Background()
-	req := one("locked-out", "login", Limit{Algorithm: FixedWindow, Count: 3, Window: time.Hour}, 1)
-	for range 3 {
-		if o, err := l.Check(ctx, req); err != nil || !o.Allowed {
-			t.Fatalf("check within the limit: %+v %v", o, err)
-		}
-	}
-	for range 2 { // the second rejection comes from the cache
-		if o, _ := l.Check(ctx, req); o.Allowed {
-			t.Fatal("check past the limit allowed")
-		}
-	}
-	if l.Stats().DenyCacheHits == 0 {
-		t.Fatal("no rejection was served from the deny cache: the test does not exercise it")
-	}
-	if err := l.Reset(ctx, "locked-out", []string{"login"}); err != nil {
-		t.Fatal(err)
-	}
-	o, err := l.Check(ctx, req)
-	if err != nil || !o.Allowed || o.Source != FromStore || o.Results[0].Remaining != 2 {
-		t.Fatalf("after reset: %+v %v, want allowed by the store with 2 remaining", o, err)
-	}
-}
-
 // OnStoreCall hears of every call that reached the store, good or failed,
 // with its shard, and of none that the open breaker refused.
 func TestOnStoreCallSeesEveryStoreCall(t *testing.T) {
-	clock := newManualClock()
+	clock := manualclock.New()
 	st := newFaulty(clock)
 	type call struct {
 		shard string
 		err   bool
 	}
 	var calls []call
-	lim := NewLimiter(LimiterConfig{Store: st, Clock: clock, DenyCacheSize: -1, Breaker: BreakerConfig{MinCalls: 4},
+	lim := New(Config{Store: st, Clock: clock, DenyCacheSize: -1, Breaker: BreakerConfig{MinCalls: 4},
 		OnStoreCall: func(shard string, took time.Duration, err error) {
 			if took < 0 {
 				t.Errorf("took = %v, want >= 0", took)
 			}
 			calls = append(calls, call{shard, err != nil})
 		}})
-	req := Request{Subject: "s", Checks: []Check{{Policy: "p", Cost: 1, Limit: Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}}}}
+	req := engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}}}}
 	ctx := context.Background()
 	lim.Check(ctx, req)
 	st.fail.Store(true)

@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/engine"
 )
 
 // The Redis store pipelines: concurrent checks bound for the same primary
 // wait in that primary's queue (a lane) and are written to Redis together,
-// in one round trip. A lane runs at most RedisConfig.Pipelines batches at
+// in one round trip. A lane runs at most Config.Pipelines batches at
 // once, each on its own connection; a batch takes whatever is queued when
-// the previous one returns, up to RedisConfig.MaxBatch checks. Nothing
+// the previous one returns, up to Config.MaxBatch checks. Nothing
 // waits for a batch to fill: a lone check goes out at once, and under load
 // the batches grow by themselves.
 //
@@ -30,14 +31,8 @@ import (
 // fails only that check: the script decides each in a protected call) and
 // its own deadline, which starts when its batch is sent: time in the queue
 // is the daemon's overload, not Redis's failure, and is bounded
-// separately, by the caller's context and by RedisConfig.QueueWait
-// (ErrStoreBusy).
-
-// ErrStoreBusy is a check that waited in the store's own queue longer than
-// the queue's bound without being sent: the daemon is overloaded, the store
-// did not fail. The Limiter decides such a check by its policy's failure
-// mode but does not count it against the store's circuit breaker.
-var ErrStoreBusy = errors.New("store busy: check waited too long in the queue")
+// separately, by the caller's context and by Config.QueueWait
+// (engine.ErrStoreBusy).
 
 // queuedCheck states: a queued check may be abandoned (its caller left) or
 // taken into a batch; a sent check is answered once, by its reply or by its
@@ -94,8 +89,8 @@ func (p *queuedCheck) finish(v []int64, err error) {
 type lane struct {
 	mu      sync.Mutex
 	queue   []*queuedCheck
-	running int // batches in flight, at most RedisStore.pipelines
-	// size bounds the next batch, from 1 to RedisStore.maxBatch. Redis
+	running int // batches in flight, at most Store.pipelines
+	// size bounds the next batch, from 1 to Store.maxBatch. Redis
 	// runs one script at a time, so a batch's round trip grows with the
 	// checks in flight ahead of it; size keeps that well inside the
 	// deadline (see adapt), and the rest wait in the queue, where waiting
@@ -123,7 +118,7 @@ func (ln *lane) adapt(n int, took, deadline time.Duration, maxBatch int) {
 }
 
 // lane returns the queue of the primary that holds subject's state.
-func (s *RedisStore) lane(ctx context.Context, subject string) *lane {
+func (s *Store) lane(ctx context.Context, subject string) *lane {
 	name := s.Shard(ctx, subject)
 	if ln, ok := s.lanes.Load(name); ok {
 		return ln.(*lane)
@@ -133,11 +128,11 @@ func (s *RedisStore) lane(ctx context.Context, subject string) *lane {
 }
 
 // roundTrip queues one script call, p, and waits for its answer: the reply,
-// errDeadline if Redis did not answer within roundTrip of the call being
-// sent, ErrStoreBusy if it was never sent within the queue's bound, or the
+// engine.ErrDeadline if Redis did not answer within roundTrip of the call being
+// sent, engine.ErrStoreBusy if it was never sent within the queue's bound, or the
 // context's error if the caller left first. A caller that leaves before
 // its call is sent spends nothing; one that leaves after may have spent.
-func (s *RedisStore) roundTrip(ctx context.Context, subject string, p *queuedCheck) ([]int64, error) {
+func (s *Store) roundTrip(ctx context.Context, subject string, p *queuedCheck) ([]int64, error) {
 	ln := s.lane(ctx, subject)
 	ln.mu.Lock()
 	ln.queue = append(ln.queue, p)
@@ -161,7 +156,7 @@ func (s *RedisStore) roundTrip(ctx context.Context, subject string, p *queuedChe
 // flush sends batches from ln until its queue is empty. It holds one of
 // the lane's slots, which it gives up when the queue is empty or hands to
 // a new flush when a batch outlives its deadline.
-func (s *RedisStore) flush(ln *lane) {
+func (s *Store) flush(ln *lane) {
 	for {
 		// A fresh slice each time: a late timer may still read the last.
 		batch := s.take(ln, make([]*queuedCheck, 0, s.maxBatch)) // capacity: size may grow meanwhile
@@ -173,9 +168,9 @@ func (s *RedisStore) flush(ln *lane) {
 
 // take moves up to ln.size checks from the front of ln's queue into
 // batch. Checks whose callers left are dropped, and checks that waited
-// longer than the queue's bound are answered ErrStoreBusy. With nothing
+// longer than the queue's bound are answered engine.ErrStoreBusy. With nothing
 // left to send it gives up the caller's slot and returns an empty batch.
-func (s *RedisStore) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
+func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	now := time.Now()
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
@@ -185,7 +180,7 @@ func (s *RedisStore) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 		n++
 		if now.Sub(p.queuedAt) > s.queueWait {
 			if p.state.CompareAndSwap(checkQueued, checkDone) {
-				p.done <- answer{err: ErrStoreBusy}
+				p.done <- answer{err: engine.ErrStoreBusy}
 			}
 			continue
 		}
@@ -206,12 +201,12 @@ func (s *RedisStore) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 // returns when every check of the batch is answered, by its reply or by its
 // deadline. A client library may overstay the context's deadline (a dial,
 // a handshake with a stalled server); the batch's timer then answers the
-// late checks with errDeadline and hands the lane's slot to a new flush, so
+// late checks with engine.ErrDeadline and hands the lane's slot to a new flush, so
 // that one stalled batch does not hold up the queue, and send reports
 // false: its goroutine has no slot left and must stop once the library
 // returns. The late replies are dropped; their spend, if any, is that of a
 // reply lost on the network.
-func (s *RedisStore) send(ln *lane, batch []*queuedCheck) bool {
+func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	now := time.Now()
 	longest := time.Duration(0)
 	first := batch[0].roundTrip
@@ -238,7 +233,7 @@ func (s *RedisStore) send(ln *lane, batch []*queuedCheck) bool {
 				}
 				continue
 			}
-			p.finish(nil, errDeadline)
+			p.finish(nil, engine.ErrDeadline)
 		}
 		if handedOver.CompareAndSwap(false, true) {
 			go s.flush(ln)
@@ -259,7 +254,7 @@ func (s *RedisStore) send(ln *lane, batch []*queuedCheck) bool {
 // per check, then, if Redis has lost the script (restart, failover, SCRIPT
 // FLUSH), sends again with EVAL only the calls it refused: a NOSCRIPT call
 // ran nothing. Each check gets its own reply or error.
-func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
+func (s *Store) exec(ctx context.Context, batch []*queuedCheck) {
 	if s.merge && len(batch) > 1 {
 		s.execMerged(ctx, batch)
 		return
@@ -310,7 +305,7 @@ func (s *RedisStore) exec(ctx context.Context, batch []*queuedCheck) {
 // check's policy count and values (redis.lua's header). The reply holds
 // each check's integers in turn, or one error in place of a failed
 // check's.
-func (s *RedisStore) execMerged(ctx context.Context, batch []*queuedCheck) {
+func (s *Store) execMerged(ctx context.Context, batch []*queuedCheck) {
 	keys := 0 // a check has a key per policy
 	for _, p := range batch {
 		keys += p.keys
@@ -382,7 +377,7 @@ func evalCommand(cmd []any) []any {
 func callErr(ctx context.Context, err error) error {
 	var reply redis.Error
 	if ctx.Err() != nil && !errors.As(err, &reply) {
-		return fmt.Errorf("%w (%w)", errDeadline, err)
+		return fmt.Errorf("%w (%w)", engine.ErrDeadline, err)
 	}
 	return err
 }

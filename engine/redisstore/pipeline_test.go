@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/engine/storetest"
 	"github.com/sluice-rl/sluice/internal/racedetector"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testwait"
@@ -19,7 +22,7 @@ import (
 // holds writes (and so scripts) until the returned release is called, and
 // one check is already out, so every check made meanwhile waits in the
 // lane's queue and goes out with the others in one batch on release.
-func heldLane(t *testing.T, srv *redistest.Server, s *RedisStore) (ln *lane, release func()) {
+func heldLane(t *testing.T, srv *redistest.Server, s *Store) (ln *lane, release func()) {
 	t.Helper()
 	ctx := context.Background()
 	admin := srv.Client(t)
@@ -36,7 +39,7 @@ func heldLane(t *testing.T, srv *redistest.Server, s *RedisStore) (ln *lane, rel
 		}
 	}
 	t.Cleanup(release)
-	go s.Check(ctx, one("first", "p", Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}, 1))
+	go s.Check(ctx, storetest.One("first", "p", engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}, 1))
 	ln = s.lane(ctx, "first")
 	testwait.For(t, 5*time.Second, "the first check sent", func() bool {
 		ln.mu.Lock()
@@ -62,11 +65,11 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 	srv := redistest.Start(t)
 	c := daemonClient(t, srv)
 	// Long deadlines: the batch waits for a paused Redis on purpose.
-	store := NewRedisStore(c, RedisConfig{Timeout: 10 * time.Second, Pipelines: 1})
-	lim := NewLimiter(LimiterConfig{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1})
+	store := New(c, Config{Timeout: 10 * time.Second, Pipelines: 1})
+	lim := limiter.New(limiter.Config{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1})
 	ctx := context.Background()
-	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
-	mustCheck(t, store, one("warm", "p", l, 0)) // load the script
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+	storetest.MustCheck(t, store, storetest.One("warm", "p", l, 0)) // load the script
 	for _, sub := range []string{"bad-open", "bad-closed"} {
 		if err := c.HSet(ctx, store.Key(sub, "p"), "f", "v").Err(); err != nil {
 			t.Fatal(err)
@@ -76,21 +79,21 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 	ln, release := heldLane(t, srv, store)
 	tests := []struct {
 		subject   string
-		onFailure Failure
-		want      Source
+		onFailure engine.Failure
+		want      limiter.Source
 	}{
-		{"good-0", FailOpen, FromStore},
-		{"bad-open", FailOpen, FromFallback},
-		{"good-1", FailClosed, FromStore},
-		{"bad-closed", FailClosed, FromFallback},
-		{"good-2", FailLocal, FromStore},
+		{"good-0", engine.FailOpen, limiter.FromStore},
+		{"bad-open", engine.FailOpen, limiter.FromFallback},
+		{"good-1", engine.FailClosed, limiter.FromStore},
+		{"bad-closed", engine.FailClosed, limiter.FromFallback},
+		{"good-2", engine.FailLocal, limiter.FromStore},
 	}
-	outs := make([]Outcome, len(tests))
+	outs := make([]limiter.Outcome, len(tests))
 	errs := make([]error, len(tests))
 	var wg sync.WaitGroup
 	for i, tc := range tests {
 		wg.Go(func() {
-			req := Request{Subject: tc.subject, Checks: []Check{{Policy: "p", Limit: l, Cost: 1, OnFailure: tc.onFailure}}}
+			req := engine.Request{Subject: tc.subject, Checks: []engine.Check{{Policy: "p", Limit: l, Cost: 1, OnFailure: tc.onFailure}}}
 			outs[i], errs[i] = lim.Check(ctx, req)
 		})
 	}
@@ -107,8 +110,8 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 		if o.Source != tc.want {
 			t.Errorf("Check(%s).Source = %v (err %v), want %v", tc.subject, o.Source, o.Err, tc.want)
 		}
-		bad := tc.want == FromFallback
-		if o.Degraded != bad || o.Unavailable != (bad && tc.onFailure == FailClosed) || o.Allowed != (tc.onFailure != FailClosed || !bad) {
+		bad := tc.want == limiter.FromFallback
+		if o.Degraded != bad || o.Unavailable != (bad && tc.onFailure == engine.FailClosed) || o.Allowed != (tc.onFailure != engine.FailClosed || !bad) {
 			t.Errorf("Check(%s) = degraded %v unavailable %v allowed %v, want degraded %v, unavailable only if closed, allowed unless unavailable",
 				tc.subject, o.Degraded, o.Unavailable, o.Allowed, bad)
 		}
@@ -134,12 +137,12 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 	srv := redistest.Start(t)
 	c := daemonClient(t, srv)
-	store := NewRedisStore(c, RedisConfig{Timeout: 10 * time.Second, Pipelines: 1})
-	lim := NewLimiter(LimiterConfig{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1,
-		Breaker: BreakerConfig{MinCalls: 5}})
+	store := New(c, Config{Timeout: 10 * time.Second, Pipelines: 1})
+	lim := limiter.New(limiter.Config{Store: store, Timeout: 10 * time.Second, DenyCacheSize: -1,
+		Breaker: limiter.BreakerConfig{MinCalls: 5}})
 	ctx := context.Background()
-	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
-	mustCheck(t, store, one("warm", "p", l, 0))
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+	storetest.MustCheck(t, store, storetest.One("warm", "p", l, 0))
 
 	ln, release := heldLane(t, srv, store)
 	// From now on every queued check has waited too long.
@@ -147,11 +150,11 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 	store.queueWait = time.Nanosecond
 	ln.mu.Unlock()
 	const n = 20
-	outs := make([]Outcome, n)
+	outs := make([]limiter.Outcome, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			outs[i], _ = lim.Check(ctx, one(fmt.Sprint("s", i), "p", l, 1))
+			outs[i], _ = lim.Check(ctx, storetest.One(fmt.Sprint("s", i), "p", l, 1))
 		})
 	}
 	testwait.For(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == n })
@@ -159,8 +162,8 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 	wg.Wait()
 
 	for i, o := range outs {
-		if !o.Degraded || !errors.Is(o.Err, ErrStoreBusy) {
-			t.Errorf("check %d: degraded %v err %v, want degraded by ErrStoreBusy", i, o.Degraded, o.Err)
+		if !o.Degraded || !errors.Is(o.Err, engine.ErrStoreBusy) {
+			t.Errorf("check %d: degraded %v err %v, want degraded by engine.ErrStoreBusy", i, o.Degraded, o.Err)
 		}
 	}
 	st := lim.Stats()
@@ -171,7 +174,7 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 	ln.mu.Lock()
 	store.queueWait = time.Minute
 	ln.mu.Unlock()
-	if o, err := lim.Check(ctx, one("after", "p", l, 1)); err != nil || o.Source != FromStore {
+	if o, err := lim.Check(ctx, storetest.One("after", "p", l, 1)); err != nil || o.Source != limiter.FromStore {
 		t.Errorf("check after the burst: source %v err %v, want decided by the store", o.Source, err)
 	}
 }
@@ -194,12 +197,12 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 		deadline *= 5 // the detector slows every memory access many times over
 	}
 	// One pipeline, so that holding it holds the queue.
-	store := NewRedisStore(c, RedisConfig{Timeout: time.Minute, Pipelines: 1})
-	lim := NewLimiter(LimiterConfig{Store: store, Timeout: deadline, DenyCacheSize: -1})
+	store := New(c, Config{Timeout: time.Minute, Pipelines: 1})
+	lim := limiter.New(limiter.Config{Store: store, Timeout: deadline, DenyCacheSize: -1})
 	ctx := context.Background()
 	// Every check allowed, so every check must reach Redis.
-	req := one("hot", "p", Limit{Algorithm: TokenBucket, Rate: 1e9, Burst: 1e9}, 1)
-	mustCheck(t, store, req) // load the script
+	req := storetest.One("hot", "p", engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e9, Burst: 1e9}, 1)
+	storetest.MustCheck(t, store, req) // load the script
 
 	ln, release := heldLane(t, srv, store)
 	const callers, each = 1000, 5
@@ -213,7 +216,7 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 				switch {
 				case err != nil:
 					errs.Add(1)
-				case o.Source != FromStore:
+				case o.Source != limiter.FromStore:
 					if notStore.Add(1) == 1 {
 						firstErr.Store(fmt.Sprint(o.Source, ": ", o.Err))
 					}
@@ -249,10 +252,10 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 func TestRedisPipelineOwnDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
 	c := daemonClient(t, srv)
-	store := NewRedisStore(c, RedisConfig{Timeout: time.Minute, Pipelines: 1})
+	store := New(c, Config{Timeout: time.Minute, Pipelines: 1})
 	ctx := context.Background()
-	l := Limit{Algorithm: TokenBucket, Rate: 10, Burst: 10}
-	mustCheck(t, store, one("warm", "p", l, 0))
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+	storetest.MustCheck(t, store, storetest.One("warm", "p", l, 0))
 	admin := srv.Client(t)
 	if err := admin.Do(ctx, "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
@@ -275,7 +278,7 @@ func TestRedisPipelineOwnDeadlines(t *testing.T) {
 		deadline time.Duration
 	}{{"short", 100 * time.Millisecond}, {"long", 100 * time.Second}} {
 		go func() {
-			_, err := store.CheckWithin(ctx, one(tc.name, "p", l, 1), tc.deadline)
+			_, err := store.CheckWithin(ctx, storetest.One(tc.name, "p", l, 1), tc.deadline)
 			done <- result{tc.name, err}
 		}()
 	}

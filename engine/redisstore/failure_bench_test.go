@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -9,18 +9,20 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 // benchP99 runs b.N checks one after another and reports the 99th
 // percentile latency in microseconds.
-func benchP99(b *testing.B, lim *Limiter) {
+func benchP99(b *testing.B, lim *limiter.Limiter) {
 	ctx := context.Background()
-	l := Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := range b.N {
-		req := Request{Subject: fmt.Sprint("p99-", i%1000), Checks: []Check{{Policy: "q", Limit: l, Cost: 1, OnFailure: FailOpen}}}
+		req := engine.Request{Subject: fmt.Sprint("p99-", i%1000), Checks: []engine.Check{{Policy: "q", Limit: l, Cost: 1, OnFailure: engine.FailOpen}}}
 		start := time.Now()
 		if _, err := lim.Check(ctx, req); err != nil {
 			b.Fatal(err)
@@ -54,17 +56,17 @@ func BenchmarkCheckP99(b *testing.B) {
 			if tc.trips {
 				minCalls = 5
 			}
-			lim := redisLimiter(b, "redis://"+srv.Addr(), LimiterConfig{Breaker: BreakerConfig{MinCalls: minCalls, OpenFor: time.Hour}})
+			lim := redisLimiter(b, "redis://"+srv.Addr(), limiter.Config{Breaker: limiter.BreakerConfig{MinCalls: minCalls, OpenFor: time.Hour}})
 			// Warm the connection pool and the script cache.
 			for range 100 {
-				lim.Check(context.Background(), Request{Subject: "warm", Checks: []Check{{Policy: "q", Limit: Limit{Algorithm: TokenBucket, Rate: 1e6, Burst: 1e6}, Cost: 1}}})
+				lim.Check(context.Background(), engine.Request{Subject: "warm", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}, Cost: 1}}})
 			}
 			tc.prep(srv)
 			if tc.trips {
 				// The warm-up's successes count too: fail until the
 				// failures are half of the window.
 				for i := 0; i < 1000 && lim.Stats().Breakers["store"] != "open"; i++ {
-					lim.Check(context.Background(), Request{Subject: "trip", Checks: []Check{{Policy: "q", Limit: Limit{Algorithm: TokenBucket, Rate: 1, Burst: 1}, Cost: 1}}})
+					lim.Check(context.Background(), engine.Request{Subject: "trip", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}, Cost: 1}}})
 				}
 				if st := lim.Stats().Breakers["store"]; st != "open" {
 					b.Fatalf("breaker %q, want open", st)
@@ -78,7 +80,7 @@ func BenchmarkCheckP99(b *testing.B) {
 func init() {
 	// go-redis logs each failed dial through a process-wide logger; keep
 	// benchmark output parseable.
-	redis.SetLogger(RedisLogger{slog.New(slog.DiscardHandler)})
+	redis.SetLogger(Logger{slog.New(slog.DiscardHandler)})
 }
 
 // BenchmarkHotKeyIsolation measures other subjects' p99 check latency on a
@@ -93,7 +95,7 @@ func BenchmarkHotKeyIsolation(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			srv := redistest.Start(b)
-			lim := redisLimiter(b, "redis://"+srv.Addr(), LimiterConfig{})
+			lim := redisLimiter(b, "redis://"+srv.Addr(), limiter.Config{})
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() {
@@ -101,7 +103,7 @@ func BenchmarkHotKeyIsolation(b *testing.B) {
 				if !withHot {
 					return
 				}
-				hot := Request{Subject: "hot", Checks: []Check{{Policy: "q", Limit: Limit{Algorithm: TokenBucket, Rate: 20, Burst: 20}, Cost: 1}}}
+				hot := engine.Request{Subject: "hot", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 20, Burst: 20}, Cost: 1}}}
 				for {
 					select {
 					case <-stop:

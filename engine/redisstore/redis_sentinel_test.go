@@ -1,4 +1,4 @@
-package engine
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/engine/storetest"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testwait"
 )
@@ -83,9 +86,9 @@ func TestParseSentinelURL(t *testing.T) {
 }
 
 // TestNewRedisClientSentinel checks that the failover client gets the
-// request-path settings NewRedisClient gives every client.
+// request-path settings NewClient gives every client.
 func TestNewRedisClientSentinel(t *testing.T) {
-	c, err := NewRedisClient("redis-sentinel://u:pw@mymaster@127.0.0.1:26379,127.0.0.1:26380/4")
+	c, err := NewClient("redis-sentinel://u:pw@mymaster@127.0.0.1:26379,127.0.0.1:26380/4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +104,10 @@ func TestNewRedisClientSentinel(t *testing.T) {
 			" want true, 4, >= 64, 1, 1, 250ms, <= 1ms, \"u\", \"pw\"",
 			o.ContextTimeoutEnabled, o.DB, o.PoolSize, o.MaxRetries, o.DialerRetries, o.DialTimeout, o.MaxRetryBackoff, o.Username, o.Password)
 	}
-	if _, err := NewRedisClient("redis-sentinel://h1:26379"); err == nil {
+	if _, err := NewClient("redis-sentinel://h1:26379"); err == nil {
 		t.Error("NewRedisClient(redis-sentinel:// without a master) = nil error, want one")
 	}
-	if s := NewRedisStore(rc, RedisConfig{}); s.Shard(context.Background(), "x") != "store" {
+	if s := New(rc, Config{}); s.Shard(context.Background(), "x") != "store" {
 		t.Errorf("Shard over a sentinel client = %q, want \"store\": a Sentinel deployment is one primary", s.Shard(context.Background(), "x"))
 	}
 }
@@ -147,35 +150,35 @@ func TestRedisSentinelFailover(t *testing.T) {
 	ctx := context.Background()
 
 	// The store alone decides exactly: the limit admitted, then rejected.
-	c, err := NewRedisClient(url)
+	c, err := NewClient(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	store := NewRedisStore(c, RedisConfig{Timeout: time.Second})
+	store := New(c, Config{Timeout: time.Second})
 	const burst = 20
-	l := Limit{Algorithm: FixedWindow, Count: burst, Window: time.Hour}
+	l := engine.Limit{Algorithm: engine.FixedWindow, Count: burst, Window: time.Hour}
 	for i := range burst + 3 {
-		d := mustCheck(t, store, Request{Subject: "exact", Checks: []Check{{Policy: "q", Limit: l, Cost: 1}}})
+		d := storetest.MustCheck(t, store, engine.Request{Subject: "exact", Checks: []engine.Check{{Policy: "q", Limit: l, Cost: 1}}})
 		if d.Allowed != (i < burst) {
 			t.Fatalf("check %d through the sentinels: allowed %v, want %v", i, d.Allowed, i < burst)
 		}
 	}
 
-	lim := redisLimiter(t, url, LimiterConfig{
+	lim := redisLimiter(t, url, limiter.Config{
 		Timeout: 100 * time.Millisecond,
-		Breaker: BreakerConfig{MinCalls: 5, OpenFor: 200 * time.Millisecond},
+		Breaker: limiter.BreakerConfig{MinCalls: 5, OpenFor: 200 * time.Millisecond},
 		// Every check must reach the store: the test measures what the
 		// store admits across the failover.
 		DenyCacheSize: -1,
 	})
-	modes := []Failure{FailOpen, FailClosed}
-	req := func(mode Failure) Request {
-		return Request{Subject: "failover-" + mode.String(), Checks: []Check{{Policy: "q", Limit: l, Cost: 1, OnFailure: mode}}}
+	modes := []engine.Failure{engine.FailOpen, engine.FailClosed}
+	req := func(mode engine.Failure) engine.Request {
+		return engine.Request{Subject: "failover-" + mode.String(), Checks: []engine.Check{{Policy: "q", Limit: l, Cost: 1, OnFailure: mode}}}
 	}
 	for _, mode := range modes {
 		for range burst {
-			if o, err := lim.Check(ctx, req(mode)); err != nil || !o.Allowed || o.Source != FromStore {
+			if o, err := lim.Check(ctx, req(mode)); err != nil || !o.Allowed || o.Source != limiter.FromStore {
 				t.Fatalf("%s: check before failover = allowed %v, source %v, err %v; want allowed by the store", mode, o.Allowed, o.Source, err)
 			}
 		}
@@ -215,7 +218,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 				switch {
 				case err != nil:
 					r.errs++
-				case o.Source != FromStore:
+				case o.Source != limiter.FromStore:
 					r.fallback++
 					r.lastFallback = time.Now()
 				case promoted.Load():
@@ -249,7 +252,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 		t.Logf("on_store_failure=%s: checks decided without the store for %v after the kill (sentinels promoted the replica after %v); %d fallback decisions; %d admitted beyond the limit",
 			mode, r.lastFallback.Sub(killedAt).Round(time.Millisecond), promotedAt.Sub(killedAt).Round(time.Millisecond), r.fallback, r.extraAdmitted)
 		limitExtra := 0 // the replica had every count, and closed admits nothing without the store
-		if mode == FailOpen {
+		if mode == engine.FailOpen {
 			limitExtra = 2 * burst // what the in-process fallback admits, 2x by design
 		}
 		if r.extraAdmitted > limitExtra {
@@ -257,7 +260,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 		}
 	}
 	// The new primary holds the counts the old one had.
-	if got, err := newPrimary.Client(t).Get(ctx, store.Key(req(FailClosed).Subject, "q")).Result(); err != nil || got == "" {
+	if got, err := newPrimary.Client(t).Get(ctx, store.Key(req(engine.FailClosed).Subject, "q")).Result(); err != nil || got == "" {
 		t.Errorf("state on the promoted replica = %q, %v, want the subject's count", got, err)
 	}
 }
