@@ -158,6 +158,9 @@ func TestStartWithRedisDown(t *testing.T) {
 		_ = json.NewDecoder(res.Body).Decode(&rd)
 		return res.StatusCode, rd
 	}
+	// Until the daemon has marked itself serving, /readyz says "stopping"
+	// (not serving yet); a loaded machine can show that to the first read.
+	testwait.For(t, 5*time.Second, "/readyz to be past starting", func() bool { _, rd := ready(); return rd.Status != "stopping" })
 	if code, rd := ready(); code != http.StatusServiceUnavailable || rd.Status != "store_unreachable" || !strings.Contains(rd.Reason, "policy store unreachable") {
 		t.Errorf("/readyz with Redis down = %d %+v, want 503 store_unreachable with a reason", code, rd)
 	}
