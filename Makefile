@@ -38,6 +38,7 @@ lint:
 bench:
 	@mkdir -p out
 	$(GO) test -run '^$$' -bench . -skip '^BenchmarkRedis' -benchmem -count 1 -timeout 30m ./engine/... ./simulator/... 2>&1 | tee out/bench.txt
+	$(GO) test -run '^$$' -bench 'JSON' -benchmem -count 1 -timeout 10m ./region/ 2>&1 | tee -a out/bench.txt
 	@bash bench/extra.sh 2>&1 | tee -a out/bench.txt
 	@echo "---- summary ----"
 	@awk -f bench/summary.awk out/bench.txt

@@ -11,6 +11,11 @@
 #                    store on database 1
 #   envoy_ratelimit  envoyproxy/ratelimit, GRPC_PORT, Redis backend on
 #                    database 0 (its defaults kept, as in bench/peers.sh)
+#   sluice_grpc      (not by default) sluice_redis served by grpc-go tuned
+#                    instead of its own HTTP/2 transport (--rls-transport
+#                    grpc, built with -tags vtprotobuf), Redis database 2:
+#                    RLS_SYSTEMS="sluice_redis sluice_grpc" compares the
+#                    two transports
 # Both load one file: domain bench, a descriptor user with LIMIT (1000)
 # requests per second, which Sluice decides with envoyproxy/ratelimit's own
 # fixed window. Each call names one of USERS (10 000) users in turn
@@ -79,6 +84,9 @@ done
 ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
 log "building sluice, bench/rlsload"
 go build -o "$work/sluice" ./cmd/sluice
+if [[ " $RLS_SYSTEMS " == *" sluice_grpc "* ]]; then
+  go build -tags vtprotobuf -o "$work/sluice-vtproto" ./cmd/sluice
+fi
 go build -o "$work/rlsload" ./bench/rlsload
 
 # ---- start ----------------------------------------------------------------
@@ -103,15 +111,22 @@ sh_port=$(freeport); sg_port=$(freeport)
 start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sh_port" --rls-listen "127.0.0.1:$sg_port" \
   --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
   --store "redis://127.0.0.1:$redis_port/1" ${SLUICE_REDIS_FLAGS:-}
+if [[ " $RLS_SYSTEMS " == *" sluice_grpc "* ]]; then
+  th_port=$(freeport); tg_port=$(freeport)
+  start sluice_grpc "$work/sluice-vtproto" serve --listen "127.0.0.1:$th_port" --rls-listen "127.0.0.1:$tg_port" \
+    --rls-transport grpc --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+    --store "redis://127.0.0.1:$redis_port/2" ${SLUICE_REDIS_FLAGS:-}
+fi
 rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
 start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
   DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
   RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
   BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
 
-declare -A addr
-addr[sluice_redis]="127.0.0.1:$sg_port"
+declare -A addr hport
+addr[sluice_redis]="127.0.0.1:$sg_port" hport[sluice_redis]=$sh_port
 addr[envoy_ratelimit]="127.0.0.1:$rg_port"
+if [ -n "${tg_port:-}" ]; then addr[sluice_grpc]="127.0.0.1:$tg_port" hport[sluice_grpc]=$th_port; fi
 
 # load SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
 load() {
@@ -121,26 +136,31 @@ load() {
 # field NAME: NAME=value of the RESULT line in $res.
 field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 
-metric() { metric_at "$sh_port" "$1"; } # its value on sluice_redis, 0 if absent
-checks() { metric 'sluice_checks_total{'; }
-store_checks() { metric 'sluice_checks_total{decision="allowed",source="store"}'; }
-breaker_opens() { metric 'sluice_breaker_opens_total'; }
+# On a Sluice system S (sluice_redis, sluice_grpc): a metric's value, 0 if
+# absent.
+metric() { metric_at "${hport[$1]}" "$2"; }
+checks() { metric "$1" 'sluice_checks_total{'; }
+store_checks() { metric "$1" 'sluice_checks_total{decision="allowed",source="store"}'; }
+breaker_opens() { metric "$1" 'sluice_breaker_opens_total'; }
+# The Sluice systems of the run.
+sluices=$(for s in $RLS_SYSTEMS; do [ -n "${hport[$s]:-}" ] && echo "$s"; done)
 
 for s in $RLS_SYSTEMS; do
   [ -n "${addr[$s]:-}" ] || die "unknown system $s (want some of: ${!addr[*]})"
-  # Ready when one call is answered OK; 20 s at most.
+  # Ready when one call is answered OK, and for Sluice once one was
+  # decided by Redis (on a busy machine the first may not be); 20 s at most.
   deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
   until res=$(load "$s" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
-    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ]; do
+    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ] && { [ -z "${hport[$s]:-}" ] || [ "$(store_checks "$s")" -gt 0 ]; }; do
     kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
     [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer OK on ${addr[$s]} within 20 s"; }
     sleep 0.2
   done
   log "$s ready at ${addr[$s]}"
 done
-if [[ " $RLS_SYSTEMS " == *" sluice_redis "* ]]; then
-  [ "$(store_checks)" -gt 0 ] || die "sluice_redis: its first checks were not decided by Redis"
-fi
+for s in $sluices; do
+  [ "$(store_checks "$s")" -gt 0 ] || die "$s: its first checks were not decided by Redis"
+done
 
 # ---- saturation -----------------------------------------------------------
 
@@ -149,16 +169,14 @@ fi
 order() {
   if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
 }
-declare -A sat lat50 lat99 satm cpu rcpu gcpu
+declare -A sat lat50 lat99 satm cpu rcpu gcpu before_all before_store before_opens fixed_all fixed_store
 tck=$(getconf CLK_TCK)
 # childticks: the CPU time so far of this shell's waited-for children
 # (rlsload among them), in clock ticks.
 childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
 # per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
 per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
-has_sluice=0
-[[ " $RLS_SYSTEMS " == *" sluice_redis "* ]] && has_sluice=1
-if [ $has_sluice = 1 ]; then before_all=$(checks); before_store=$(store_checks); before_opens=$(breaker_opens); fi
+for s in $sluices; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_checks "$s") before_opens[$s]=$(breaker_opens "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r"); do
     pid=$(eval echo "\$pid_$s")
@@ -178,15 +196,15 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 for s in $RLS_SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
 
-store_share=1 opens=0
-if [ $has_sluice = 1 ]; then
-  all=$(($(checks) - before_all)); store=$(($(store_checks) - before_store)); opens=$(($(breaker_opens) - before_opens))
-  [ "$all" -gt 0 ] || die "sluice_redis counted no checks in /metrics"
-  store_share=$(awk -v a="$store" -v b="$all" 'BEGIN { printf "%.6f", a / b }')
-  log "sluice_redis: $store of $all checks decided by Redis, $opens breaker opens"
-  satm[sluice_redis_total]=${satm[sluice_redis]}
-  satm[sluice_redis]=$(awk -v v="${satm[sluice_redis]}" -v s="$store_share" 'BEGIN { printf "%.2f", v * s }')
-fi
+declare -A store_share opens fixed_share
+for s in $sluices; do
+  all=$(($(checks "$s") - before_all[$s])); store=$(($(store_checks "$s") - before_store[$s])); opens[$s]=$(($(breaker_opens "$s") - before_opens[$s]))
+  [ "$all" -gt 0 ] || die "$s counted no checks in /metrics"
+  store_share[$s]=$(awk -v a="$store" -v b="$all" 'BEGIN { printf "%.6f", a / b }')
+  log "$s: $store of $all checks decided by Redis, ${opens[$s]} breaker opens"
+  satm[${s}_total]=${satm[$s]}
+  satm[$s]=$(awk -v v="${satm[$s]}" -v s="${store_share[$s]}" 'BEGIN { printf "%.2f", v * s }')
+done
 
 # ---- fixed rate -----------------------------------------------------------
 
@@ -195,7 +213,7 @@ if [ "$RLS_RATE" = auto ]; then
   RLS_RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
 fi
 log "fixed rate: $RLS_RATE calls/s (RATE_FRACTION $RATE_FRACTION of the slower saturation figure unless RLS_RATE is set)"
-if [ $has_sluice = 1 ]; then fixed_all=$(checks); fixed_store=$(store_checks); fi
+for s in $sluices; do fixed_all[$s]=$(checks "$s") fixed_store[$s]=$(store_checks "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r"); do
     out=$(load "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
@@ -210,13 +228,12 @@ for r in $(seq 1 "$ROUNDS"); do
     log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
   done
 done
-fixed_share=1
-if [ $has_sluice = 1 ]; then
-  all=$(($(checks) - fixed_all)); store=$(($(store_checks) - fixed_store))
-  fixed_share=$(awk -v a="$store" -v b="$all" 'BEGIN { printf "%.6f", (b > 0 ? a / b : 0) }')
-  log "sluice_redis at $RLS_RATE/s: $store of $all checks decided by Redis; after the run:"
-  curl -fsS "http://127.0.0.1:$sh_port/metrics" | grep -E '^sluice_(checks_total|breaker|store_|degraded|rls_)' >&2 || true
-fi
+for s in $sluices; do
+  all=$(($(checks "$s") - fixed_all[$s])); store=$(($(store_checks "$s") - fixed_store[$s]))
+  fixed_share[$s]=$(awk -v a="$store" -v b="$all" 'BEGIN { printf "%.6f", (b > 0 ? a / b : 0) }')
+  log "$s at $RLS_RATE/s: $store of $all checks decided by Redis; after the run:"
+  curl -fsS "http://127.0.0.1:${hport[$s]}/metrics" | grep -E '^sluice_(checks_total|breaker|store_|degraded|rls_)' >&2 || true
+done
 
 # ---- report ---------------------------------------------------------------
 
@@ -230,13 +247,23 @@ for s in $RLS_SYSTEMS; do
   printf 'BENCH peers_rls_%s_rlsload_cpu_us_per_call %s us\n' "$s" "$(echo "${gcpu[$s]}" | median)"
 done
 printf 'BENCH peers_rls_fixed_rate %s req/s\n' "$RLS_RATE"
-if [ $has_sluice = 1 ]; then
-  printf 'BENCH peers_rls_sluice_redis_all_sources_rps %s req/s\n' "${satm[sluice_redis_total]}"
-  printf 'BENCH peers_rls_sluice_redis_store_share %s %%\n' "$(awk -v s="$store_share" 'BEGIN { printf "%.3f", s * 100 }')"
-  printf 'BENCH peers_rls_sluice_redis_breaker_opens %s count\n' "$opens"
-  printf 'BENCH peers_rls_sluice_redis_store_share_at_fixed_rate %s %%\n' "$(awk -v s="$fixed_share" 'BEGIN { printf "%.3f", s * 100 }')"
-fi
+for s in $sluices; do
+  printf 'BENCH peers_rls_%s_all_sources_rps %s req/s\n' "$s" "${satm[${s}_total]}"
+  printf 'BENCH peers_rls_%s_store_share %s %%\n' "$s" "$(awk -v v="${store_share[$s]}" 'BEGIN { printf "%.3f", v * 100 }')"
+  printf 'BENCH peers_rls_%s_breaker_opens %s count\n' "$s" "${opens[$s]}"
+  printf 'BENCH peers_rls_%s_store_share_at_fixed_rate %s %%\n' "$s" "$(awk -v v="${fixed_share[$s]}" 'BEGIN { printf "%.3f", v * 100 }')"
+done
 if [ -n "${satm[sluice_redis]:-}" ] && [ -n "${satm[envoy_ratelimit]:-}" ]; then
   awk -v a="${satm[sluice_redis]}" -v b="${satm[envoy_ratelimit]}" \
     'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_redis_over_envoy_ratelimit %.3f ratio\n", a / b }'
+fi
+# The transports of the service side by side: grpc-go tuned over Sluice's
+# own, saturation throughput and latency at the fixed rate.
+if [ -n "${satm[sluice_redis]:-}" ] && [ -n "${satm[sluice_grpc]:-}" ]; then
+  awk -v a="${satm[sluice_grpc]}" -v b="${satm[sluice_redis]}" \
+    'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_grpc_over_sluice_redis %.3f ratio\n", a / b }'
+  awk -v a="$(echo "${lat50[sluice_grpc]}" | median)" -v b="$(echo "${lat50[sluice_redis]}" | median)" \
+    'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_grpc_over_sluice_redis_p50 %.3f ratio\n", a / b }'
+  awk -v a="$(echo "${lat99[sluice_grpc]}" | median)" -v b="$(echo "${lat99[sluice_redis]}" | median)" \
+    'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_grpc_over_sluice_redis_p99 %.3f ratio\n", a / b }'
 fi

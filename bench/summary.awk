@@ -30,8 +30,26 @@ BEGIN {
   add("BenchmarkHotKeyIsolation/alone", "p99-us", "check_p99_us_redis_others_alone", "us")
   add("BenchmarkHotKeyIsolation/with_hot_key", "p99-us", "check_p99_us_redis_others_with_hot_key", "us")
 }
+# The hand-written JSON of the check path beside encoding/json
+# (region/encode_bench_test.go).
+BEGIN {
+  add("BenchmarkJSONEncodeDecision/hand", "ns/op", "json_encode_decision_hand_ns", "ns")
+  add("BenchmarkJSONEncodeDecision/encoding_json", "ns/op", "json_encode_decision_encoding_json_ns", "ns")
+  add("BenchmarkJSONEncodeRejection/hand", "ns/op", "json_encode_rejection_hand_ns", "ns")
+  add("BenchmarkJSONEncodeRejection/encoding_json", "ns/op", "json_encode_rejection_encoding_json_ns", "ns")
+  add("BenchmarkJSONEncodeProblem/hand", "ns/op", "json_encode_problem_hand_ns", "ns")
+  add("BenchmarkJSONEncodeProblem/encoding_json", "ns/op", "json_encode_problem_encoding_json_ns", "ns")
+  add("BenchmarkJSONDecodeCheck/fast", "ns/op", "json_decode_check_fast_ns", "ns")
+  add("BenchmarkJSONDecodeCheck/strictjson", "ns/op", "json_decode_check_strictjson_ns", "ns")
+  add("BenchmarkJSONDecodeCheck/encoding_json", "ns/op", "json_decode_check_encoding_json_ns", "ns")
+}
 # Ratios of figures measured in this one run, as the targets are stated.
 END {
+  ratio("json_encode_decision_hand_over_encoding_json", "json_encode_decision_hand_ns", "json_encode_decision_encoding_json_ns")
+  ratio("json_encode_rejection_hand_over_encoding_json", "json_encode_rejection_hand_ns", "json_encode_rejection_encoding_json_ns")
+  ratio("json_encode_problem_hand_over_encoding_json", "json_encode_problem_hand_ns", "json_encode_problem_encoding_json_ns")
+  ratio("json_decode_check_fast_over_strictjson", "json_decode_check_fast_ns", "json_decode_check_strictjson_ns")
+  ratio("json_decode_check_fast_over_encoding_json", "json_decode_check_fast_ns", "json_decode_check_encoding_json_ns")
   ratio("engine_memory_over_xtime_rate", "engine_memory_ns_per_check", "xtime_rate_ns_per_allow")
   # bench/redis.sh prints its own ratios (redis_checks_over_raw_evalsha_p16
   # against redis-benchmark -P 16, and against unpipelined EVALSHA).

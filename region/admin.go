@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/quota/redispolicy"
@@ -63,7 +64,7 @@ func etag(version int) string { return `"` + strconv.Itoa(version) + `"` }
 
 // registryProblem maps a Registry error to a problem.
 func registryProblem(err error, prefix string) *Problem {
-	if p, ok := fromValidation(err, prefix); ok {
+	if p, ok := decide.FromValidation(err, prefix); ok {
 		return p
 	}
 	var ce *quota.ConflictError
@@ -430,7 +431,7 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		out.Policies = append(out.Policies, PolicyResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Override: override})
 	}
 	if route := q.Get("route"); route != "" {
-		if err := validRoute(route); err != nil {
+		if err := decide.ValidRoute(route); err != nil {
 			d.fail(w, r, invalid("route", "%v", err))
 			return
 		}
@@ -446,7 +447,7 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		for _, a := range applied {
 			add(a.Policy, a.Limit, a.Override)
 		}
-		out.Exempt = exemptResults(exempt)
+		out.Exempt = decide.ExemptResults(exempt)
 	} else {
 		var exempt []quota.Exemption
 		for _, p := range d.reg.List(tier) {
@@ -460,7 +461,7 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 			}
 			add(&p, l, override)
 		}
-		out.Exempt = exemptResults(exempt)
+		out.Exempt = decide.ExemptResults(exempt)
 	}
 	results, p := d.peek(r, subject, checks)
 	if p != nil {
@@ -468,7 +469,7 @@ func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for j := range checks {
-		fill(&out.Policies[j], results[j])
+		out.Policies[j].Fill(results[j])
 	}
 	if len(quotas) > 0 {
 		// The engine's own count of each quota, read whole: at the

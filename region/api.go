@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/internal/strictjson"
 	"github.com/sluice-rl/sluice/quota"
 )
@@ -101,7 +102,7 @@ type BatchResponse struct {
 }
 
 // checkRejection is the 429/503 body of POST /v1/check: the problem
-// members of design 4.2 and the decision in one object.
+// members of a rejection (decide.Rejection) and the decision in one object.
 type checkRejection struct {
 	Type             string   `json:"type"`
 	Title            string   `json:"title"`
@@ -125,24 +126,24 @@ func (d *Daemon) handleCheck(w http.ResponseWriter, r *http.Request) {
 // decision with its RateLimit fields, or a 429 or 503 problem with the
 // decision in it; a request it cannot decide goes to fail.
 func (d *Daemon) answerCheck(ctx context.Context, w http.ResponseWriter, in *CheckRequest, fail func(*Problem)) {
-	t, p := in.target("")
+	t, p := in.Target("")
 	if p != nil {
 		fail(p)
 		return
 	}
-	v, p := d.decide(ctx, t)
+	v, p := d.dec.Decide(ctx, t)
 	if p != nil {
 		fail(p)
 		return
 	}
-	setRateLimitHeaders(w.Header(), &v)
-	if v.status == http.StatusOK {
+	decide.SetRateLimitHeaders(w.Header(), &v)
+	if v.Status == http.StatusOK {
 		writeDecision(w, http.StatusOK, &v.Decision)
 		return
 	}
-	prob := rejection(&v)
+	prob := decide.Rejection(&v)
 	body := checkRejection{Type: prob.Type, Title: prob.Title, Status: prob.Status, Detail: prob.Detail,
-		Instance: checkPath, ViolatedPolicies: v.violated, Decision: v.Decision}
+		Instance: checkPath, ViolatedPolicies: v.Violated, Decision: v.Decision}
 	bp := bodyBufs.Get().(*[]byte)
 	defer putBody(bp)
 	b, ok := appendRejection((*bp)[:0], &body)
@@ -157,7 +158,7 @@ func (d *Daemon) answerCheck(ctx context.Context, w http.ResponseWriter, in *Che
 	h := w.Header()
 	h["Content-Type"] = hdrProblem
 	h["Cache-Control"] = hdrNoStore
-	w.WriteHeader(v.status)
+	w.WriteHeader(v.Status)
 	w.Write(append(b, '\n'))
 }
 
@@ -177,13 +178,13 @@ func (d *Daemon) handleBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	out := BatchResponse{Results: make([]BatchItem, len(in.Checks))}
 	for i := range in.Checks {
-		t, p := in.Checks[i].target(fmt.Sprintf("checks[%d]", i))
+		t, p := in.Checks[i].Target(fmt.Sprintf("checks[%d]", i))
 		if p == nil {
-			var v verdict
-			v, p = d.decide(r.Context(), t)
+			var v decide.Verdict
+			v, p = d.dec.Decide(r.Context(), t)
 			if p == nil {
 				dec := v.Decision
-				out.Results[i] = BatchItem{Status: v.status, Decision: &dec}
+				out.Results[i] = BatchItem{Status: v.Status, Decision: &dec}
 				continue
 			}
 		}
@@ -274,11 +275,11 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 			return "", "", p
 		}
 	}
-	if !validMethod(m) {
+	if !decide.ValidMethod(m) {
 		return "", "", invalid(fieldM, "must be an HTTP method such as GET, got %q", clipStr(m))
 	}
-	if len(u) > maxRouteLen {
-		return "", "", invalid(fieldU, "longer than %d bytes", maxRouteLen)
+	if len(u) > decide.MaxRouteLen {
+		return "", "", invalid(fieldU, "longer than %d bytes", decide.MaxRouteLen)
 	}
 	if !strings.HasPrefix(u, "/") {
 		pu, err := url.Parse(u)
@@ -293,7 +294,7 @@ func forwardedTarget(h http.Header, pair authzHeaders, method, path string, pref
 	if i := strings.IndexAny(u, "?#"); i >= 0 {
 		u = u[:i]
 	}
-	if err := validRoute(u); err != nil {
+	if err := decide.ValidRoute(u); err != nil {
 		return "", "", invalid(fieldU, "%v", err)
 	}
 	return strings.ToUpper(m), quota.NormalizeRoute(u), nil
@@ -348,19 +349,19 @@ func (d *Daemon) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	v, p := d.decide(r.Context(), target{id: id, method: method, route: route})
+	v, p := d.dec.Decide(r.Context(), decide.Target{ID: id, Method: method, Route: route})
 	if p != nil {
 		d.fail(w, r, p)
 		return
 	}
 	h := w.Header()
-	setRateLimitHeaders(h, &v)
-	h["X-Sluice-Status"] = sluiceStatus(v.status)
-	if v.status == http.StatusOK {
+	decide.SetRateLimitHeaders(h, &v)
+	h["X-Sluice-Status"] = sluiceStatus(v.Status)
+	if v.Status == http.StatusOK {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	prob := rejection(&v)
+	prob := decide.Rejection(&v)
 	prob.Instance = route
 	// nginx auth_request understands only 2xx, 401 and 403: ?deny_status=403
 	// makes a rejection a 403 that nginx can turn back into 429 or 503

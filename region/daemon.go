@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/engine/limiter"
@@ -175,6 +176,7 @@ type Daemon struct {
 	redis   redisKV     // nil on the memory store
 	m       *metrics
 	events  *decisionlog.Log
+	dec     *decide.Decider // the decision, over lim, reg, shares and quotas
 	gather  prometheus.Gatherer
 	token   [32]byte // SHA-256 of the admin token
 	hasTok  bool
@@ -292,6 +294,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		}
 		d.closers = append(d.closers, func() error { d.cl.g.Shutdown(); return nil })
 	}
+	d.dec = d.newDecider()
 	d.routes = d.routeTable()
 	ok = true
 	return d, nil

@@ -93,26 +93,6 @@ func FuzzAppendDecision(f *testing.F) {
 	})
 }
 
-func TestFormatHeaderAllocatesOnce(t *testing.T) {
-	items := []headerItem{{Name: "burst", Quota: 100, Window: 1, Available: 50, T: 30}, {Name: `we"ird\`, Quota: -5, Window: 0, Available: math.MinInt64, T: math.MaxInt64}}
-	for name, f := range map[string]func([]headerItem) string{"RateLimit-Policy": formatPolicyHeader, "RateLimit": formatRateLimitHeader} {
-		if n := testing.AllocsPerRun(100, func() { f(items) }); n != 1 {
-			t.Errorf("%s: %v allocations, want 1 (the value sized in advance)", name, n)
-		}
-	}
-	if got, want := formatRateLimitHeader(items), `"burst";r=50;t=30, "we\"ird\\";r=0;t=9223372036854775807`; got != want {
-		t.Errorf("formatRateLimitHeader = %s, want %s", got, want)
-	}
-}
-
-func TestDecimalLen(t *testing.T) {
-	for _, v := range []int64{0, 1, 9, 10, 99, 100, -1, -9, -10, 123456789, math.MaxInt64, math.MinInt64, math.MinInt64 + 1} {
-		if got, want := decimalLen(v), len(strconv.FormatInt(v, 10)); got != want {
-			t.Errorf("decimalLen(%d) = %d, want %d", v, got, want)
-		}
-	}
-}
-
 // TestBodiesCarryContentLength checks what writeBody relies on: below the
 // chunking threshold net/http sets Content-Length itself; above it we do.
 func TestBodiesCarryContentLength(t *testing.T) {
@@ -130,31 +110,6 @@ func TestBodiesCarryContentLength(t *testing.T) {
 		if res.ContentLength != int64(size) || len(res.TransferEncoding) != 0 {
 			t.Errorf("body of %d bytes: Content-Length %d, Transfer-Encoding %v, want %d and none", size, res.ContentLength, res.TransferEncoding, size)
 		}
-	}
-}
-
-func TestSetRateLimitFields(t *testing.T) {
-	items := []headerItem{{Name: "burst", Quota: 100, Window: 1, Available: 50, T: 30}, {Name: "daily", Quota: 1000, Window: 86400, Available: 999}}
-	h := http.Header{}
-	setRateLimitFields(h, items)
-	if got, want := h.Get("RateLimit-Policy"), formatPolicyHeader(items); got != want {
-		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
-	}
-	if got, want := h.Get("RateLimit"), formatRateLimitHeader(items); got != want {
-		t.Errorf("RateLimit = %q, want %q", got, want)
-	}
-	// Adding to one field must not touch the other (they share a slice).
-	h.Add("RateLimit-Policy", "x")
-	if got := h.Values("RateLimit"); len(got) != 1 {
-		t.Errorf("RateLimit after adding to RateLimit-Policy = %q, want one value", got)
-	}
-	if n := testing.AllocsPerRun(100, func() { setRateLimitFields(http.Header{}, items[:1]) }); n > 3 {
-		t.Errorf("%v allocations, want at most 3 (the header map, one string, one slice)", n)
-	}
-	empty := http.Header{}
-	setRateLimitFields(empty, nil)
-	if len(empty) != 0 {
-		t.Errorf("no items set %v, want nothing", empty)
 	}
 }
 

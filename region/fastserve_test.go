@@ -194,7 +194,7 @@ func FuzzDataPlaneServer(f *testing.F) {
 func TestDataPlaneServerRecoversPanics(t *testing.T) {
 	d := newLoginDaemon(t, prometheus.NewRegistry())
 	addr := strings.TrimPrefix(serveData(t, d), "http://")
-	d.lim = nil // every decision now panics on a nil limiter
+	d.dec = nil // every decision now panics on a nil decider
 	check := `{"user":"alice","route":"/v1/orders","method":"GET"}`
 	for i, target := range []string{"/v1/check", "/v1/check?x=1"} {
 		raw := "POST " + target + " HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: " +

@@ -2,9 +2,11 @@ package region
 
 import (
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -24,17 +26,21 @@ func FuzzCheckRequest(f *testing.F) {
 			}
 			return
 		}
-		tg, p := in.target("")
+		tg, p := in.Target("")
 		if p != nil && (p.Status != 400 || len(p.Errors) == 0) {
 			t.Fatalf("target problem %+v", p)
 		}
-		if p == nil && quota.NormalizeRoute(tg.route) != tg.route {
-			t.Fatalf("target route %q is not canonical", tg.route)
+		if p == nil && quota.NormalizeRoute(tg.Route) != tg.Route {
+			t.Fatalf("target route %q is not canonical", tg.Route)
 		}
 		var b BatchRequest
 		_ = decodeBytes(body, &b)
 	})
 }
+
+// methodPattern is what decide.ValidMethod accepts, as a regular
+// expression.
+var methodPattern = regexp.MustCompile(`^[A-Za-z]{1,32}$`)
 
 // FuzzForwardedTarget fuzzes the forward-auth header parsing: never a
 // panic, every failure a 400, every accepted route canonical.
@@ -59,7 +65,7 @@ func FuzzForwardedTarget(f *testing.F) {
 			}
 			return
 		}
-		if !methodPattern.MatchString(m) || validRoute(route) != nil || strings.ContainsAny(route, "?#") || quota.NormalizeRoute(route) != route {
+		if !methodPattern.MatchString(m) || decide.ValidRoute(route) != nil || strings.ContainsAny(route, "?#") || quota.NormalizeRoute(route) != route {
 			t.Fatalf("accepted method %q route %q", m, route)
 		}
 	})
@@ -71,13 +77,13 @@ func FuzzRateLimitHeaders(f *testing.F) {
 	f.Add("burst", int64(100), int64(1), int64(0), int64(1), `"a";r=1;t=2, "b";q=3;w=4;qu="x"`)
 	f.Add("we\"ird\\", int64(-1), int64(0), int64(5), int64(0), `"x`)
 	f.Fuzz(func(t *testing.T, name string, q, w, r, tt int64, raw string) {
-		_, _ = ParseRateLimitList(raw)
+		_, _ = decide.ParseRateLimitList(raw)
 		_, _ = ParseIfMatch(http.Header{"If-Match": {raw}})
-		items := []headerItem{{Name: name, Quota: q, Window: w, Available: r, T: tt}, {Name: "second", Quota: 1, Window: 1}}
-		for _, v := range []string{formatPolicyHeader(items), formatRateLimitHeader(items)} {
-			got, err := ParseRateLimitList(v)
+		items := []decide.HeaderItem{{Name: name, Quota: q, Window: w, Available: r, T: tt}, {Name: "second", Quota: 1, Window: 1}}
+		for _, v := range []string{decide.FormatPolicyHeader(items), decide.FormatRateLimitHeader(items)} {
+			got, err := decide.ParseRateLimitList(v)
 			if err != nil || len(got) != 2 {
-				t.Fatalf("ParseRateLimitList(%q) = %v, %v", v, got, err)
+				t.Fatalf("decide.ParseRateLimitList(%q) = %v, %v", v, got, err)
 			}
 		}
 	})

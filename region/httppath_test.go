@@ -161,18 +161,6 @@ func TestBodyTooLargeClosesConnection(t *testing.T) {
 	}
 }
 
-// FuzzValidMethod holds validMethod to methodPattern.
-func FuzzValidMethod(f *testing.F) {
-	for _, m := range []string{"GET", "post", "M-SEARCH", "", "@", "[", "`", "{", "Zz", strings.Repeat("A", 32), strings.Repeat("a", 33), "GET\x00", "Gét"} {
-		f.Add(m)
-	}
-	f.Fuzz(func(t *testing.T, m string) {
-		if got, want := validMethod(m), methodPattern.MatchString(m); got != want {
-			t.Fatalf("validMethod(%q) = %v, want %v", m, got, want)
-		}
-	})
-}
-
 // Each check counts in sluice_checks_total under its decision and source,
 // through the resolved series as through the vector.
 func TestCheckSeries(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/decisionlog"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/engine/limiter"
@@ -250,11 +251,14 @@ func sourceIndex(s string) uint8 {
 func sourceLabel(i uint8) string { return checkSources[i] }
 
 // observe counts a decided check in sluice_checks_total and, per policy,
-// in sluice_policy_checks_total, and hands it to the decision log: its
+// in sluice_policy_checks_total (and a shadow policy that would have
+// rejected in sluice_shadow_would_reject_total), and hands it to the
+// decision log: its
 // limited policies to the top lists, and a sample to the event stream.
 // shadowSource is the source of the shadow policies' decision ("none" if
 // they were not decided). It runs on the check path and does no I/O.
-func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowSource string) {
+func (d *Daemon) observe(v *decide.Verdict, method, route, shadowSource string) {
+	decision := v.Outcome()
 	d.m.checkSeries.counter(d.m.checks, decision, v.Source).Inc()
 	src, shSrc := sourceIndex(v.Source), sourceIndex(shadowSource)
 	for i := range v.Policies {
@@ -275,6 +279,9 @@ func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowS
 			k.decision, k.source = polAllowed, shSrc
 		}
 		d.m.policyCache.counter(d.m.policyChecks, k).Inc()
+		if pr.WouldReject {
+			d.m.wouldReject.WithLabelValues(pr.ID).Inc()
+		}
 		if pr.Scope == quota.ScopeGlobal && pr.Mode == quota.ModeEnforce && pr.Evaluated && pr.Limit > 0 {
 			d.m.globalRemaining(pr.ID).Observe(float64(pr.Remaining) / float64(pr.Limit))
 		}
@@ -286,7 +293,7 @@ func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowS
 	limited := decision != 0 || v.WouldReject
 	if limited {
 		now := time.Now()
-		for _, id := range v.violated {
+		for _, id := range v.Violated {
 			ev.Limited(now, id, decisionlog.KindRejected, v.Subject)
 		}
 		if v.WouldReject {
@@ -301,7 +308,7 @@ func (d *Daemon) observe(v *verdict, method, route string, decision int, shadowS
 		return
 	}
 	e := decisionlog.Event{Time: time.Now().UTC(), Subject: v.Subject, Tier: v.Tier, Method: method, Route: route,
-		Decision: checkDecisions[decision], Source: v.Source, Policy: v.Policy, Violated: slices.Clone(v.violated), Degraded: v.Degraded}
+		Decision: checkDecisions[decision], Source: v.Source, Policy: v.Policy, Violated: slices.Clone(v.Violated), Degraded: v.Degraded}
 	if v.WouldReject {
 		for i := range v.Policies {
 			if pr := &v.Policies[i]; pr.WouldReject {

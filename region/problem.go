@@ -2,100 +2,12 @@ package region
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/quota"
 )
-
-// Problem types. The rate-limit ones are those proposed by
-// draft-ietf-httpapi-ratelimit-headers-11 for IANA's HTTP Problem Types
-// registry; the others are Sluice's own, documented in docs/api.md.
-const (
-	ProblemQuotaExceeded   = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-	ProblemReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
-	ProblemAbnormalUsage   = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"
-
-	problemBase         = "https://sluice-rl.github.io/problems/"
-	ProblemInvalid      = problemBase + "invalid-request"
-	ProblemUnauthorized = problemBase + "unauthorized"
-	ProblemForbidden    = problemBase + "forbidden"
-	ProblemNotFound     = problemBase + "not-found"
-	ProblemConflict     = problemBase + "conflict"
-	ProblemPrecondition = problemBase + "precondition-failed"
-	ProblemTooLarge     = problemBase + "body-too-large"
-	ProblemMethod       = "about:blank"
-	ProblemUnavailable  = problemBase + "policy-store-unavailable"
-	ProblemStateStore   = problemBase + "state-store-unavailable"
-	ProblemInternal     = problemBase + "internal-error"
-)
-
-// Problem is an RFC 9457 problem details object. Errors lists each field
-// that was wrong (a Sluice extension member); ViolatedPolicies is the
-// member the RateLimit draft's problem types add.
-type Problem struct {
-	Type             string             `json:"type"`
-	Title            string             `json:"title"`
-	Status           int                `json:"status"`
-	Detail           string             `json:"detail,omitempty"`
-	Instance         string             `json:"instance,omitempty"`
-	Errors           []quota.FieldError `json:"errors,omitempty"`
-	ViolatedPolicies []string           `json:"violated-policies,omitempty"`
-	// RetryAfterMS repeats Retry-After in milliseconds for 429 and 503.
-	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
-}
-
-func (p *Problem) Error() string { return p.Title + ": " + p.Detail }
-
-func newProblem(status int, typ, detail string, errs ...quota.FieldError) *Problem {
-	return &Problem{Type: typ, Title: http.StatusText(status), Status: status, Detail: detail, Errors: errs}
-}
-
-func invalid(field, format string, args ...any) *Problem {
-	reason := fmt.Sprintf(format, args...)
-	return newProblem(http.StatusBadRequest, ProblemInvalid, describe(field, reason), quota.FieldError{Field: field, Reason: reason})
-}
-
-func describe(field, reason string) string {
-	if field == "" {
-		return reason
-	}
-	return field + ": " + reason
-}
-
-// fromValidation turns a *quota.ValidationError into a 400 problem that
-// names every field; prefix is prepended to each field path.
-func fromValidation(err error, prefix string) (*Problem, bool) {
-	var ve *quota.ValidationError
-	if !errors.As(err, &ve) {
-		return nil, false
-	}
-	errs := make([]quota.FieldError, len(ve.Problems))
-	for i, fe := range ve.Problems {
-		f := fe.Field
-		if prefix != "" {
-			switch {
-			case f == "":
-				f = prefix
-			case f[0] == '[':
-				f = prefix + f
-			default:
-				f = prefix + "." + f
-			}
-		}
-		errs[i] = quota.FieldError{Field: f, Reason: fe.Reason}
-	}
-	detail := "the request is invalid"
-	if len(errs) > 0 {
-		detail = describe(errs[0].Field, errs[0].Reason)
-		if len(errs) > 1 {
-			detail += fmt.Sprintf(" (and %d more)", len(errs)-1)
-		}
-	}
-	return newProblem(http.StatusBadRequest, ProblemInvalid, detail, errs...), true
-}
 
 // Header values shared by every answer: assigning one of these slices to a
 // header key replaces that key's values without allocating. No code may
@@ -184,4 +96,36 @@ func writeBody(w http.ResponseWriter, status int, body []byte) {
 	}
 	w.WriteHeader(status)
 	w.Write(body)
+}
+
+// The problem types and the problem document are package decide's, shared
+// by every front end of the decision.
+const (
+	ProblemQuotaExceeded   = decide.ProblemQuotaExceeded
+	ProblemReducedCapacity = decide.ProblemReducedCapacity
+	ProblemAbnormalUsage   = decide.ProblemAbnormalUsage
+	ProblemInvalid         = decide.ProblemInvalid
+	ProblemUnauthorized    = decide.ProblemUnauthorized
+	ProblemForbidden       = decide.ProblemForbidden
+	ProblemNotFound        = decide.ProblemNotFound
+	ProblemConflict        = decide.ProblemConflict
+	ProblemPrecondition    = decide.ProblemPrecondition
+	ProblemTooLarge        = decide.ProblemTooLarge
+	ProblemMethod          = decide.ProblemMethod
+	ProblemUnavailable     = decide.ProblemUnavailable
+	ProblemStateStore      = decide.ProblemStateStore
+	ProblemInternal        = decide.ProblemInternal
+)
+
+// Problem is an RFC 9457 problem details object (decide.Problem).
+type Problem = decide.Problem
+
+// newProblem is decide.NewProblem.
+func newProblem(status int, typ, detail string, errs ...quota.FieldError) *Problem {
+	return decide.NewProblem(status, typ, detail, errs...)
+}
+
+// invalid is decide.Invalid: a 400 problem naming field.
+func invalid(field, format string, args ...any) *Problem {
+	return decide.Invalid(field, format, args...)
 }

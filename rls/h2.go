@@ -397,6 +397,9 @@ func (c *h2conn) read(br *bufio.Reader) error {
 	if string(preface[:]) != http2.ClientPreface {
 		return errors.New("not an HTTP/2 client preface")
 	}
+	if c.s.ownAll {
+		c.take(0, nil)
+	}
 	// Until the first call is known, answers to the peer's frames wait
 	// here: a connection handed over must not have had them.
 	var settingsAcks int
@@ -478,25 +481,32 @@ func (c *h2conn) read(br *bufio.Reader) error {
 		if c.hdr.method != methodRLS {
 			return c.handOver(br)
 		}
-		c.decided = true
-		c.rec.keep, c.rec.buf = false, nil
-		c.mu.Lock()
-		for range settingsAcks {
-			c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
-		}
-		for _, p := range pings {
-			c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, http2.FlagPingAck, 0)
-			c.wbuf = append(c.wbuf, p[:]...)
-		}
-		c.wbuf = appendSettings(c.wbuf, http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
-			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList})
-		c.wbuf = appendWindowUpdate(c.wbuf, 0, connWindow-65535)
-		c.recvWin += connWindow - 65535
-		c.flushLocked()
-		c.mu.Unlock()
+		c.take(settingsAcks, pings)
 		c.endHeaders()
 	}
+}
+
+// take makes the connection the transport's: the answers to the peer's
+// frames held until now (settingsAcks SETTINGS, pings) are written, then
+// the transport's settings and connection window.
+func (c *h2conn) take(settingsAcks int, pings [][8]byte) {
+	c.decided = true
+	c.rec.keep, c.rec.buf = false, nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for range settingsAcks {
+		c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
+	}
+	for _, p := range pings {
+		c.wbuf = appendFrameHeader(c.wbuf, 8, http2.FramePing, http2.FlagPingAck, 0)
+		c.wbuf = append(c.wbuf, p[:]...)
+	}
+	c.wbuf = appendSettings(c.wbuf, http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList})
+	c.wbuf = appendWindowUpdate(c.wbuf, 0, connWindow-65535)
+	c.recvWin += connWindow - 65535
+	c.flushLocked()
 }
 
 // throttle stops reading from the peer while maxWriteBuffer bytes wait

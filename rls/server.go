@@ -39,9 +39,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
-	"github.com/sluice-rl/sluice/region"
 )
 
 // Bounds on a request, beyond those of quota on descriptors.
@@ -59,9 +59,9 @@ const (
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // Decider decides matched policies in one all-or-nothing call;
-// *region.Daemon is one.
+// *decide.Decider is one.
 type Decider interface {
-	DecideStates(ctx context.Context, subject string, applied []quota.Applied) (region.StatesVerdict, error)
+	DecideStates(ctx context.Context, subject string, applied []quota.Applied) (decide.StatesVerdict, error)
 }
 
 // Matcher finds the descriptor policies that apply; *quota.Registry is one.
@@ -107,6 +107,8 @@ type Config struct {
 	// servers apply them (grpc.KeepaliveParams).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
+	// Transport is how connections are served; zero is TransportH2.
+	Transport Transport
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -129,6 +131,13 @@ type Server struct {
 	calls    sync.WaitGroup
 	stopping atomic.Bool
 	handOver func(net.Conn) error
+	// The room of TransportGRPC's calls (grpcCall).
+	grpcCalls sync.Pool
+	// ownAll makes every connection the own transport's from its
+	// preface on, none handed to grpc-go: for the conformance test,
+	// whose client waits for its SETTINGS to be acknowledged before its
+	// first call.
+	ownAll bool
 }
 
 // New returns a Server; it registers its metrics on cfg.Registerer.
@@ -182,14 +191,25 @@ func (s *Server) now() time.Time {
 // refused and in-flight ones finish (up to ShutdownTimeout). See h2.go for
 // which connections its own transport serves and which grpc-go does.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
+	opts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
 		grpc.ConnectionTimeout(s.cfg.ConnectionTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout}))
-	rlsv3.RegisterRateLimitServiceServer(gs, s)
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout})}
+	if s.cfg.Transport == TransportGRPC {
+		opts = append(opts, tunedOptions()...)
+	}
+	gs := grpc.NewServer(opts...)
+	if s.cfg.Transport == TransportGRPC {
+		gs.RegisterService(rlsServiceDesc(), s)
+	} else {
+		rlsv3.RegisterRateLimitServiceServer(gs, s)
+	}
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	if s.cfg.Transport == TransportGRPC {
+		return s.serveGRPC(ctx, gs, hs, ln)
+	}
 	handed := newConnQueue(ln.Addr())
 	s.handOver = handed.put
 	s.work = make(chan h2job)
@@ -486,7 +506,7 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 	if err != nil {
 		return err
 	}
-	v := region.StatesVerdict{Allowed: true}
+	v := decide.StatesVerdict{Allowed: true}
 	if len(applied) > 0 {
 		if v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied); err != nil {
 			if ctx.Err() != nil {
@@ -581,21 +601,21 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 }
 
 // answer fills descriptor i's status from its most constraining policy.
-func answer(ds *descStatus, i int, d descriptor, m *matched, v region.StatesVerdict, allowed bool, now time.Time) {
+func answer(ds *descStatus, i int, d descriptor, m *matched, v decide.StatesVerdict, allowed bool, now time.Time) {
 	st := &ds.st
 	best := -1 // index into m.uses
-	var bestRes region.PolicyResult
+	var bestRes decide.PolicyResult
 	for k, u := range m.uses {
 		if u.desc != i {
 			continue
 		}
-		var r region.PolicyResult
+		var r decide.PolicyResult
 		if u.applied >= 0 {
 			r = v.Results[u.applied]
 		} else { // denies all
 			w := windowOf(u.policy)
 			reset := w - time.Duration(now.UnixNano())%w
-			r = region.PolicyResult{Mode: u.policy.Mode, Evaluated: true, Allowed: d.hits == 0, ResetMS: reset.Milliseconds(), RetryAfterMS: reset.Milliseconds()}
+			r = decide.PolicyResult{Mode: u.policy.Mode, Evaluated: true, Allowed: d.hits == 0, ResetMS: reset.Milliseconds(), RetryAfterMS: reset.Milliseconds()}
 		}
 		if best < 0 || worse(r, bestRes) {
 			best, bestRes = k, r
@@ -623,7 +643,7 @@ func answer(ds *descStatus, i int, d descriptor, m *matched, v region.StatesVerd
 
 // worse reports whether a constrains a descriptor more than b: an
 // enforced rejection first, then the least remaining.
-func worse(a, b region.PolicyResult) bool {
+func worse(a, b decide.PolicyResult) bool {
 	ar := a.Evaluated && !a.Allowed && a.Mode == quota.ModeEnforce
 	br := b.Evaluated && !b.Allowed && b.Mode == quota.ModeEnforce
 	if ar != br {
@@ -649,7 +669,7 @@ func contains(ids []string, id string) bool {
 
 // addHeaders returns the draft-11 fields of the verdict and, when over the
 // limit, Retry-After, in r's room for them.
-func (r *reply) addHeaders(v region.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
+func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
 	out := r.headers[:0]
 	add := func(key, value string) {
 		h := &r.hvs[len(out)]

@@ -1,29 +1,28 @@
-// Package local decides checks in-process, with an limiter.Limiter and a
+// Package local decides checks in-process, with a limiter.Limiter and a
 // quota.Registry, instead of asking a daemon. It runs the daemon's own
-// decision code (region.Decider): the same validation, policies,
+// decision code (decide.Decider): the same validation, policies,
 // overrides, exemptions, shadow mode, failure modes, problems and the same
 // RateLimit, RateLimit-Policy and Retry-After fields as `sluice serve`
 // answers for a single region. Global-scope policies are enforced whole
 // (there are no other regions to share them with).
 //
 // A *Limiter has the method set of *client.Client's Check, so that the
-// middleware of package httplimit takes either. It imports package region
-// and so the daemon's dependencies (Prometheus, memberlist); httplimit and
-// client do not.
+// middleware of package httplimit takes either. It links the decision and
+// the engine, but none of the daemon's transports or metrics.
 package local
 
 import (
 	"context"
 
 	"github.com/sluice-rl/sluice/client"
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
-	"github.com/sluice-rl/sluice/region"
 )
 
 // Limiter decides checks against reg's policies with lim's store.
 type Limiter struct {
-	dec *region.Decider
+	dec *decide.Decider
 }
 
 // New returns a Limiter; lim nil is an in-process memory store.
@@ -31,7 +30,7 @@ func New(lim *limiter.Limiter, reg *quota.Registry) *Limiter {
 	if lim == nil {
 		lim = limiter.New(limiter.Config{})
 	}
-	return &Limiter{dec: region.NewDecider(lim, reg, nil)}
+	return &Limiter{dec: decide.New(decide.Config{Limiter: lim, Registry: reg})}
 }
 
 // Check decides req as a daemon's POST /v1/check does. Bad input is a
@@ -40,7 +39,7 @@ func New(lim *limiter.Limiter, reg *quota.Registry) *Limiter {
 // policy's store could not decide. A cancelled context is a
 // *client.Problem with status 503.
 func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.Decision, error) {
-	ans, p := l.dec.Check(ctx, region.CheckRequest{SubjectFields: req.SubjectFields, Tier: req.Tier,
+	ans, p := l.dec.Check(ctx, decide.CheckRequest{SubjectFields: req.SubjectFields, Tier: req.Tier,
 		Method: req.Method, Route: req.Route, Cost: req.Cost})
 	if p != nil {
 		return nil, problem(p)
@@ -66,7 +65,7 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 }
 
 // problem is p as package client spells it.
-func problem(p *region.Problem) *client.Problem {
+func problem(p *decide.Problem) *client.Problem {
 	return &client.Problem{Type: p.Type, Title: p.Title, Status: p.Status, Detail: p.Detail, Instance: p.Instance,
 		Errors: p.Errors, ViolatedPolicies: p.ViolatedPolicies, RetryAfterMS: p.RetryAfterMS}
 }

@@ -51,6 +51,7 @@ func newServeCmd() *cobra.Command {
 		logLevel     string
 		mr           multiRegionFlags
 		rlsListen    string
+		rlsTransport string
 		envoyConfigs []string
 		hashKeyFile  string
 	)
@@ -139,7 +140,11 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if rlsListen == "" {
 				return d.Run(cmd.Context())
 			}
-			return serveWithRLS(cmd.Context(), d, cfg, rlsListen, log, reg)
+			tr, err := rlsTransportOf(rlsTransport)
+			if err != nil {
+				return err
+			}
+			return serveWithRLS(cmd.Context(), d, cfg, rlsListen, tr, log, reg)
 		},
 	}
 	f := cmd.Flags()
@@ -162,6 +167,8 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&configFile, "config", "", "JSON file of flag values, e.g. {\"listen\": \":8080\", \"trusted-proxies\": [\"10.0.0.0/8\"]}")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&rlsListen, "rls-listen", "", "serve Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) on this address; empty: off")
+	f.StringVar(&rlsTransport, "rls-transport", "h2", "transport of --rls-listen: h2 (the service's own for a proxy's calls) or grpc (grpc-go tuned, for comparing them)")
+	_ = f.MarkHidden("rls-transport")
 	f.StringArrayVar(&envoyConfigs, "envoy-config", nil, "envoyproxy/ratelimit YAML file, or directory of *.yaml files, to load as descriptor policies (repeatable)")
 	f.StringVar(&cfg.DecisionLog.Path, "decision-log", "", "write sampled decision events as JSON lines to this file (appended), or - for standard output; empty: off")
 	f.Float64Var(&cfg.DecisionLog.RejectRate, "decision-log-reject-rate", def.DecisionLog.RejectRate, "fraction in [0, 1] of rejections and shadow would-rejects written to --decision-log")
@@ -173,16 +180,27 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	return cmd
 }
 
+// rlsTransportOf is the rls.Transport that --rls-transport names.
+func rlsTransportOf(name string) (rls.Transport, error) {
+	switch name {
+	case "h2":
+		return rls.TransportH2, nil
+	case "grpc":
+		return rls.TransportGRPC, nil
+	}
+	return 0, fmt.Errorf("--rls-transport: %q is neither h2 nor grpc", name)
+}
+
 // serveWithRLS runs the daemon and the rate limit service together: either
 // failing stops the other. On shutdown the rate limit service finishes its
 // in-flight calls first, then the daemon, which closes the store those
 // calls use.
-func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, log *slog.Logger, reg prometheus.Registerer) error {
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, tr rls.Transport, log *slog.Logger, reg prometheus.Registerer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--rls-listen: %w", err)
 	}
-	s, err := rls.New(rls.Config{Decider: d, Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout})
+	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
 	if err != nil {
 		ln.Close()
 		return err

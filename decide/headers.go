@@ -1,4 +1,4 @@
-package region
+package decide
 
 import (
 	"errors"
@@ -19,8 +19,8 @@ import (
 // One item per enforced policy that is not class security; shadow policies
 // and security policies never appear.
 
-// headerItem is one policy in the RateLimit fields.
-type headerItem struct {
+// HeaderItem is one policy in the RateLimit fields.
+type HeaderItem struct {
 	Name string
 	// Quota (q) and Window (w, seconds, at least 1) for RateLimit-Policy.
 	Quota, Window int64
@@ -77,6 +77,7 @@ func sfStringLen(s string) int {
 	return n
 }
 
+// writeSFString writes s as a Structured Field String (see sfString).
 func writeSFString(b *strings.Builder, s string) {
 	b.WriteByte('"')
 	for i := 0; i < len(s); i++ {
@@ -110,39 +111,41 @@ func decimalLen(v int64) int {
 // The two fields' parameters: RateLimit-Policy has q and w (at least 1),
 // RateLimit has r and t.
 var (
-	policyParams    = itemParams{";q=", ";w=", func(it *headerItem) (int64, int64) { return max(it.Quota, 0), max(it.Window, 1) }}
-	rateLimitParams = itemParams{";r=", ";t=", func(it *headerItem) (int64, int64) { return max(it.Available, 0), max(it.T, 0) }}
+	policyParams    = itemParams{";q=", ";w=", func(it *HeaderItem) (int64, int64) { return max(it.Quota, 0), max(it.Window, 1) }}
+	rateLimitParams = itemParams{";r=", ";t=", func(it *HeaderItem) (int64, int64) { return max(it.Available, 0), max(it.T, 0) }}
 )
 
 // itemParams names an Item's two Integer parameters (each ";k=") and
 // reads their values.
 type itemParams struct {
 	k1, k2 string
-	values func(*headerItem) (int64, int64)
+	values func(*HeaderItem) (int64, int64)
 }
 
-// formatPolicyHeader and formatRateLimitHeader are on the path of every
-// check: each sizes its value first and allocates it once.
-func formatPolicyHeader(items []headerItem) string {
+// FormatPolicyHeader formats items as a RateLimit-Policy value. It and
+// FormatRateLimitHeader are on the path of every check: each sizes its
+// value first and allocates it once.
+func FormatPolicyHeader(items []HeaderItem) string {
 	var b strings.Builder
 	b.Grow(policyParams.len(items))
 	policyParams.write(&b, items)
 	return b.String()
 }
 
-func formatRateLimitHeader(items []headerItem) string {
+// FormatRateLimitHeader formats items as a RateLimit value.
+func FormatRateLimitHeader(items []HeaderItem) string {
 	var b strings.Builder
 	b.Grow(rateLimitParams.len(items))
 	rateLimitParams.write(&b, items)
 	return b.String()
 }
 
-// setRateLimitFields sets RateLimit-Policy and RateLimit from items with
+// SetRateLimitFields sets RateLimit-Policy and RateLimit from items with
 // two allocations in all, where two Header.Set calls of the formatted
 // values take six: both values share one string and one slice, and the
 // keys are given in canonical form ("Ratelimit-Policy"), which Set would
 // otherwise recompute on every call.
-func setRateLimitFields(h http.Header, items []headerItem) {
+func SetRateLimitFields(h http.Header, items []HeaderItem) {
 	if len(items) == 0 {
 		return
 	}
@@ -158,7 +161,7 @@ func setRateLimitFields(h http.Header, items []headerItem) {
 }
 
 // len is the length of what write writes.
-func (ps itemParams) len(items []headerItem) int {
+func (ps itemParams) len(items []HeaderItem) int {
 	n := 0
 	for i := range items {
 		a, c := ps.values(&items[i])
@@ -172,7 +175,7 @@ func (ps itemParams) len(items []headerItem) int {
 
 // write writes each item as its String name and the two parameters,
 // separated by ", ".
-func (ps itemParams) write(b *strings.Builder, items []headerItem) {
+func (ps itemParams) write(b *strings.Builder, items []HeaderItem) {
 	var num [20]byte
 	for i := range items {
 		if i > 0 {
@@ -278,6 +281,8 @@ func ParseRateLimitList(v string) ([]SFItem, error) {
 	}
 }
 
+// parseSFString parses the String at the start of v, returning it and the
+// bytes it took.
 func parseSFString(v string) (string, int, error) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {

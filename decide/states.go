@@ -1,4 +1,4 @@
-package region
+package decide
 
 import (
 	"context"
@@ -44,25 +44,25 @@ type StatesVerdict struct {
 // its StateName. At most quota.MaxPoliciesPerRequest policies, with
 // distinct state names, may be given. An error is a request the engine
 // refuses or a cancelled context, never a rejection.
-func (d *Daemon) DecideStates(ctx context.Context, subject string, applied []quota.Applied) (StatesVerdict, error) {
+func (dc *Decider) DecideStates(ctx context.Context, subject string, applied []quota.Applied) (StatesVerdict, error) {
 	if len(applied) > quota.MaxPoliciesPerRequest {
 		return StatesVerdict{}, errors.New("too many policies for one decision")
 	}
 	who := quota.Principal{Subject: subject}
-	v, p := d.decideApplied(ctx, who, applied, nil, nil, "", "", "")
+	v, p := dc.decideApplied(ctx, who, applied, nil, Target{})
 	if p != nil {
 		return StatesVerdict{}, errors.New(p.Detail)
 	}
 	out := StatesVerdict{
-		Allowed: v.Allowed, Unavailable: v.status == 503, Degraded: v.Degraded,
-		Source: v.Source, RetryAfter: v.retryAfter, Results: v.Policies,
+		Allowed: v.Allowed, Unavailable: v.Status == 503, Degraded: v.Degraded,
+		Source: v.Source, RetryAfter: v.RetryAfter, Results: v.Policies,
 	}
-	if items := leastRemainingPerName(v.headers); len(items) > 0 {
-		out.RateLimitPolicy = formatPolicyHeader(items)
-		out.RateLimit = formatRateLimitHeader(items)
+	if items := leastRemainingPerName(v.Headers); len(items) > 0 {
+		out.RateLimitPolicy = FormatPolicyHeader(items)
+		out.RateLimit = FormatRateLimitHeader(items)
 	}
 	if !v.Allowed {
-		out.RetryAfterHeader = strconv.FormatInt(max(ceilSeconds(v.retryAfter), 1), 10)
+		out.RetryAfterHeader = strconv.FormatInt(max(ceilSeconds(v.RetryAfter), 1), 10)
 	}
 	return out, nil
 }
@@ -70,7 +70,7 @@ func (d *Daemon) DecideStates(ctx context.Context, subject string, applied []quo
 // leastRemainingPerName keeps, of the items sharing a name, the one with
 // least available, in the order names first appear: a structured field
 // list should name each policy once. It filters items in place.
-func leastRemainingPerName(items []headerItem) []headerItem {
+func leastRemainingPerName(items []HeaderItem) []HeaderItem {
 	out := items[:0]
 	for _, it := range items {
 		dup := false
