@@ -89,13 +89,20 @@ type Config struct {
 	// Now is the clock received messages are judged by; nil is time.Now.
 	// Tests that drive the allocation on a virtual clock pass theirs.
 	Now func() time.Time
-	// Faults, if set, sends everything through a network with injected
-	// faults (FaultNet): the live simulator and tests only.
-	Faults *FaultNet
+	// Memberlist, if set, is called with memberlist's configuration just
+	// before the node is created, to replace what the preset and the fields
+	// above chose: another transport (mc.Transport, bound as mc.BindAddr
+	// and mc.BindPort say, filling in mc.BindPort when it is 0), other
+	// timings. An error fails New. gossiptest.FaultNet.Attach is one.
+	Memberlist MemberlistHook
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered
 }
+
+// MemberlistHook adjusts memberlist's configuration before a node is
+// created (Config.Memberlist).
+type MemberlistHook func(mc *memberlist.Config) error
 
 // Defaults.
 const (

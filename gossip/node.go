@@ -129,8 +129,8 @@ func New(cfg Config) (*Node, error) {
 	mc.Delegate = (*delegate)(n)
 	mc.Events = (*events)(n)
 	mc.LogOutput = &logWriter{log: cfg.Logger, m: n.metrics}
-	if cfg.Faults != nil {
-		if err := cfg.Faults.attach(mc, cfg.Region); err != nil {
+	if cfg.Memberlist != nil {
+		if err := cfg.Memberlist(mc); err != nil {
 			return nil, err
 		}
 	}

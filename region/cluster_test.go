@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -37,7 +38,7 @@ func TestDaemonsOnRedisCluster(t *testing.T) {
 	if code, body := a.admin(t, "PUT", "/v1/policies/burst", `{"algorithm":"token_bucket","rate_per_sec":0.01,"burst":20,"mode":"enforce"}`); code != 200 && code != 201 {
 		t.Fatalf("PUT = %d %s", code, body)
 	}
-	eventually(t, "the policy to reach the second daemon", 5*time.Second, func() bool {
+	testwait.For(t, 5*time.Second, "the policy to reach the second daemon", func() bool {
 		_, ok := b.d.Registry().Get("burst")
 		return ok
 	})
@@ -77,7 +78,7 @@ func TestDaemonsOnRedisCluster(t *testing.T) {
 	if code, body := b.admin(t, "PUT", "/v1/policies/burst", `{"algorithm":"fixed_window","limit":1000,"window":3600,"mode":"enforce"}`); code != 200 {
 		t.Fatalf("PUT through b = %d %s", code, body)
 	}
-	eventually(t, "the change to reach the first daemon", 5*time.Second, func() bool {
+	testwait.For(t, 5*time.Second, "the change to reach the first daemon", func() bool {
 		p, _ := a.d.Registry().Get("burst")
 		return p.Algorithm == "fixed_window"
 	})

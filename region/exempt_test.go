@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -206,7 +207,7 @@ func TestExemptionSync(t *testing.T) {
 	seed := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
 	a := startRegionDaemon(t, "a", "a1", "", seed)
 	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), seed)
-	eventually(t, "two regions in sync", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "two regions in sync", func() bool {
 		st := a.regions(t)
 		return len(st.Members) == 2 && !st.PolicySkew
 	})
@@ -223,11 +224,11 @@ func TestExemptionSync(t *testing.T) {
 	if code, body := a.admin(t, "POST", "/v1/overrides", doc); code != 201 {
 		t.Fatalf("POST /v1/overrides = %d %s", code, body)
 	}
-	eventually(t, "b to exempt tenant-7", 10*time.Second, func() bool { return exempt(b) })
+	testwait.For(t, 10*time.Second, "b to exempt tenant-7", func() bool { return exempt(b) })
 	if code, body := a.admin(t, "DELETE", "/v1/overrides/svc", ""); code != 204 {
 		t.Fatalf("DELETE /v1/overrides/svc = %d %s", code, body)
 	}
-	eventually(t, "b to limit tenant-7 again", 10*time.Second, func() bool { return !exempt(b) })
+	testwait.For(t, 10*time.Second, "b to limit tenant-7 again", func() bool { return !exempt(b) })
 }
 
 // TestUsageAppliesOverrides: the usage report of a subject, with or

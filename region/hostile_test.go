@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/share"
 )
@@ -55,7 +56,7 @@ func TestHostileGossipLeavesDaemonUnchanged(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = evil.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	eventually(t, "the daemon to see ap-1", 10*time.Second, func() bool { return len(l.d.Gossip().Regions()["ap"]) == 1 })
+	testwait.For(t, 10*time.Second, "the daemon to see ap-1", func() bool { return len(l.d.Gossip().Regions()["ap"]) == 1 })
 
 	type view struct {
 		Share    float64
@@ -70,7 +71,7 @@ func TestHostileGossipLeavesDaemonUnchanged(t *testing.T) {
 			Policies: l.d.Registry().List(""), Rev: st.PolicyRevision, Hash: st.PolicyHash}
 	}
 	// ap's membership alone makes the default share 1/2.
-	eventually(t, "the default share of two regions", 10*time.Second, func() bool { return l.d.Coordinator().Share("g", "s") == 0.5 })
+	testwait.For(t, 10*time.Second, "the default share of two regions", func() bool { return l.d.Coordinator().Share("g", "s") == 0.5 })
 	before := look()
 
 	now := share.DefaultConfig()
@@ -110,11 +111,11 @@ func TestHostileGossipLeavesDaemonUnchanged(t *testing.T) {
 		if err := s.send(); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "a rejection counted as "+s.reason, 10*time.Second, func() bool { return rejected(t, l, s.reason) != was })
+		testwait.For(t, 10*time.Second, "a rejection counted as "+s.reason, func() bool { return rejected(t, l, s.reason) != was })
 	}
 	// Two report intervals for anything that did get through to act.
 	deadline := time.Now().Add(2 * time.Second)
-	eventually(t, "two intervals", 3*time.Second, func() bool { return time.Now().After(deadline) })
+	testwait.For(t, 3*time.Second, "two intervals", func() bool { return time.Now().After(deadline) })
 	if after := look(); !reflect.DeepEqual(after, before) {
 		t.Errorf("daemon after hostile gossip = %+v, want as before %+v", after, before)
 	}

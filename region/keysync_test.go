@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -58,7 +59,7 @@ func TestKeySync(t *testing.T) {
 	}
 	a := startRegionDaemon(t, "a", "a1", "", keySyncSeed)
 	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), keySyncSeed)
-	eventually(t, "two regions in sync", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "two regions in sync", func() bool {
 		st := a.regions(t)
 		return len(st.Members) == 2 && !st.PolicySkew
 	})
@@ -80,14 +81,14 @@ func TestKeySync(t *testing.T) {
 
 	// A key registered in a gets its tier in b.
 	putKey(k1, "pro")
-	eventually(t, "b to give a's key its tier", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to give a's key its tier", func() bool {
 		tier, pols := b.checkKey(t, k1)
 		return tier == "pro" && pols == "pro,q"
 	})
 	if tier, _ := b.checkKey(t, k2); tier != quota.TierAnonymous {
 		t.Errorf("check of another key in b = tier %q, want %q", tier, quota.TierAnonymous)
 	}
-	eventually(t, "a and b to advertise one hash, not the one before", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "a and b to advertise one hash, not the one before", func() bool {
 		sa, sb := a.regions(t), b.regions(t)
 		return !sb.PolicySkew && sa.PolicyHash == sb.PolicyHash && sb.PolicyHash != hashBefore
 	})
@@ -101,12 +102,12 @@ func TestKeySync(t *testing.T) {
 
 	// A new tier for the key reaches b.
 	putKey(k1, "team")
-	eventually(t, "b to take the key's new tier", 10*time.Second, func() bool { return b.keyTiers(k1) == "team" })
+	testwait.For(t, 10*time.Second, "b to take the key's new tier", func() bool { return b.keyTiers(k1) == "team" })
 
 	// A set from an older build (no keys field) is applied, and b keeps
 	// its keys.
 	rev := broadcastAs(t, a, b, "old1", oldSet(t, a, "old1", 20))
-	eventually(t, "b to apply the older build's set", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to apply the older build's set", func() bool {
 		return rate(b) == 20 && b.regions(t).PolicyRevision == rev
 	})
 	if tier, _ := b.checkKey(t, k1); tier != "team" {
@@ -120,19 +121,19 @@ func TestKeySync(t *testing.T) {
 	if code, _ := a.admin(t, "DELETE", "/v1/keys/"+k1, ""); code != 404 {
 		t.Errorf("DELETE of a key not registered = %d, want 404", code)
 	}
-	eventually(t, "b to forget the deleted key", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to forget the deleted key", func() bool {
 		tier, _ := b.checkKey(t, k1)
 		return tier == quota.TierAnonymous && b.keyTiers(k1) == "-" && rate(b) == 10
 	})
 
 	// A set with one invalid key entry is refused whole.
 	putKey(k2, "pro")
-	eventually(t, "b to register k2", 10*time.Second, func() bool { return b.keyTiers(k2) == "pro" })
+	testwait.For(t, 10*time.Second, "b to register k2", func() bool { return b.keyTiers(k2) == "pro" })
 	invalidBefore := b.syncCount(t, "invalid")
 	bad := strings.TrimSuffix(oldSet(t, a, "a9", 30), "}") + fmt.Sprintf(
 		`,"keys":[{"key_id":%q,"tier":"pro"},{"key_id":%q,"tier":"pro"}]}`, quota.KeyID(k3), k1)
 	rev = broadcastAs(t, a, b, "a9", bad)
-	eventually(t, "b to refuse the set", 10*time.Second, func() bool { return b.syncCount(t, "invalid") > invalidBefore })
+	testwait.For(t, 10*time.Second, "b to refuse the set", func() bool { return b.syncCount(t, "invalid") > invalidBefore })
 	if got := b.keyTiers(k1, k2, k3); got != "-,pro,-" {
 		t.Errorf("keys in b after an invalid set = %q, want -,pro,- (k2 alone)", got)
 	}
@@ -150,7 +151,7 @@ func TestKeySync(t *testing.T) {
 	if code, body := a.admin(t, "DELETE", "/v1/keys/"+k2, ""); code != 204 {
 		t.Fatalf("DELETE /v1/keys/… = %d %s", code, body)
 	}
-	eventually(t, "b to forget k2 and agree with a", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to forget k2 and agree with a", func() bool {
 		sa, sb := a.regions(t), b.regions(t)
 		return b.keyTiers(k2) == "-" && sa.PolicyHash == sb.PolicyHash && !sb.PolicySkew
 	})
@@ -187,7 +188,7 @@ func TestKeySyncSiblingsOnRedis(t *testing.T) {
 		return serveDaemon(t, cfg)
 	}
 	b1, b2 := startB("b1"), startB("b2")
-	eventually(t, "three nodes in sync", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "three nodes in sync", func() bool {
 		st := a.regions(t)
 		return len(st.Members) == 3 && !st.PolicySkew
 	})
@@ -197,7 +198,7 @@ func TestKeySyncSiblingsOnRedis(t *testing.T) {
 		t.Fatalf("PUT /v1/keys/… on a = %d %s", code, body)
 	}
 	for _, l := range []*liveDaemon{b1, b2} {
-		eventually(t, "both b daemons to give a's key its tier", 10*time.Second, func() bool {
+		testwait.For(t, 10*time.Second, "both b daemons to give a's key its tier", func() bool {
 			tier, pols := l.checkKey(t, k1)
 			return tier == "pro" && pols == "pro,q"
 		})
@@ -207,7 +208,7 @@ func TestKeySyncSiblingsOnRedis(t *testing.T) {
 		t.Fatalf("PUT /v1/keys/… on b1 = %d %s", code, body)
 	}
 	for _, l := range []*liveDaemon{b2, a} {
-		eventually(t, "b2 (Redis) and a (gossip) to register b1's key", 10*time.Second, func() bool {
+		testwait.For(t, 10*time.Second, "b2 (Redis) and a (gossip) to register b1's key", func() bool {
 			tier, _ := l.checkKey(t, k2)
 			return tier == "pro" && l.keyTiers(k1, k2) == "pro,pro"
 		})
@@ -217,12 +218,12 @@ func TestKeySyncSiblingsOnRedis(t *testing.T) {
 		t.Fatalf("DELETE /v1/keys/… on b1 = %d %s", code, body)
 	}
 	for _, l := range []*liveDaemon{b2, a} {
-		eventually(t, "b2 (Redis) and a (gossip) to forget the key b1 deleted", 10*time.Second, func() bool {
+		testwait.For(t, 10*time.Second, "b2 (Redis) and a (gossip) to forget the key b1 deleted", func() bool {
 			tier, _ := l.checkKey(t, k1)
 			return tier == quota.TierAnonymous && l.keyTiers(k1, k2) == "-,pro"
 		})
 	}
-	eventually(t, "one hash everywhere", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "one hash everywhere", func() bool {
 		return !a.regions(t).PolicySkew && !b2.regions(t).PolicySkew
 	})
 	if n := b1.syncCount(t, "error") + b2.syncCount(t, "error"); n != 0 {

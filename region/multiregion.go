@@ -54,9 +54,10 @@ type GossipConfig struct {
 	Preset string
 	// Share, if its Interval is set, replaces ShareConfig(Interval).
 	Share share.Config
-	// Faults, if set, sends the gossip through a network with injected
-	// faults (the live simulator).
-	Faults *gossip.FaultNet
+	// Memberlist, if set, becomes gossip.Config.Memberlist: a hook that
+	// adjusts memberlist's configuration (the live simulator's transport
+	// with injected faults).
+	Memberlist gossip.MemberlistHook
 }
 
 // ShareConfig returns share.DefaultConfig with its timings scaled to
@@ -81,7 +82,7 @@ func (g *GossipConfig) gossipConfig(log *slog.Logger, reg prometheus.Registerer)
 		return gossip.Config{}, err
 	}
 	gc := gossip.Config{Node: g.Node, Region: g.Region, BindAddr: host, BindPort: port, Join: g.Join,
-		Interval: g.Interval, SecretKey: g.SecretKey, Dev: g.Dev, Preset: g.Preset, Faults: g.Faults, Logger: log, Registerer: reg}
+		Interval: g.Interval, SecretKey: g.SecretKey, Dev: g.Dev, Preset: g.Preset, Memberlist: g.Memberlist, Logger: log, Registerer: reg}
 	if g.Advertise != "" {
 		if gc.AdvertiseAddr, gc.AdvertisePort, err = splitHostPort(g.Advertise, "gossip advertise"); err != nil {
 			return gossip.Config{}, err

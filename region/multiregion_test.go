@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-rl/sluice/engine/redisstore"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region/globalshare"
 	"github.com/sluice-rl/sluice/share"
@@ -151,17 +152,6 @@ func (l *liveDaemon) regions(t *testing.T) RegionsStatus {
 	return st
 }
 
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-time.After(50 * time.Millisecond)
-	}
-}
-
 // TestPolicySyncNewestWins: a change in one region reaches the other over
 // gossip, /v1/regions shows the skew until it has, and two conflicting
 // changes made at once in two regions converge on one of them everywhere.
@@ -175,7 +165,7 @@ func TestPolicySyncNewestWins(t *testing.T) {
 	seed := []quota.Policy{{ID: "g", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}}
 	a := startRegionDaemon(t, "a", "a1", "", seed)
 	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), seed)
-	eventually(t, "two regions", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "two regions", func() bool {
 		st := a.regions(t)
 		return len(st.Members) == 2 && !st.PolicySkew
 	})
@@ -188,11 +178,11 @@ func TestPolicySyncNewestWins(t *testing.T) {
 		t.Fatalf("PUT = %d %s", code, body)
 	}
 	// The change is stamped and broadcast by a goroutine, not by the PUT.
-	eventually(t, "a revision for the local change", 5*time.Second, func() bool {
+	testwait.For(t, 5*time.Second, "a revision for the local change", func() bool {
 		return a.regions(t).PolicyRevision != 0
 	})
-	eventually(t, "the change to reach b", 5*time.Second, func() bool { return rate(b) == 20 })
-	eventually(t, "no skew", 5*time.Second, func() bool {
+	testwait.For(t, 5*time.Second, "the change to reach b", func() bool { return rate(b) == 20 })
+	testwait.For(t, 5*time.Second, "no skew", func() bool {
 		st := b.regions(t)
 		return !st.PolicySkew && st.PolicyRevision == a.regions(t).PolicyRevision
 	})
@@ -206,7 +196,7 @@ func TestPolicySyncNewestWins(t *testing.T) {
 	if code := <-ca; code != 200 {
 		t.Fatalf("PUT in a = %d", code)
 	}
-	eventually(t, "both regions to agree", 5*time.Second, func() bool {
+	testwait.For(t, 5*time.Second, "both regions to agree", func() bool {
 		sa, sb := a.regions(t), b.regions(t)
 		return rate(a) == rate(b) && sa.PolicyHash == sb.PolicyHash && sa.PolicyRevision == sb.PolicyRevision && !sa.PolicySkew
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-rl/sluice/gossip"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region/policyset"
 )
@@ -130,7 +131,7 @@ func TestOverrideSync(t *testing.T) {
 	seed := []quota.Policy{{ID: "q", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce}}
 	a := startRegionDaemon(t, "a", "a1", "", seed)
 	b := startRegionDaemon(t, "b", "b1", a.d.Gossip().Addr(), seed)
-	eventually(t, "two regions in sync", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "two regions in sync", func() bool {
 		st := a.regions(t)
 		return len(st.Members) == 2 && !st.PolicySkew
 	})
@@ -150,14 +151,14 @@ func TestOverrideSync(t *testing.T) {
 
 	// A put in a is enforced in b.
 	putOverride("vip", 50)
-	eventually(t, "b to enforce a's override", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to enforce a's override", func() bool {
 		l, id := b.checkLimit(t, "tenant-7")
 		return l == 50 && id == "vip"
 	})
 	if l, id := b.checkLimit(t, "tenant-8"); l != 10 || id != "" {
 		t.Errorf("check of another subject in b = limit %d, override %q; want 10, none", l, id)
 	}
-	eventually(t, "a and b to advertise one hash, not the one before", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "a and b to advertise one hash, not the one before", func() bool {
 		sa, sb := a.regions(t), b.regions(t)
 		return !sb.PolicySkew && sa.PolicyHash == sb.PolicyHash && sb.PolicyHash != hashBefore
 	})
@@ -165,7 +166,7 @@ func TestOverrideSync(t *testing.T) {
 	// A set from an older build (no overrides field) is applied, and b
 	// keeps its overrides.
 	rev := broadcastAs(t, a, b, "old1", oldSet(t, a, "old1", 20))
-	eventually(t, "b to apply the older build's set", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to apply the older build's set", func() bool {
 		return rate(b) == 20 && b.regions(t).PolicyRevision == rev
 	})
 	if got := b.overrideIDs(); got != "vip:50" {
@@ -179,20 +180,20 @@ func TestOverrideSync(t *testing.T) {
 	if code, body := a.admin(t, "DELETE", "/v1/overrides/vip", ""); code != 204 {
 		t.Fatalf("DELETE /v1/overrides/vip = %d %s", code, body)
 	}
-	eventually(t, "b to drop the deleted override", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to drop the deleted override", func() bool {
 		l, id := b.checkLimit(t, "tenant-7")
 		return l == 10 && id == "" && b.overrideIDs() == "" && rate(b) == 10
 	})
 
 	// A set with one invalid override is refused whole.
 	putOverride("vip2", 30)
-	eventually(t, "b to enforce vip2", 10*time.Second, func() bool { return b.overrideIDs() == "vip2:30" })
+	testwait.For(t, 10*time.Second, "b to enforce vip2", func() bool { return b.overrideIDs() == "vip2:30" })
 	invalidBefore := b.syncCount(t, "invalid")
 	bad := strings.TrimSuffix(oldSet(t, a, "a9", 30), "}") + fmt.Sprintf(
 		`,"overrides":[{"id":"vip3","subject":"tenant-9","policy":"q","burst":40,"expires_at":%q},`+
 			`{"id":"bad","subject":"tenant-8","policy":"q","limit":5,"expires_at":%q}]}`, expires, expires)
 	rev = broadcastAs(t, a, b, "a9", bad)
-	eventually(t, "b to refuse the set", 10*time.Second, func() bool { return b.syncCount(t, "invalid") > invalidBefore })
+	testwait.For(t, 10*time.Second, "b to refuse the set", func() bool { return b.syncCount(t, "invalid") > invalidBefore })
 	if got := b.overrideIDs(); got != "vip2:30" {
 		t.Errorf("overrides in b after an invalid set = %q, want vip2:30", got)
 	}
@@ -207,7 +208,7 @@ func TestOverrideSync(t *testing.T) {
 	if code, body := a.admin(t, "DELETE", "/v1/overrides/vip2", ""); code != 204 {
 		t.Fatalf("DELETE /v1/overrides/vip2 = %d %s", code, body)
 	}
-	eventually(t, "b to drop vip2 and agree with a", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "b to drop vip2 and agree with a", func() bool {
 		sa, sb := a.regions(t), b.regions(t)
 		return b.overrideIDs() == "" && sa.PolicyHash == sb.PolicyHash && !sb.PolicySkew
 	})
@@ -236,7 +237,7 @@ func TestOverrideSyncSiblingsOnRedis(t *testing.T) {
 		return serveDaemon(t, cfg)
 	}
 	b1, b2 := startB("b1"), startB("b2")
-	eventually(t, "three nodes in sync", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "three nodes in sync", func() bool {
 		st := a.regions(t)
 		return len(st.Members) == 3 && !st.PolicySkew
 	})
@@ -247,7 +248,7 @@ func TestOverrideSyncSiblingsOnRedis(t *testing.T) {
 		t.Fatalf("POST /v1/overrides on a = %d %s", code, body)
 	}
 	for _, l := range []*liveDaemon{b1, b2} {
-		eventually(t, "both b daemons to enforce a's override", 10*time.Second, func() bool {
+		testwait.For(t, 10*time.Second, "both b daemons to enforce a's override", func() bool {
 			n, id := l.checkLimit(t, "tenant-7")
 			return n == 50 && id == "vip"
 		})
@@ -258,12 +259,12 @@ func TestOverrideSyncSiblingsOnRedis(t *testing.T) {
 		t.Fatalf("POST /v1/overrides on b1 = %d %s", code, body)
 	}
 	for _, l := range []*liveDaemon{b2, a} {
-		eventually(t, "b2 (Redis) and a (gossip) to enforce b1's override", 10*time.Second, func() bool {
+		testwait.For(t, 10*time.Second, "b2 (Redis) and a (gossip) to enforce b1's override", func() bool {
 			n, id := l.checkLimit(t, "tenant-8")
 			return n == 40 && id == "vip8" && l.overrideIDs() == "vip:50,vip8:40"
 		})
 	}
-	eventually(t, "one hash everywhere", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "one hash everywhere", func() bool {
 		return !a.regions(t).PolicySkew && !b2.regions(t).PolicySkew
 	})
 	if n := b1.syncCount(t, "error") + b2.syncCount(t, "error"); n != 0 {

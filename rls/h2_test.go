@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 )
@@ -473,25 +474,13 @@ func TestTransportRapidReset(t *testing.T) {
 	if f := p.trailersOf(first); f.fields["grpc-status"] != "0" {
 		t.Errorf("the first call = %v, want grpc-status 0", f.fields)
 	}
-	waitFor(t, "the reset calls to end", func() bool {
+	testwait.For(t, 10*time.Second, "the reset calls to end", func() bool {
 		p.c.mu.Lock()
 		defer p.c.mu.Unlock()
 		return len(p.c.streams) == 0 && p.c.active == 0
 	})
 	if f := p.trailersOf(p.call()); f.fields["grpc-status"] != "0" {
 		t.Errorf("a call after the resets = %v, want grpc-status 0", f.fields)
-	}
-}
-
-// waitFor waits until cond holds; ten seconds is a hang.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still not so after 10 s", what)
-		}
-		<-time.After(time.Millisecond)
 	}
 }
 
@@ -551,9 +540,9 @@ func TestTransportUnreadAnswers(t *testing.T) {
 			fd.release = make(chan struct{})
 			g.shut.Store(true)
 			held := p.call()
-			waitFor(t, "the call to be decided", func() bool { return fd.now.Load() == 1 })
+			testwait.For(t, 10*time.Second, "the call to be decided", func() bool { return fd.now.Load() == 1 })
 			close(fd.release)
-			waitFor(t, "the answer's write to block", func() bool { return g.blocked.Load() == 1 })
+			testwait.For(t, 10*time.Second, "the answer's write to block", func() bool { return g.blocked.Load() == 1 })
 			sent := make(chan error, 1)
 			go func() {
 				for range flood {
@@ -564,7 +553,7 @@ func TestTransportUnreadAnswers(t *testing.T) {
 				}
 				sent <- nil
 			}()
-			waitFor(t, "the transport to stop reading", func() bool {
+			testwait.For(t, 10*time.Second, "the transport to stop reading", func() bool {
 				select {
 				case err := <-sent:
 					t.Fatalf("the whole flood was read with a write blocked (%v)", err)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // cliRun is one run of the sluice binary as a command-line tool.
@@ -323,7 +325,7 @@ func TestRegionsCLI(t *testing.T) {
 			Region string `json:"region"`
 		} `json:"regions"`
 	}
-	waitFor(t, "both regions in `sluice regions -o json`", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "both regions in `sluice regions -o json`", func() bool {
 		cli(t, bin, e2eToken, "regions", "-o", "json", "--server", srv).ok(t).jsonOut(t, &view)
 		return view.MultiRegion && len(view.Regions) == 2
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // TestServeOnRedisCluster runs two `sluice serve` processes on a Redis
@@ -28,13 +29,9 @@ func TestServeOnRedisCluster(t *testing.T) {
 	if r := a.admin("PUT", "/v1/policies/per-user", `{"algorithm":"fixed_window","limit":5,"window":3600,"mode":"enforce"}`); r.status != 201 {
 		t.Fatalf("PUT on a = %d %s", r.status, r.body)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(b.admin("GET", "/v1/policies/per-user/versions", "").body, `"in_force":1`) {
-		if time.Now().After(deadline) {
-			t.Fatal("daemon b did not apply the policy put through a within 5 s")
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval, bounded by the deadline
-	}
+	testwait.For(t, 5*time.Second, "daemon b to apply the policy put through a", func() bool {
+		return strings.Contains(b.admin("GET", "/v1/policies/per-user/versions", "").body, `"in_force":1`)
+	})
 
 	const subjects, tries = 24, 8
 	for i := range subjects {

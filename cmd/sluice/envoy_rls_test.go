@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/rls"
 )
@@ -135,7 +136,7 @@ func TestServeRLS(t *testing.T) {
 	bin := buildSluice(t)
 	d := startDaemon(t, bin, "--rls-listen", "127.0.0.1:0", "--envoy-config", "../../deploy/envoy/ratelimit.yaml")
 	var addr string
-	waitFor(t, "the rate limit service's address in the log", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "the rate limit service's address in the log", func() bool {
 		for _, line := range strings.Split(d.log(), "\n") {
 			var m struct{ Msg, Addr string }
 			if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "rate limit service listening" {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // scrape reads one series from d's /metrics, given as it is written there
@@ -67,7 +69,7 @@ func TestMultiRegionMetrics(t *testing.T) {
 			t.Errorf("%s: %s = %v, %v; want 1", name, info, v, ok)
 		}
 	}
-	waitFor(t, "both regions to see both", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "both regions to see both", func() bool {
 		va, _ := a.regions()
 		vb, _ := b.regions()
 		return len(va.Regions) == 2 && len(vb.Regions) == 2
@@ -79,20 +81,20 @@ func TestMultiRegionMetrics(t *testing.T) {
 		}
 		return v
 	}
-	waitFor(t, "each region to count the other as skewed", 10*time.Second, func() bool { return skewed(a) == 1 && skewed(b) == 1 })
+	testwait.For(t, 10*time.Second, "each region to count the other as skewed", func() bool { return skewed(a) == 1 && skewed(b) == 1 })
 
 	// A change in a carries a's whole set to b: one set everywhere.
 	if r := a.admin("PUT", "/v1/policies/g", `{"algorithm":"token_bucket","rate_per_sec":30,"burst":10,"mode":"enforce","scope":"global"}`); r.status != 200 {
 		t.Fatalf("PUT /v1/policies/g = %d %s", r.status, r.body)
 	}
-	waitFor(t, "no skew once b applied a's set", 10*time.Second, func() bool { return skewed(a) == 0 && skewed(b) == 0 })
+	testwait.For(t, 10*time.Second, "no skew once b applied a's set", func() bool { return skewed(a) == 0 && skewed(b) == 0 })
 
 	// Reports every second keep each region's age of the other small;
 	// neither lists its own.
 	age := func(d *daemon, region string) (float64, bool) {
 		return d.scrape(fmt.Sprintf(`sluice_gossip_report_age_seconds{region=%q}`, region))
 	}
-	waitFor(t, "fresh reports both ways", 10*time.Second, func() bool {
+	testwait.For(t, 10*time.Second, "fresh reports both ways", func() bool {
 		x, okA := age(a, "b")
 		y, okB := age(b, "a")
 		return okA && okB && x < 2 && y < 2
@@ -105,7 +107,7 @@ func TestMultiRegionMetrics(t *testing.T) {
 	if err := b.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a's age of b to pass 3 s", 20*time.Second, func() bool { x, _ := age(a, "b"); return x > 3 })
+	testwait.For(t, 20*time.Second, "a's age of b to pass 3 s", func() bool { x, _ := age(a, "b"); return x > 3 })
 	was, _ := age(a, "b")
-	waitFor(t, "a's age of b to keep growing", 10*time.Second, func() bool { x, ok := age(a, "b"); return ok && x > was+1 })
+	testwait.For(t, 10*time.Second, "a's age of b to keep growing", func() bool { x, ok := age(a, "b"); return ok && x > was+1 })
 }

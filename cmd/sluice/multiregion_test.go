@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-rl/sluice/internal/racedetector"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // freeGossipPort returns a loopback port free for both TCP and UDP (freePort).
@@ -46,18 +47,6 @@ func (d *daemon) regions() (regionView, string) {
 		d.t.Fatalf("GET /v1/regions = %d %s", r.status, r.body)
 	}
 	return v, r.body
-}
-
-// waitFor polls cond every 100 ms until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-time.After(100 * time.Millisecond)
-	}
 }
 
 // loadGen offers evenly spaced checks of one subject to a set of daemons at
@@ -220,7 +209,7 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 			ds[r] = append(ds[r], startDaemon(t, bin, args...))
 		}
 	}
-	waitFor(t, "3 regions of 2 live nodes each", 20*time.Second, func() bool {
+	testwait.For(t, 20*time.Second, "3 regions of 2 live nodes each", func() bool {
 		for _, r := range regions {
 			for _, d := range ds[r] {
 				v, _ := d.regions()
@@ -255,9 +244,17 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 		}
 		return out
 	}
-	// Under the race detector the daemons answer several times slower and
-	// intervals fall short by 5-12% in turn; only overshoot is asserted
-	// there, shortfall without it.
+	// The bound is the documented ±5% of L per interval, on real time (six
+	// daemon processes and three redis-servers cannot share a virtual
+	// clock). Its margin against a loaded machine: overshoot needs the
+	// shares to sum above 1, which lateness cannot cause, so +5% holds
+	// whatever the load; a shortfall comes from checks answered late and
+	// bunched (a bucket's burst is L/10, 100 ms of refill, and refill
+	// beyond it is lost), so -5% allows about 50 ms of bunching per
+	// interval. Beside a CPU hog on 2 cores the intervals measured 195 to
+	// 202 of 200. Under the race detector the daemons answer several times
+	// slower and intervals fall short by 5-12% in turn; only overshoot is
+	// asserted there, shortfall without it.
 	under := 0.05
 	if racedetector.Enabled {
 		under = 1
@@ -337,7 +334,7 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 	// daemons dead: Lifeguard starts a suspicion at its longest timeout
 	// (18 s with the local preset's 1 s probes) and shortens it only as
 	// other members confirm, which a loaded machine may not do in time.
-	waitFor(t, "the policy change to reach r1 with no skew", 30*time.Second, func() bool {
+	testwait.For(t, 30*time.Second, "the policy change to reach r1 with no skew", func() bool {
 		r := ds["r1"][0].admin("GET", "/v1/policies", "")
 		if !strings.Contains(r.body, fmt.Sprintf(`"rate_per_sec":%g`, 2*limit)) {
 			return false

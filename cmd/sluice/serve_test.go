@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 const e2eToken = "e2e-token"
@@ -298,17 +299,10 @@ func TestServeSharedPolicies(t *testing.T) {
 	waitVersion := func(d *daemon, id string, want int) time.Duration {
 		t.Helper()
 		start := time.Now()
-		deadline := start.Add(time.Second)
-		for {
-			r := d.admin("GET", "/v1/policies/"+id+"/versions", "")
-			if strings.Contains(r.body, fmt.Sprintf(`"in_force":%d`, want)) {
-				return time.Since(start)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("daemon b did not apply %s version %d within 1 s: %s", id, want, r.body)
-			}
-			time.Sleep(10 * time.Millisecond) // poll interval, bounded by the deadline
-		}
+		testwait.For(t, time.Second, fmt.Sprintf("daemon b to apply %s version %d", id, want), func() bool {
+			return strings.Contains(d.admin("GET", "/v1/policies/"+id+"/versions", "").body, fmt.Sprintf(`"in_force":%d`, want))
+		})
+		return time.Since(start)
 	}
 	if r := a.admin("PUT", "/v1/policies/shared", `{"algorithm":"fixed_window","limit":2,"window":3600,"mode":"enforce"}`); r.status != 201 {
 		t.Fatalf("PUT on a = %d %s", r.status, r.body)
@@ -378,13 +372,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(d.log(), "shutting down") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no shutdown log after SIGTERM")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, 5*time.Second, "the shutdown log after SIGTERM", func() bool { return strings.Contains(d.log(), "shutting down") })
 	if _, err := conn.Write([]byte(body[half:])); err != nil {
 		t.Fatalf("finishing the in-flight request: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
@@ -134,42 +135,47 @@ func TestStoreFailureFollowsEachPolicysMode(t *testing.T) {
 	}
 }
 
+// TestBreakerOpensThenProbes: ten failures open the store breaker, an open
+// breaker lets no call through, and once OpenFor has passed it lets a probe
+// through, which closes it. gobreaker reads time.Now, so the test runs in
+// a testing/synctest bubble: OpenFor passes on the bubble's virtual clock,
+// to the millisecond, however loaded the machine.
 func TestBreakerOpensThenProbes(t *testing.T) {
-	clock := manualclock.New()
-	st := newFaulty(clock)
-	st.fail.Store(true)
-	lim := New(Config{Store: st, Clock: clock, Breaker: BreakerConfig{MinCalls: 10, OpenFor: 50 * time.Millisecond}})
-	req := engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}}}}
-	ctx := context.Background()
-	for range 10 {
-		lim.Check(ctx, req)
-	}
-	if got := lim.Stats().Breakers["store"]; got != "open" {
-		t.Fatalf("breaker after 10 failures = %q, want open", got)
-	}
-	calls := st.calls.Load()
-	for range 100 {
-		lim.Check(ctx, req)
-	}
-	if st.calls.Load() != calls {
-		t.Fatalf("open breaker let %d calls through", st.calls.Load()-calls)
-	}
-	st.fail.Store(false)
-	// gobreaker reads the real clock: wait for the probe, bounded.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		o, _ := lim.Check(ctx, req)
-		if o.Source == FromStore {
-			break
+	synctest.Test(t, func(t *testing.T) {
+		const openFor = 50 * time.Millisecond
+		clock := manualclock.New()
+		st := newFaulty(clock)
+		st.fail.Store(true)
+		lim := New(Config{Store: st, Clock: clock, Breaker: BreakerConfig{MinCalls: 10, OpenFor: openFor}})
+		req := engine.Request{Subject: "s", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1e6, Burst: 1e6}}}}
+		ctx := context.Background()
+		for range 10 {
+			lim.Check(ctx, req)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("breaker never let a probe through")
+		if got := lim.Stats().Breakers["store"]; got != "open" {
+			t.Fatalf("breaker after 10 failures = %q, want open", got)
 		}
-		time.Sleep(5 * time.Millisecond) // pacing the probe loop, not waiting for a condition
-	}
-	if got := lim.Stats().Breakers["store"]; got != "closed" {
-		t.Errorf("breaker after a good probe = %q, want closed", got)
-	}
+		opened := time.Now()
+		calls := st.calls.Load()
+		for range 100 {
+			lim.Check(ctx, req)
+		}
+		if st.calls.Load() != calls {
+			t.Fatalf("open breaker let %d calls through", st.calls.Load()-calls)
+		}
+		st.fail.Store(false)
+		time.Sleep(openFor - time.Millisecond)
+		if o, _ := lim.Check(ctx, req); o.Source == FromStore {
+			t.Fatalf("a check %v after the breaker opened reached the store, want none before OpenFor %v", time.Since(opened), openFor)
+		}
+		time.Sleep(2 * time.Millisecond)
+		if o, _ := lim.Check(ctx, req); o.Source != FromStore {
+			t.Fatalf("a check %v after the breaker opened = %v, want the probe, from the store", time.Since(opened), o.Source)
+		}
+		if got := lim.Stats().Breakers["store"]; got != "closed" {
+			t.Errorf("breaker after a good probe = %q, want closed", got)
+		}
+	})
 }
 
 func TestUsageCountsDemandAndAdmissions(t *testing.T) {

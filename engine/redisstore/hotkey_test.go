@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testenv"
 )
 
 // countingStore counts store calls per subject.
@@ -39,7 +40,7 @@ func TestHotKeyIsAbsorbed(t *testing.T) {
 	c := daemonClient(t, srv)
 	cs := &countingStore{Store: New(c, Config{Timeout: 200 * time.Millisecond}), calls: map[string]int{}}
 	lim := limiter.New(limiter.Config{Store: cs, Timeout: 200 * time.Millisecond})
-	hot := engine.Limit{Algorithm: engine.TokenBucket, Rate: 20, Burst: 20}
+	hot := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
 	cold := engine.Limit{Algorithm: engine.FixedWindow, Count: 1000, Window: time.Hour}
 	ctx := context.Background()
 
@@ -47,7 +48,11 @@ func TestHotKeyIsAbsorbed(t *testing.T) {
 	var hotChecks, hotAllowed atomic.Int64
 	stop := time.Now().Add(dur)
 	var wg sync.WaitGroup
-	for range 2 { // two gateways hammer the hot key, each ~1000 checks/s
+	// Eight gateways hammer the hot key, each up to ~1000 checks/s, 16
+	// times the 500/s that 50x its rate needs: beside a CPU hog on a
+	// shared 2-core machine (load average 12) four of them offered 886/s
+	// in all, so eight leave about a factor 3 for a slower one.
+	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -80,7 +85,7 @@ func TestHotKeyIsAbsorbed(t *testing.T) {
 
 	offered := float64(hotChecks.Load()) / dur.Seconds()
 	if offered < 50*hot.Rate {
-		t.Skipf("the machine offered only %.0f checks/s for the hot key, under 50x its rate of %v", offered, hot.Rate)
+		testenv.TooSlow(t, "the machine offered only %.0f checks/s for the hot key, under 50x its rate of %v", offered, hot.Rate)
 	}
 	cs.mu.Lock()
 	hotCalls := cs.calls["hot"]

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-rl/sluice/engine/storetest"
 	"github.com/sluice-rl/sluice/internal/racedetector"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // heldLane stops the single-pipeline lane of s at a paused Redis: Redis
@@ -40,7 +41,7 @@ func heldLane(t *testing.T, srv *redistest.Server, s *Store) (ln *lane, release 
 	t.Cleanup(release)
 	go s.Check(ctx, storetest.One("first", "p", engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}, 1))
 	ln = s.lane(ctx, "first")
-	waitFor(t, 5*time.Second, "the first check sent", func() bool {
+	testwait.For(t, 5*time.Second, "the first check sent", func() bool {
 		ln.mu.Lock()
 		defer ln.mu.Unlock()
 		return ln.running == 1 && len(ln.queue) == 0
@@ -96,7 +97,7 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 			outs[i], errs[i] = lim.Check(ctx, req)
 		})
 	}
-	waitFor(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == len(tests) })
+	testwait.For(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == len(tests) })
 	release() // the queued checks go out together
 	wg.Wait()
 
@@ -156,7 +157,7 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 			outs[i], _ = lim.Check(ctx, storetest.One(fmt.Sprint("s", i), "p", l, 1))
 		})
 	}
-	waitFor(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == n })
+	testwait.For(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == n })
 	release()
 	wg.Wait()
 
@@ -223,8 +224,8 @@ func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, 10*time.Second, "every caller queued", func() bool { return queued(ln) == callers })
-	waitFor(t, 10*time.Second, "the oldest check queued for twice the deadline", func() bool {
+	testwait.For(t, 10*time.Second, "every caller queued", func() bool { return queued(ln) == callers })
+	testwait.For(t, 10*time.Second, "the oldest check queued for twice the deadline", func() bool {
 		ln.mu.Lock()
 		defer ln.mu.Unlock()
 		return time.Since(ln.queue[0].queuedAt) > 2*deadline
@@ -281,7 +282,7 @@ func TestRedisPipelineOwnDeadlines(t *testing.T) {
 			done <- result{tc.name, err}
 		}()
 	}
-	waitFor(t, 5*time.Second, "both checks queued", func() bool { return queued(ln) == 2 })
+	testwait.For(t, 5*time.Second, "both checks queued", func() bool { return queued(ln) == 2 })
 	go store.flush(ln) // holds the slot taken above
 
 	first := <-done

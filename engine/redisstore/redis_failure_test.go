@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/engine/storetest"
 	"github.com/sluice-rl/sluice/internal/manualclock"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // redisLimiter builds a Limiter over a real Redis at addr, with the
@@ -83,10 +84,10 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 5*time.Second, "checks flowing", func() bool { return lim.Stats().StoreCalls > 200 })
+	testwait.For(t, 5*time.Second, "checks flowing", func() bool { return lim.Stats().StoreCalls > 200 })
 	srv.Kill()
-	waitFor(t, 10*time.Second, "breaker open", func() bool { return lim.Stats().Breakers["store"] == "open" })
-	waitFor(t, 10*time.Second, "degraded decisions", func() bool { return degraded.Load() > 500 && unavailable.Load() > 100 })
+	testwait.For(t, 10*time.Second, "breaker open", func() bool { return lim.Stats().Breakers["store"] == "open" })
+	testwait.For(t, 10*time.Second, "degraded decisions", func() bool { return degraded.Load() > 500 && unavailable.Load() > 100 })
 	close(stop)
 	wg.Wait()
 
@@ -111,7 +112,7 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 	// Redis returns, empty: exact limits resume within one probe interval.
 	srv.Restart()
 	back := time.Now()
-	waitFor(t, probe+5*time.Second, "decisions from the store", func() bool {
+	testwait.For(t, probe+5*time.Second, "decisions from the store", func() bool {
 		o, err := lim.Check(ctx, reqQuota("after"))
 		return err == nil && o.Source == limiter.FromStore
 	})
@@ -262,7 +263,7 @@ func waitReplicated(t *testing.T, cl *redistest.Cluster, key string) {
 	pc := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	defer pc.Close()
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "replication of "+key, func() bool {
+	testwait.For(t, 10*time.Second, "replication of "+key, func() bool {
 		want, err := pc.Get(ctx, key).Result()
 		if err != nil {
 			return false
@@ -285,18 +286,6 @@ func waitReplicated(t *testing.T, cl *redistest.Cluster, key string) {
 		}
 		return true
 	})
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval
-	}
 }
 
 // TestRedisClusterBreakerPerShard stops one primary of a cluster without a

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/engine/storetest"
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 func TestParseSentinelURL(t *testing.T) {
@@ -186,7 +187,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	// failover and not replication lag.
 	primary, replica := sd.Nodes()[0], sd.Nodes()[1]
 	pc, rc := primary.Client(t), replica.Client(t)
-	waitFor(t, 10*time.Second, "replication", func() bool {
+	testwait.For(t, 10*time.Second, "replication", func() bool {
 		for _, mode := range modes {
 			key := store.Key(req(mode).Subject, "q")
 			want, err := pc.Get(ctx, key).Result()

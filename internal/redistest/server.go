@@ -112,21 +112,60 @@ func startServerConf(t testing.TB, bin, conf string, args []string, pick func() 
 		}
 	}
 	t.Cleanup(s.cleanup)
+	if err := s.start(pick); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// start launches s on a port from pick, asking pick again if another
+// process takes the port first.
+func (s *Server) start(pick func() (int, error)) error {
 	for attempt := 1; ; attempt++ {
 		port, err := pick()
 		if err != nil {
-			t.Fatalf("redistest: pick a free port: %v", err)
+			return fmt.Errorf("redistest: pick a free port: %v", err)
 		}
 		p, err := s.launch(port)
 		if err == nil {
 			s.port = port
 			s.proc = p
-			return s
+			return nil
 		}
 		if !errors.Is(err, errAddrInUse) || attempt == startAttempts {
-			t.Fatalf("redistest: start redis-server on 127.0.0.1:%d (attempt %d): %v", port, attempt, err)
+			return fmt.Errorf("redistest: start redis-server on 127.0.0.1:%d (attempt %d): %v", port, attempt, err)
 		}
 	}
+}
+
+// Process is a redis-server started outside a test, for a program that
+// needs a throwaway Redis (the live simulator's redis store): on a free
+// loopback port, in its own temporary directory, persistence off. Close
+// kills it and removes the directory.
+type Process struct{ s *Server }
+
+// Launch starts the redis-server at bin (a path, as exec.LookPath finds
+// it) as a Process and returns once it answers, within 10 s.
+func Launch(bin string) (*Process, error) {
+	dir, err := os.MkdirTemp("", "sluice-redis-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{bin: bin, dir: dir, logPath: filepath.Join(dir, "redis.log")}
+	if err := s.start(func() (int, error) { return (&portPicker{}).pick(false) }); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &Process{s: s}, nil
+}
+
+// Addr returns the server's address, "127.0.0.1:port".
+func (p *Process) Addr() string { return p.s.Addr() }
+
+// Close kills the server, waits for it to exit and removes its directory.
+func (p *Process) Close() {
+	p.s.Kill()
+	os.RemoveAll(p.s.dir)
 }
 
 // launch starts a process on port and waits until it answers. On failure

@@ -3,10 +3,12 @@ package redispolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -37,17 +39,10 @@ func TestTwoRegistriesShareState(t *testing.T) {
 
 	waitBurst := func(want float64) {
 		t.Helper()
-		deadline := time.Now().Add(time.Second)
-		for {
-			if p, ok := b.Get("p"); ok && p.Burst == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				p, _ := b.Get("p")
-				t.Fatalf("b has %+v after 1 s, want burst %v", p, want)
-			}
-			time.Sleep(5 * time.Millisecond) // poll, bounded by the deadline
-		}
+		testwait.For(t, time.Second, fmt.Sprintf("b to have burst %v", want), func() bool {
+			p, ok := b.Get("p")
+			return ok && p.Burst == want
+		})
 	}
 	waitBurst(5)
 	if _, err := a.Put(ctx, "test", policy("p", 9), nil); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -59,7 +60,7 @@ func TestBorrowAfterShift(t *testing.T) {
 	ap1 := newDaemonCfg(t, ctx, clk, tr, sc, "ap-1", "ap", eu1.node.Addr())
 	all := []*daemon{eu1, eu2, us1, ap1}
 	nodes := map[string]int{"eu": 2, "us": 1, "ap": 1}
-	waitFor(t, 10*time.Second, "4 nodes in 3 regions", func() bool {
+	testwait.For(t, 10*time.Second, "4 nodes in 3 regions", func() bool {
 		for _, d := range all {
 			if r := d.node.Regions(); len(r) != 3 || len(r["eu"]) != 2 {
 				return false
@@ -123,9 +124,9 @@ func TestBorrowAfterShift(t *testing.T) {
 	advance := func(to time.Time, each func(now time.Time) bool) {
 		t.Helper()
 		for clk.Now().Before(to) {
-			waitFor(t, 10*time.Second, "the cluster to be quiet", quiet)
+			testwait.For(t, 10*time.Second, "the cluster to be quiet", quiet)
 			clk.advance(clk.Now().Add(step))
-			waitFor(t, 10*time.Second, "the cluster to be quiet", quiet)
+			testwait.For(t, 10*time.Second, "the cluster to be quiet", quiet)
 			if clk.Now().Before(first) {
 				continue // coordinators publish 1/n of the regions they saw at start until their first wake-up
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -62,17 +63,6 @@ func (f *fakeClock) numWaiters() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.waiters)
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval, not a wait for a condition
-	}
 }
 
 const (
@@ -192,7 +182,7 @@ func TestSharesFollowTraffic(t *testing.T) {
 	us1 := newDaemon(t, ctx, clk, tr, "us-1", "us", eu1.node.Addr())
 	ap1 := newDaemon(t, ctx, clk, tr, "ap-1", "ap", eu1.node.Addr())
 	all := []*daemon{eu1, eu2, us1, ap1}
-	waitFor(t, 10*time.Second, "4 nodes in 3 regions", func() bool {
+	testwait.For(t, 10*time.Second, "4 nodes in 3 regions", func() bool {
 		for _, d := range all {
 			r := d.node.Regions()
 			if len(r) != 3 || len(r["eu"]) != 2 {
@@ -212,13 +202,13 @@ func TestSharesFollowTraffic(t *testing.T) {
 		e := sc.Epoch(boundary) - 1
 		step := func(to time.Time) {
 			t.Helper()
-			waitFor(t, 5*time.Second, "coordinators to wait on the clock", func() bool { return clk.numWaiters() >= len(running) })
+			testwait.For(t, 5*time.Second, "coordinators to wait on the clock", func() bool { return clk.numWaiters() >= len(running) })
 			clk.advance(to)
 		}
 		step(boundary.Add(-sc.Recent))
 		if first {
 			first = false
-			waitFor(t, 5*time.Second, "the first wake-up", func() bool { return clk.numWaiters() >= len(running) })
+			testwait.For(t, 5*time.Second, "the first wake-up", func() bool { return clk.numWaiters() >= len(running) })
 			for _, d := range running {
 				if got := d.coord.Share(policy, "hot"); math.Abs(got-1.0/3) > 1e-9 {
 					t.Errorf("%s: Share before any rebalance = %v, want 1/3 of the live regions", d.node.Name(), got)
@@ -226,11 +216,11 @@ func TestSharesFollowTraffic(t *testing.T) {
 			}
 		}
 		step(boundary)
-		waitFor(t, 5*time.Second, "eu node usage exchanged", func() bool {
+		testwait.For(t, 5*time.Second, "eu node usage exchanged", func() bool {
 			return hasNodeUse(eu1.coord, e, "eu-2") && hasNodeUse(eu2.coord, e, "eu-1")
 		})
 		step(boundary.Add(150 * time.Millisecond))
-		waitFor(t, 5*time.Second, "reports delivered", func() bool {
+		testwait.For(t, 5*time.Second, "reports delivered", func() bool {
 			for _, d := range running {
 				for _, o := range running {
 					if o.region != d.region && !hasReport(d.coord, e, o.region) {
@@ -245,7 +235,7 @@ func TestSharesFollowTraffic(t *testing.T) {
 		})
 		step(boundary.Add(sc.Settle))
 		step(boundary.Add(sc.Settle + sc.RaiseDelay))
-		waitFor(t, 5*time.Second, "tables published", func() bool {
+		testwait.For(t, 5*time.Second, "tables published", func() bool {
 			for _, d := range running {
 				if d.coord.raised() != e {
 					return false
@@ -396,10 +386,10 @@ func TestSavedSharesRestored(t *testing.T) {
 			wg.Go(func() { _ = n.Run(ctx) })
 			wg.Go(func() { _ = c.Run(ctx) })
 			defer func() { cancel(); wg.Wait() }()
-			waitFor(t, 2*time.Second, "the saved shares to be restored", func() bool {
+			testwait.For(t, 2*time.Second, "the saved shares to be restored", func() bool {
 				return c.Share(policy, "hot") == tt.want && c.Share(policy, "cold") == 1
 			})
-			waitFor(t, 4*time.Second, "a save after a raise", func() bool {
+			testwait.For(t, 4*time.Second, "a save after a raise", func() bool {
 				st.mu.Lock()
 				defer st.mu.Unlock()
 				return st.saves > 0 && st.saved["eu"].Epoch >= sc.Epoch(time.Now())-2

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -107,7 +108,7 @@ func TestCoordinatorCarriesOutSpends(t *testing.T) {
 			if sp.Key != (share.Key{Policy: policy, Subject: "k"}) || sp.Limit != slow || sp.Loan.Borrower != "eu" || sp.Loan.Lender != "us" {
 				t.Errorf("Spend = %+v, want key %s/k, limit %v, a loan from us to eu", sp, policy, slow)
 			}
-			waitFor(t, 5*time.Second, "the spend carried out", func() bool { return c.spendsDone.Load() == 1 })
+			testwait.For(t, 5*time.Second, "the spend carried out", func() bool { return c.spendsDone.Load() == 1 })
 			got := g.sent()
 			if tt.tokens == 0 {
 				if len(got) != 0 {
@@ -141,7 +142,7 @@ func TestCoordinatorCarriesOutDeposits(t *testing.T) {
 			return nil
 		})
 	var gen uint64
-	waitFor(t, 5*time.Second, "the core started", func() bool {
+	testwait.For(t, 5*time.Second, "the core started", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		var ok bool
@@ -168,8 +169,8 @@ func TestCoordinatorCarriesOutDeposits(t *testing.T) {
 			t.Fatalf("deposit %d never made", i)
 		}
 	}
-	waitFor(t, 5*time.Second, "every message stepped", func() bool { return c.loansIn.Load() == 5 })
-	waitFor(t, 5*time.Second, "the deposits carried out", func() bool { return c.depositsDone.Load() == 2 })
+	testwait.For(t, 5*time.Second, "every message stepped", func() bool { return c.loansIn.Load() == 5 })
+	testwait.For(t, 5*time.Second, "the deposits carried out", func() bool { return c.depositsDone.Load() == 2 })
 	select {
 	case dp := <-deposits:
 		t.Errorf("a third deposit %+v, want none (duplicate, expired and unknown-region loans are dropped)", dp)
@@ -208,7 +209,7 @@ func runSlowKeyCoordinator(t *testing.T, sc share.Config, g *stubGossip, clk *fa
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, 5*time.Second, "the coordinator's handler", func() bool {
+	testwait.For(t, 5*time.Second, "the coordinator's handler", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return g.handler != nil

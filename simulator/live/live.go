@@ -15,7 +15,7 @@
 // engine.Decide on the same arrivals at the full limit, as in the simulator.
 //
 // Faults are played at the scenario's times: partitions, report loss and
-// delay through a gossip.FaultNet around every daemon's gossip transport
+// delay through a gossiptest.FaultNet around every daemon's gossip transport
 // (memberlist's failure detector made as fast as the scenario's
 // gossip.detect, compressed like time), clock skew as an offset of each
 // region's daemon clocks (region.Config.Clock), crashes as daemons stopped
@@ -61,7 +61,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/gossip"
+	"github.com/sluice-rl/sluice/gossip/gossiptest"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region"
 	"github.com/sluice-rl/sluice/share"
@@ -212,9 +212,10 @@ func Validate(sc simulator.Scenario) error {
 	if sc.Gossip.NoContact {
 		bad = append(bad, "gossip.no_contact (the daemons always ping)")
 	}
-	// Live, memberlist's own timings follow gossip.detect (FaultNet.Detect)
-	// and the pings run every interval/40 with the probe timeout; the
-	// virtual run's knobs for them have nothing to set.
+	// Live, memberlist's own timings follow gossip.detect
+	// (gossiptest.FaultNet.Detect) and the pings run every interval/40 with
+	// the probe timeout; the virtual run's knobs for them have nothing to
+	// set.
 	if sc.Gossip.DetectIsolated != 0 {
 		bad = append(bad, "gossip.detect_isolated (memberlist decides it)")
 	}
@@ -331,7 +332,7 @@ type cluster struct {
 	token   string // the daemons' admin token
 	pol     quota.Policy
 	share   share.Config
-	net     *gossip.FaultNet
+	net     *gossiptest.FaultNet
 	base    time.Duration  // shift of every daemon clock (quota alignment)
 	clocks  []shiftedClock // by region: base plus the region's skew
 	stores  []string       // by region: "memory" or the region's redis URL
@@ -397,7 +398,7 @@ func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (
 		return cl, time.Time{}, fmt.Errorf("scenario %s: live share config: %w", sc.Name, err)
 	}
 	scale := func(d simulator.Duration) time.Duration { return time.Duration(float64(d) * f) }
-	cl.net = gossip.NewFaultNet(opt.Seed)
+	cl.net = gossiptest.NewFaultNet(opt.Seed)
 	cl.net.Detect = scale(sc.Gossip.Detect)
 
 	// The planned start, on an interval boundary of real time, and the
@@ -421,12 +422,12 @@ func start(ctx context.Context, sc simulator.Scenario, opt Options, f float64) (
 	for r := range sc.Regions {
 		store := "memory"
 		if opt.Store == "redis" {
-			srv, err := startRedis(ctx)
+			srv, err := startRedis()
 			if err != nil {
 				return cl, at, err
 			}
-			cl.stops = append(cl.stops, srv.stop)
-			store = "redis://" + srv.addr
+			cl.stops = append(cl.stops, srv.Close)
+			store = "redis://" + srv.Addr()
 		} else if opt.Store != "memory" {
 			return cl, at, fmt.Errorf("live store %q: want memory or redis", opt.Store)
 		}
@@ -471,7 +472,7 @@ func (cl *cluster) spawn(ctx context.Context, r int) error {
 		cfg.Clock = cl.clocks[r]
 		cfg.Gossip = &region.GossipConfig{Region: regionName(r), Node: fmt.Sprintf("%s-n%d", regionName(r), i),
 			Listen: "127.0.0.1:0", Interval: cl.opt.Interval, SecretKey: cl.key, Preset: "local", Share: cl.share,
-			Join: slices.Clone(join), Faults: cl.net}
+			Join: slices.Clone(join), Memberlist: cl.net.Attach(regionName(r))}
 		reg := prometheus.NewRegistry()
 		d, err := region.New(ctx, cfg, cl.opt.Logger.With("node", cfg.Gossip.Node), reg, reg)
 		if err != nil {

@@ -1,4 +1,7 @@
-package gossip
+// Package gossiptest is test support for gossip: a network with injected
+// faults (FaultNet) that the live simulator and the tests put under gossip
+// nodes on one machine through gossip.Config.Memberlist.
+package gossiptest
 
 import (
 	"bytes"
@@ -18,8 +21,8 @@ import (
 )
 
 // FaultNet is a network with injected faults for nodes on one machine (the
-// live simulator and tests): every node given it in Config.Faults sends
-// through it. It cuts regions apart (Partition, Heal), loses and delays
+// live simulator and tests): every node whose gossip.Config.Memberlist is
+// Attach(region) sends through it. It cuts regions apart (Partition, Heal), loses and delays
 // messages between regions (SetLoss, SetDelay), and makes memberlist's
 // failure detector as fast as Detect asks.
 //
@@ -176,8 +179,13 @@ func (f *FaultNet) fate(src, dst string, stream bool) fate {
 	return ft
 }
 
-// attach gives mc a transport through f for a node of region, bound as
-// mc.BindAddr and mc.BindPort say, and applies Detect.
+// Attach returns the gossip.Config.Memberlist hook of a node of region on
+// f: it gives memberlist a transport through f, bound as mc.BindAddr and
+// mc.BindPort say, and applies Detect.
+func (f *FaultNet) Attach(region string) func(*memberlist.Config) error {
+	return func(mc *memberlist.Config) error { return f.attach(mc, region) }
+}
+
 func (f *FaultNet) attach(mc *memberlist.Config, region string) error {
 	nc := &memberlist.NetTransportConfig{BindAddrs: []string{mc.BindAddr}, BindPort: mc.BindPort,
 		Logger: log.New(mc.LogOutput, "", 0)}
