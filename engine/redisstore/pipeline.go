@@ -224,9 +224,13 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	}
 	// The client reads the replies for longer than the deadline: a reply
 	// that arrived while this daemon could not run is still Redis's
-	// answer. The watch decides when a check has failed.
+	// answer. The watch decides when a check has failed. The queue's bound
+	// is read under the lane's lock, as take reads it.
+	ln.mu.Lock()
+	queueWait := s.queueWait
+	ln.mu.Unlock()
 	w := &deadlineWatch{s: s, ln: ln, batch: batch, slack: max(time.Millisecond, min(first/5, 5*time.Millisecond)),
-		giveUp: now.Add(longest + s.queueWait)}
+		giveUp: now.Add(longest + queueWait)}
 	ctx, cancel := context.WithDeadline(context.Background(), w.giveUp)
 	defer cancel()
 	w.mu.Lock()
