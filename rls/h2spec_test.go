@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"bytes"
 	"context"
 	"encoding/xml"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -97,6 +99,30 @@ func h2specBin(t *testing.T) string {
 	return p
 }
 
+// xmlControl is a character reference to a control character, which XML
+// 1.0 forbids.
+var xmlControl = regexp.MustCompile(`&#(x0*[0-1]?[0-9a-fA-F]|0*[0-9]|0*[12][0-9]|0*3[01]);`)
+
+// xmlText makes h2spec's report parseable: a failure message quotes the
+// bytes the server sent, NUL and other control characters included,
+// either raw or as character references, which XML 1.0 forbids. They are
+// replaced by U+FFFD; tab, newline and carriage return are kept.
+func xmlText(raw []byte) []byte {
+	raw = bytes.Map(func(r rune) rune {
+		if r < 0x20 && r != '\t' && r != '\n' && r != '\r' {
+			return '\uFFFD'
+		}
+		return r
+	}, raw)
+	return xmlControl.ReplaceAllFunc(raw, func(ref []byte) []byte {
+		switch string(ref) {
+		case "&#9;", "&#10;", "&#13;", "&#x9;", "&#xA;", "&#xa;", "&#xD;", "&#xd;":
+			return ref
+		}
+		return []byte("\uFFFD")
+	})
+}
+
 // junitSuites is what TestH2Spec reads of h2spec's JUnit report.
 type junitSuites struct {
 	Suites []struct {
@@ -161,7 +187,7 @@ func TestH2Spec(t *testing.T) {
 		t.Fatalf("h2spec wrote no report (%v): %v\n%s", err, rerr, out)
 	}
 	var js junitSuites
-	if err := xml.Unmarshal(raw, &js); err != nil {
+	if err := xml.Unmarshal(xmlText(raw), &js); err != nil {
 		t.Fatalf("h2spec's report: %v", err)
 	}
 	var failed, unexpected []string
@@ -186,5 +212,23 @@ func TestH2Spec(t *testing.T) {
 	}
 	if len(unexpected) > 0 {
 		t.Errorf("h2spec cases failed that h2specKnown does not list:\n%s\n\nh2spec's output:\n%s", strings.Join(unexpected, "\n"), out)
+	}
+}
+
+// TestXMLText holds xmlText to making a report with control characters,
+// raw or referenced, parseable while keeping the whitespace XML allows.
+func TestXMLText(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"<a>x\x00y</a>", "x\uFFFDy"},
+		{"<a>x&#0;y&#x1F;z&#31;</a>", "x\uFFFDy\uFFFDz\uFFFD"},
+		{"<a>t&#9;n&#10;r&#13;&#x20;&#32;&#65;</a>", "t\tn\nr\r  A"},
+	}
+	for _, tt := range tests {
+		var v struct {
+			Text string `xml:",chardata"`
+		}
+		if err := xml.Unmarshal(xmlText([]byte(tt.in)), &v); err != nil || v.Text != tt.want {
+			t.Errorf("xmlText(%q) parses to %q, %v; want %q", tt.in, v.Text, err, tt.want)
+		}
 	}
 }
