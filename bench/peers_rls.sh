@@ -143,7 +143,7 @@ checks() { metric "$1" 'sluice_checks_total{'; }
 store_checks() { metric "$1" 'sluice_checks_total{decision="allowed",source="store"}'; }
 breaker_opens() { metric "$1" 'sluice_breaker_opens_total'; }
 # The Sluice systems of the run.
-sluices=$(for s in $RLS_SYSTEMS; do [ -n "${hport[$s]:-}" ] && echo "$s"; done)
+sluices=$(for s in $RLS_SYSTEMS; do if [ -n "${hport[$s]:-}" ]; then echo "$s"; fi; done)
 
 for s in $RLS_SYSTEMS; do
   [ -n "${addr[$s]:-}" ] || die "unknown system $s (want some of: ${!addr[*]})"
