@@ -14,8 +14,9 @@ func atLeast(metric string, v float64, note string) Target {
 	return Target{Metric: metric, Min: ptr(v), Note: note}
 }
 
-// Builtins returns the built-in scenarios, in a stable order: every row of
-// share-algorithms.md §5, the transient and fault scenarios beyond it, and
+// Builtins returns the built-in scenarios, in a stable order: the
+// accuracy scenarios with their numbered targets (the §5.x of each
+// Description), the transient and fault scenarios beyond them, and
 // steady-uneven (the scenario the live simulation is compared against).
 func Builtins() []Scenario {
 	l := LimitSpec{Rate: 1000}

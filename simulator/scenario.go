@@ -75,7 +75,8 @@ type Scenario struct {
 	LimitSteps []LimitStep `json:"limit_steps,omitempty"`
 	// ChangeAt is the moment convergence is measured from (default 0).
 	ChangeAt Duration `json:"change_at,omitempty"`
-	// Targets are the pass/fail goals of share-algorithms.md §5.
+	// Targets are the scenario's pass/fail goals, each checked against
+	// one of the run's figures.
 	Targets []Target `json:"targets,omitempty"`
 }
 
