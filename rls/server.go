@@ -5,8 +5,14 @@
 // (LoadEnvoyConfigs).
 //
 // A request's descriptors are matched one by one, as envoyproxy/ratelimit
-// matches them, and then decided together in one all-or-nothing engine
-// call: either every limited descriptor spends its hits or none does.
+// matches them. By default every descriptor state of a domain shares one
+// engine subject, and a request's descriptors are decided together in one
+// all-or-nothing engine call: either every limited descriptor spends its
+// hits or none does. With Config.SpreadDescriptors each descriptor's
+// states have a subject of their own (the domain and the descriptor's
+// entries), so a domain spreads over a Redis Cluster's slots; a request
+// whose descriptors have different subjects is then decided descriptor by
+// descriptor, as envoyproxy/ratelimit decides it (see decideSpread).
 //
 // Serve answers a proxy's connections (those whose first call is
 // ShouldRateLimit) with a small HTTP/2 transport of its own, h2.go, and
@@ -109,6 +115,14 @@ type Config struct {
 	KeepaliveTimeout time.Duration
 	// Transport is how connections are served; zero is TransportH2.
 	Transport Transport
+	// SpreadDescriptors gives each descriptor's states a subject of its
+	// own (so a hash tag of its own on Redis) instead of one subject per
+	// domain: for a store, such as a Redis Cluster, on which one engine
+	// call cannot span subjects and one subject is one slot. A request
+	// whose descriptors have several subjects is decided one subject at a
+	// time: each descriptor spends its hits when its own policies admit,
+	// whatever the others answer.
+	SpreadDescriptors bool
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -410,6 +424,13 @@ func stateName(policy string, entries []quota.DescriptorEntry) string {
 // together.
 func subjectOf(domain string) string { return "rls:" + domain }
 
+// descriptorSubject is the engine subject of one descriptor's states when
+// they are spread (Config.SpreadDescriptors): the domain and the entries,
+// joined as stateName joins them.
+func descriptorSubject(domain string, entries []quota.DescriptorEntry) string {
+	return stateName("rls:"+domain, entries)
+}
+
 // use is one policy applied to one descriptor.
 type use struct {
 	desc    int
@@ -472,8 +493,11 @@ func (r *reply) init(n int) {
 type scratch struct {
 	ms      []quota.DescriptorMatch
 	applied []quota.Applied
-	domain  string
-	subject string
+	// subjects holds each applied check's subject when descriptors are
+	// spread; nil otherwise.
+	subjects []string
+	domain   string
+	subject  string
 }
 
 // subjectOf is subjectOf(domain), remembered for the next call.
@@ -508,7 +532,12 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 	}
 	v := decide.StatesVerdict{Allowed: true}
 	if len(applied) > 0 {
-		if v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied); err != nil {
+		if s.cfg.SpreadDescriptors {
+			v, err = s.decideSpread(ctx, applied, sc.subjects)
+		} else {
+			v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return status.FromContextError(ctx.Err()).Err()
 			}
@@ -559,6 +588,8 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 		applied = make([]quota.Applied, 0, len(uses))
 	}
 	sc.applied = applied
+	spread := s.cfg.SpreadDescriptors
+	subjects := sc.subjects[:0]
 	// The uses kept are written over those read, never ahead of them.
 	m.uses = uses[:0]
 	for _, u := range uses {
@@ -575,9 +606,14 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 				m.denied = true
 			}
 		default:
-			name := stateName(u.policy.ID, d.entries)
+			var name, subject string
+			if spread {
+				name, subject = u.policy.ID, descriptorSubject(domain, d.entries)
+			} else {
+				name = stateName(u.policy.ID, d.entries)
+			}
 			for j := range applied {
-				if applied[j].State == name {
+				if applied[j].State == name && (!spread || subjects[j] == subject) {
 					applied[j].Cost += d.hits
 					u.applied = j
 				}
@@ -588,6 +624,9 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 				}
 				u.applied = len(applied)
 				applied = append(applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
+				if spread {
+					subjects = append(subjects, subject)
+				}
 			}
 		}
 		m.uses = append(m.uses, u)
@@ -597,6 +636,7 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 			applied[j].Cost = 0
 		}
 	}
+	sc.subjects = subjects
 	return m, applied, nil
 }
 

@@ -53,7 +53,7 @@ func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.Clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Decider: d, Matcher: d.Registry(), ShutdownTimeout: 5 * time.Second})
+	s, err := New(Config{Decider: d, Matcher: d.Registry(), ShutdownTimeout: 5 * time.Second, SpreadDescriptors: strings.HasPrefix(store, "redis-cluster://")})
 	if err != nil {
 		t.Fatal(err)
 	}

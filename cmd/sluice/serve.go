@@ -200,7 +200,10 @@ func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr
 	if err != nil {
 		return fmt.Errorf("--rls-listen: %w", err)
 	}
-	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
+	// On a Cluster one engine call is one slot: each descriptor gets a
+	// subject (a slot) of its own, so a domain spreads over the primaries.
+	spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
+	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr, SpreadDescriptors: spread})
 	if err != nil {
 		ln.Close()
 		return err
