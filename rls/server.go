@@ -323,6 +323,9 @@ func (s *Server) count(r *reply, err error) {
 type descriptor struct {
 	entries []quota.DescriptorEntry
 	hits    int64
+	// override is the request's own limit for this descriptor, in place
+	// of the policies; nil when none was sent.
+	override *quota.Policy
 }
 
 func invalidArg(field, format string, args ...any) error {
@@ -369,8 +372,13 @@ func validate(req *request, buf []descriptor) ([]descriptor, error) {
 		case len(es) > quota.MaxDescriptorEntries:
 			return nil, invalidArg(f(".entries"), "at most %d entries, got %d", quota.MaxDescriptorEntries, len(es))
 		}
+		out[i].override = nil
 		if d.hasLimit {
-			return nil, invalidArg(f(".limit"), "a limit override in the request is not supported: the limit comes from the policies")
+			p, err := overridePolicy(d)
+			if err != nil {
+				return nil, invalidArg(f(".limit"+err.field), "%s", err.reason)
+			}
+			out[i].override = p
 		}
 		if d.negative {
 			return nil, invalidArg(f(".is_negative_hits"), "returning hits is not supported")
@@ -569,6 +577,12 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 	uses := m.uses[:0]
 	var replaced []string
 	for i, d := range ds {
+		if d.override != nil {
+			// As envoyproxy/ratelimit: the request's limit replaces the
+			// configured ones for this descriptor.
+			uses = append(uses, use{desc: i, policy: d.override, limit: d.override.Limit(), applied: -1})
+			continue
+		}
 		ms = s.cfg.Matcher.AppendMatchDescriptor(ms[:0], domain, d.entries)
 		for _, m := range ms {
 			replaced = append(replaced, m.Policy.Replaces...)
