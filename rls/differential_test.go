@@ -83,7 +83,7 @@ func startRatelimit(t *testing.T, dir, redisAddr string) rlsv3.RateLimitServiceC
 	cmd.Env = append(os.Environ(), "HOST=127.0.0.1", "PORT="+freePort(t), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+freePort(t),
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort, "USE_STATSD=false", "LOG_LEVEL=warn",
 		"RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
-		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr)
+		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "LIMIT_RESPONSE_HEADERS_ENABLED=true")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -191,13 +191,22 @@ var knownDifferences = map[string]string{
 // compareAnswers names the first field in which a and b differ, "" when
 // none does: overall_code, then each status's code, current_limit
 // (requests_per_unit and unit), limit_remaining and duration_until_reset
-// within a second.
+// within a second, and the RateLimit-Limit, -Remaining and -Reset headers (the reset within a
+// second).
 func compareAnswers(a, b *rlsv3.RateLimitResponse) string {
 	if a.GetOverallCode() != b.GetOverallCode() {
 		return fmt.Sprintf("overall_code %v, %v", a.GetOverallCode(), b.GetOverallCode())
 	}
 	if len(a.GetStatuses()) != len(b.GetStatuses()) {
 		return fmt.Sprintf("%d statuses, %d", len(a.GetStatuses()), len(b.GetStatuses()))
+	}
+	for _, h := range []string{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} {
+		ha, hb := header(a, h), header(b, h)
+		na, ea := strconv.ParseInt(ha, 10, 64)
+		nb, eb := strconv.ParseInt(hb, 10, 64)
+		if ha != hb && (h != "RateLimit-Reset" || ea != nil || eb != nil || max(na-nb, nb-na) > 1) {
+			return fmt.Sprintf("%s %q, %q", h, ha, hb)
+		}
 	}
 	for i, sa := range a.GetStatuses() {
 		sb := b.GetStatuses()[i]
@@ -228,7 +237,7 @@ func TestDifferentialAgainstEnvoyRatelimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sluice := rlsv3.NewRateLimitServiceClient(startRLSOn(t, "redis://"+srv.Addr()+"/1", ps))
+	sluice := rlsv3.NewRateLimitServiceClient(startRLSWith(t, "redis://"+srv.Addr()+"/1", ps, func(c *Config) { c.Headers = HeadersEnvoy }))
 	ctx := context.Background()
 	seen := map[string]bool{}
 	for name, steps := range differentialCases() {

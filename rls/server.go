@@ -123,6 +123,35 @@ type Config struct {
 	// time: each descriptor spends its hits when its own policies admit,
 	// whatever the others answer.
 	SpreadDescriptors bool
+	// Headers picks the response headers: HeadersDraft (zero, draft-11's
+	// RateLimit-Policy and RateLimit), HeadersEnvoy (envoyproxy/ratelimit's
+	// RateLimit-Limit, -Remaining and -Reset, its default names with
+	// LIMIT_RESPONSE_HEADERS_ENABLED) or HeadersBoth. Retry-After is sent
+	// when over the limit in every case.
+	Headers HeaderStyle
+}
+
+// HeaderStyle is which rate limit headers a response carries.
+type HeaderStyle uint8
+
+// The header styles of Config.Headers.
+const (
+	HeadersDraft HeaderStyle = iota
+	HeadersEnvoy
+	HeadersBoth
+)
+
+// ParseHeaderStyle reads draft, envoy or both.
+func ParseHeaderStyle(s string) (HeaderStyle, error) {
+	switch s {
+	case "draft":
+		return HeadersDraft, nil
+	case "envoy":
+		return HeadersEnvoy, nil
+	case "both":
+		return HeadersBoth, nil
+	}
+	return 0, fmt.Errorf("%q is none of draft, envoy or both", s)
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -465,8 +494,8 @@ type reply struct {
 	sts     []descStatus
 	one     [1]descStatus
 	onePtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
-	headers [3]*corev3.HeaderValue
-	hvs     [3]corev3.HeaderValue
+	headers [6]*corev3.HeaderValue
+	hvs     [6]corev3.HeaderValue
 }
 
 // descStatus is one descriptor's status and the messages it points to.
@@ -560,7 +589,7 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 	if !allowed {
 		r.resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now)
+	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now, s.cfg.Headers)
 	return nil
 }
 
@@ -723,16 +752,24 @@ func contains(ids []string, id string) bool {
 
 // addHeaders returns the draft-11 fields of the verdict and, when over the
 // limit, Retry-After, in r's room for them.
-func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
+func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now time.Time, style HeaderStyle) []*corev3.HeaderValue {
 	out := r.headers[:0]
 	add := func(key, value string) {
 		h := &r.hvs[len(out)]
 		h.Key, h.Value = key, value
 		out = append(out, h)
 	}
-	if v.RateLimitPolicy != "" {
+	if v.RateLimitPolicy != "" && style != HeadersEnvoy {
 		add("RateLimit-Policy", v.RateLimitPolicy)
 		add("RateLimit", v.RateLimit)
+	}
+	if style != HeadersDraft {
+		if st := r.leastRemaining(); st != nil {
+			reset := st.GetDurationUntilReset().AsDuration()
+			add("RateLimit-Limit", strconv.FormatUint(uint64(st.CurrentLimit.RequestsPerUnit), 10))
+			add("RateLimit-Remaining", strconv.FormatUint(uint64(st.LimitRemaining), 10))
+			add("RateLimit-Reset", strconv.FormatInt(int64((reset+time.Second-1)/time.Second), 10))
+		}
 	}
 	if allowed {
 		return out
@@ -750,6 +787,19 @@ func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now
 	}
 	add("Retry-After", retry)
 	return out
+}
+
+// leastRemaining is the status with a current limit and the least
+// remaining, the first of them in a tie, as envoyproxy/ratelimit picks
+// the one its RateLimit-Limit, -Remaining and -Reset headers describe; nil when none has a limit.
+func (r *reply) leastRemaining() *rlsv3.RateLimitResponse_DescriptorStatus {
+	var best *rlsv3.RateLimitResponse_DescriptorStatus
+	for _, st := range r.resp.Statuses {
+		if st.CurrentLimit != nil && (best == nil || st.LimitRemaining < best.LimitRemaining) {
+			best = st
+		}
+	}
+	return best
 }
 
 func windowOf(p *quota.Policy) time.Duration {

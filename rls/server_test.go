@@ -37,6 +37,12 @@ func startRLS(t *testing.T, policies []quota.Policy) *grpc.ClientConn {
 // startRLSOn is startRLS on the given decision store.
 func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.ClientConn {
 	t.Helper()
+	return startRLSWith(t, store, policies, func(*Config) {})
+}
+
+// startRLSWith is startRLSOn with the server's Config changed by opt.
+func startRLSWith(t *testing.T, store string, policies []quota.Policy, opt func(*Config)) *grpc.ClientConn {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := region.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
@@ -55,7 +61,9 @@ func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.Clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Decider: d, Matcher: d.Registry(), ShutdownTimeout: 5 * time.Second, SpreadDescriptors: strings.HasPrefix(store, "redis-cluster://")})
+	scfg := Config{Decider: d, Matcher: d.Registry(), ShutdownTimeout: 5 * time.Second, SpreadDescriptors: strings.HasPrefix(store, "redis-cluster://")}
+	opt(&scfg)
+	s, err := New(scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,5 +501,21 @@ func TestLimitOverride(t *testing.T) {
 		if r, err := c.ShouldRateLimit(ctx, unknown); err != nil || codesOf(r) != "OK OK" {
 			t.Fatalf("override on an unknown domain = %v %v, want OK", r, err)
 		}
+	}
+}
+
+// Headers: both sends draft-11's fields and envoyproxy/ratelimit's of the
+// descriptor with the least remaining; a bad name is refused.
+func TestHeaderStyles(t *testing.T) {
+	c := rlsv3.NewRateLimitServiceClient(startRLSWith(t, "memory", []quota.Policy{
+		{ID: "wide", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 10, Window: 3600, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "a"}}}},
+		{ID: "tight", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 3, Window: 3600, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "b"}}}},
+	}, func(c *Config) { c.Headers = HeadersBoth }))
+	r := ask(t, c, call{domain: "d", ds: []*rlv3.RateLimitDescriptor{desc("a", "1"), desc("b", "1")}})
+	if header(r, "RateLimit-Policy") == "" || header(r, "RateLimit-Limit") != "3" || header(r, "RateLimit-Remaining") != "2" || header(r, "RateLimit-Reset") == "" {
+		t.Errorf("headers = %v, want draft-11's and RateLimit-Limit 3, -Remaining 2, -Reset", r.ResponseHeadersToAdd)
+	}
+	if _, err := ParseHeaderStyle("x-ratelimit"); err == nil {
+		t.Error("ParseHeaderStyle(x-ratelimit) = nil error")
 	}
 }
