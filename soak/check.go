@@ -81,6 +81,17 @@ type Bounds struct {
 	// Latency is the slowest answer allowed: the store deadline, the
 	// queue wait and the margin at the gateway.
 	Latency time.Duration
+	// ChartSubject is the subject whose windows Check returns for the
+	// report's charts.
+	ChartSubject string
+}
+
+// WindowFigure is what one window admitted against its bound.
+type WindowFigure struct {
+	Key      string    `json:"key"`
+	From     time.Time `json:"from"`
+	Admitted int       `json:"admitted"`
+	Bound    float64   `json:"bound"`
 }
 
 // Violation is one broken promise, with the request that shows it.
@@ -107,8 +118,8 @@ const (
 
 // Check judges reqs against the policies in force (policies, in the order
 // they were acknowledged) and the faults that happened, and returns every
-// violation, sorted by time.
-func Check(reqs []Request, policies []PolicyState, faults []Span, b Bounds) []Violation {
+// violation, sorted by time, with the windows of b.ChartSubject.
+func Check(reqs []Request, policies []PolicyState, faults []Span, b Bounds) ([]Violation, []WindowFigure) {
 	c := checker{policies: policies, faults: faults, b: b}
 	var out []Violation
 	for i := range reqs {
@@ -116,13 +127,15 @@ func Check(reqs []Request, policies []PolicyState, faults []Span, b Bounds) []Vi
 	}
 	out = append(out, c.admissions(reqs)...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
-	return out
+	sort.SliceStable(c.charted, func(i, j int) bool { return c.charted[i].From.Before(c.charted[j].From) })
+	return out, c.charted
 }
 
 type checker struct {
 	policies []PolicyState
 	faults   []Span
 	b        Bounds
+	charted  []WindowFigure
 }
 
 // active returns the faults that overlap [from, to], widened by slack, of
@@ -279,6 +292,9 @@ func (c *checker) window(k windowKey, rs []*Request) (Violation, bool) {
 	from := time.UnixMicro(k.index * w.Microseconds())
 	to := from.Add(w)
 	bound, faults, ok := c.bound(k, from, to, rs)
+	if ok && k.subject == c.b.ChartSubject {
+		c.charted = append(c.charted, WindowFigure{Key: k.region + "/" + k.policy, From: from, Admitted: len(rs), Bound: bound})
+	}
 	if !ok || float64(len(rs)) <= bound {
 		return Violation{}, false
 	}

@@ -101,7 +101,7 @@ func TestCheck(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := map[string]int{}
-			vs := Check(tc.reqs, tc.policies, tc.faults, testBounds)
+			vs, _ := Check(tc.reqs, tc.policies, tc.faults, testBounds)
 			for _, v := range vs {
 				got[v.Rule]++
 			}
@@ -123,7 +123,7 @@ func nonNil(m map[string]int) map[string]int {
 // request that broke the bound, with the faults active.
 func TestCheckNamesTheFirstRequestPastTheBound(t *testing.T) {
 	reqs := admitted(25, "eu", "api", "u1", 0)
-	vs := Check(reqs, []PolicyState{policy("api", 20, false, "local")}, nil, testBounds)
+	vs, _ := Check(reqs, []PolicyState{policy("api", 20, false, "local")}, nil, testBounds)
 	if len(vs) != 1 {
 		t.Fatalf("Check() = %d violations, want 1", len(vs))
 	}

@@ -1,0 +1,42 @@
+package soak
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLeaks(t *testing.T) {
+	s := func(sec int, rss, g int64, daemons int) Sample {
+		return Sample{At: t0.Add(time.Duration(sec) * time.Second), RSSBytes: rss, Goroutines: g, FDs: 40, RedisKeys: 100, Daemons: daemons}
+	}
+	from, to := t0.Add(30*time.Second), t0.Add(100*time.Second)
+	tests := []struct {
+		name    string
+		samples []Sample
+		bad     []string
+	}{
+		{"back within 10%", []Sample{s(10, 100, 50, 6), s(20, 100, 50, 6), s(150, 109, 54, 6)}, nil},
+		{"grew", []Sample{s(10, 100, 50, 6), s(150, 150, 50, 6)}, []string{"rss_bytes"}},
+		{"goroutines grew", []Sample{s(10, 100, 50, 6), s(150, 100, 80, 6)}, []string{"goroutines"}},
+		{"a sample with a daemon down does not count", []Sample{s(10, 100, 50, 6), s(150, 100, 50, 6), s(160, 10, 5, 5)}, nil},
+		{"during the faults does not count", []Sample{s(10, 100, 50, 6), s(50, 900, 500, 6), s(150, 100, 50, 6)}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			figs := Leaks(tc.samples, from, to, 10*time.Second, 6)
+			if len(figs) != 4 {
+				t.Fatalf("Leaks() = %d figures, want 4", len(figs))
+			}
+			var bad []string
+			for _, v := range LeakViolations(figs, to) {
+				bad = append(bad, v.Key)
+			}
+			if len(bad) != len(tc.bad) || (len(bad) > 0 && bad[0] != tc.bad[0]) {
+				t.Errorf("Leaks() not OK for %v, want %v (%+v)", bad, tc.bad, figs)
+			}
+		})
+	}
+	if figs := Leaks([]Sample{s(150, 1, 1, 6)}, from, to, 10*time.Second, 6); figs != nil {
+		t.Errorf("Leaks() with nothing before the faults = %v, want none", figs)
+	}
+}
