@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live clean static image helm ops-test demo demo-test
+.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live soak clean static image helm ops-test demo demo-test
 
 all: build
 
@@ -83,6 +83,19 @@ sim-live:
 	@st=0; SIM_LIVE_OUT=$(CURDIR)/out/sim-live-rows.md bash -o pipefail -c \
 	  '$(GO) test -tags simlive -count=1 -timeout 60m -v ./simulator/live/ 2>&1 | tee out/sim-live.txt' || st=$$?; \
 	  bash simulator/live/sim-live-doc.sh out/sim-live-rows.md docs/simulation-results.md; exit $$st
+
+# The soak (soak/cmd/soak): three regions of two daemons each (single
+# Redis behind nginx, Sentinel with RLS clients, a 3-primary Cluster), a
+# seeded traffic and nemesis for SOAK (60m; SOAK=5m for a quick one), an
+# independent checker of what the clients saw, leak figures; the report in
+# out/soak/report.{json,html}. Exits non-zero on any violation. Not part
+# of make test; needs test-deps' redis-server and nginx.
+SOAK      ?= 60m
+SOAK_SEED ?= 1
+soak:
+	@mkdir -p out/soak
+	$(GO) build -o bin/soak ./soak/cmd/soak
+	bin/soak -duration $(SOAK) -seed $(SOAK_SEED) -out out/soak
 
 # The static linux binary the image holds (no cgo, no libc).
 GOARCH_IMAGE ?= amd64
