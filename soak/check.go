@@ -24,6 +24,9 @@ type Request struct {
 	// Decided is false for an answer a gateway gave without the limiter
 	// (nginx failing open: no RateLimit header), which no bound covers.
 	Decided bool `json:"decided"`
+	// Degraded is an answer whose body says the store did not decide and
+	// the policy's on_store_failure did (the check API's "degraded").
+	Degraded bool `json:"degraded,omitempty"`
 }
 
 // Admitted reports whether the request was let through.
@@ -323,8 +326,12 @@ func (c *checker) bound(k windowKey, from, to time.Time, rs []*Request) (float64
 	if k.region != "" {
 		// Within a region with its store healthy a window admits exactly
 		// its limit (docs/algorithms.md, "fixed_window ... exact per window").
-		gone := c.active(from, to, c.b.Settle, k.region, storeFaults...)
-		if len(gone) == 0 {
+		// A daemon starting decides by on_store_failure until it reaches
+		// Redis, and a check that waited too long for the store is decided
+		// by it too, "degraded" (docs/architecture.md): both widen the
+		// bound as a store failure does.
+		gone := c.active(from, to, c.b.Settle, k.region, append(storeFaults, daemonFaults...)...)
+		if len(gone) == 0 && !slices.ContainsFunc(rs, func(r *Request) bool { return r.Degraded }) {
 			return limit, nil, true
 		}
 		return limit * (1 + storeExtra(mode, n)), gone, true

@@ -90,6 +90,13 @@ func TestCheck(t *testing.T) {
 			[]PolicyState{api}, []Span{{Kind: KillDaemon, Region: "eu", Daemon: "eu-1", Start: at(2), End: at(5)}}, nil},
 		{"connection refused with every daemon up", []Request{{Start: at(3), End: at(3), Region: "eu", Policy: "api", Err: "refused"}},
 			[]PolicyState{api}, nil, map[string]int{RuleTransport: 1}},
+		{"a degraded answer widens the window to the fallback's allowance", func() []Request {
+			rs := admitted(30, "eu", "api", "u1", 0)
+			rs[25].Degraded = true
+			return rs
+		}(), []PolicyState{api}, nil, nil},
+		{"a daemon restarting widens its region's window", admitted(30, "eu", "api", "u1", 0), []PolicyState{api},
+			[]Span{{Kind: KillDaemon, Region: "eu", Daemon: "eu-1", Start: at(1), End: at(2)}}, nil},
 		{"a gateway's fail-open answer is not counted", func() []Request {
 			rs := admitted(25, "eu", "api", "u1", 0)
 			for i := range rs {

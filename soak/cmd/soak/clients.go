@@ -130,9 +130,10 @@ func checkSender(r *region) sender {
 				out = append(out, q)
 				continue
 			}
-			_, _ = io.Copy(io.Discard, res.Body)
+			b, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
 			res.Body.Close()
 			q.Status = res.StatusCode
+			q.Degraded = bytes.Contains(b, []byte(`"degraded":true`))
 			return append(out, q)
 		}
 		return out

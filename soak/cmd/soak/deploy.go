@@ -88,7 +88,8 @@ func startRedis(tb *harnessTB, r *region) error {
 type daemon struct {
 	name, region string
 	addr         string // the check and admin API
-	gossip       string
+	gossip       string // where the daemon listens for gossip
+	advertise    string // its gossip proxy, which the others dial
 	rls          string // "" unless the region serves RLS
 	args         []string
 	bin, logPath string
@@ -173,12 +174,13 @@ func (d *daemon) pid() int {
 	}
 }
 
-// waitReady polls /healthz until the daemon answers, within 60 s.
+// waitReady polls /readyz until the daemon is ready (its store warmed
+// and reached), within 60 s.
 func (d *daemon) waitReady(ctx context.Context) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx1, cancel := context.WithTimeout(ctx, time.Second)
-		req, _ := http.NewRequestWithContext(ctx1, "GET", "http://"+d.addr+"/healthz", nil)
+		req, _ := http.NewRequestWithContext(ctx1, "GET", "http://"+d.addr+"/readyz", nil)
 		res, err := http.DefaultClient.Do(req)
 		cancel()
 		if err == nil {
@@ -188,7 +190,7 @@ func (d *daemon) waitReady(ctx context.Context) error {
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s not healthy within 60 s: %v", d.name, err)
+			return fmt.Errorf("%s not ready within 60 s: %v", d.name, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -204,6 +206,7 @@ type deployment struct {
 	nginx           *exec.Cmd
 	nginxAddr       string
 	backend         *http.Server
+	proxy           *gossipProxy
 }
 
 func (dp *deployment) region(name string) *region {
@@ -237,21 +240,27 @@ func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Dur
 			if d.gossip, err = freeAddr(); err != nil {
 				return err
 			}
+			if d.advertise, err = freeAddr(); err != nil {
+				return err
+			}
 			d.logPath = filepath.Join(dp.dir, d.name+".log")
 			d.args = []string{"serve", "--listen", d.addr, "--store", r.store, "--policies", policies,
 				"--admin-token-file", filepath.Join(dp.dir, "admin-token"), "--trusted-proxies", "127.0.0.1/32",
-				"--region", r.name, "--node", d.name, "--dev", "--gossip-listen", d.gossip,
+				"--region", r.name, "--node", d.name, "--dev", "--gossip-listen", d.gossip, "--gossip-advertise", d.advertise,
 				"--gossip-preset", "local", "--gossip-interval", gossipInterval.String(), "--log-level", "warn"}
 			if seed == "" {
-				seed = d.gossip
+				seed = d.advertise
 			} else {
 				d.args = append(d.args, "--join", seed)
 			}
+			// Every daemon loads the Envoy file, since policies are shared
+			// across the cluster; the Sentinel region serves RLS.
+			d.args = append(d.args, "--envoy-config", envoy)
 			if r.name == regionSentinel {
 				if d.rls, err = freeAddr(); err != nil {
 					return err
 				}
-				d.args = append(d.args, "--rls-listen", d.rls, "--envoy-config", envoy)
+				d.args = append(d.args, "--rls-listen", d.rls)
 			}
 			r.daemons = append(r.daemons, d)
 		}

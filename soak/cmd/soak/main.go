@@ -159,6 +159,12 @@ func setup(ctx context.Context, o options, tb *harnessTB, log *slog.Logger) (*de
 	if err := dp.newDaemons(filepath.Join(o.out, "policies.json"), filepath.Join(o.out, "envoy.yaml"), o.interval); err != nil {
 		return dp, err
 	}
+	dp.proxy = newGossipProxy(dp, log)
+	for _, d := range dp.daemons() {
+		if err := dp.proxy.serve(ctx, d, d.advertise); err != nil {
+			return dp, err
+		}
+	}
 	for _, d := range dp.daemons() {
 		if err := d.start(); err != nil {
 			return dp, err

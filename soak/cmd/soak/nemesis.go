@@ -17,7 +17,7 @@ import (
 type nemesis struct {
 	dp    *deployment
 	tl    *timeline
-	net   partitioner // nil: partitions cannot be made here
+	net   partitioner
 	log   *slog.Logger
 	start time.Time
 
@@ -111,7 +111,7 @@ func (n *nemesis) apply(ctx context.Context, f soak.Fault) error {
 		return err
 	case soak.Partition:
 		if n.net == nil {
-			return fmt.Errorf("partition: this deployment cannot cut gossip (see the runner's -partition flag)")
+			return fmt.Errorf("partition: no gossip proxy")
 		}
 		if err := n.net.cut(f.Region); err != nil {
 			return err

@@ -46,7 +46,7 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	plan := soak.Plan(soak.PlanConfig{Seed: o.seed, Duration: o.duration, Kinds: o.kinds, Regions: regionNames, Daemons: daemonsPerRegion})
 	rep.Schedule = plan
 	tl := newTimeline(start.Add(-time.Minute))
-	nem := &nemesis{dp: dp, tl: tl, log: log, start: start}
+	nem := &nemesis{dp: dp, tl: tl, log: log, start: start, net: proxyPartitioner{dp.proxy}}
 	rc := &recorder{}
 	runCtx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
