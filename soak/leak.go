@@ -16,6 +16,35 @@ type Sample struct {
 	RedisKeys   int64     `json:"redis_keys"`
 	RedisMemory int64     `json:"redis_memory_bytes"`
 	Daemons     int       `json:"daemons"` // daemons that answered
+	// ActiveKeys is how many (store, policy, subject) the clients asked
+	// for within the policy's window and a second before At: the keys
+	// Redis should hold if TTLs work (CountActive fills it in).
+	ActiveKeys int64 `json:"active_keys"`
+}
+
+// CountActive fills in each sample's ActiveKeys from the requests: a
+// regional policy's key lives in its region's store, a global one's in
+// every region's it was asked in; a key lives for its window plus a
+// second (docs/algorithms.md, "idle state expires").
+func CountActive(samples []Sample, reqs []Request, policies []PolicyState) {
+	window := map[string]time.Duration{}
+	for _, p := range policies {
+		if p.Window > 0 {
+			window[p.ID] = time.Duration(p.Window*float64(time.Second)) + time.Second
+		}
+	}
+	for i := range samples {
+		at := samples[i].At
+		seen := map[[3]string]bool{}
+		for _, r := range reqs {
+			w, ok := window[r.Policy]
+			if !ok || r.Start.After(at) || r.Start.Before(at.Add(-w)) || r.Err != "" {
+				continue
+			}
+			seen[[3]string{r.Region, r.Policy, r.Subject}] = true
+		}
+		samples[i].ActiveKeys = int64(len(seen))
+	}
 }
 
 // LeakFigure is one resource's level before the faults and after them.
@@ -31,20 +60,21 @@ type LeakFigure struct {
 // may stay after them: 10%.
 const LeakTolerance = 1.10
 
-// Leaks compares the mean of the samples taken before the first fault
-// began (from) with the mean of those taken settle after the last one
-// ended (to). A resource whose level after is above LeakTolerance times
+// Leaks compares the mean of the samples taken from settle after the
+// start to the first fault (from) with the mean of those taken settle
+// after the last one ended (to). Redis keys are compared per active key,
+// since the traffic before and after differs. A resource whose level after is above LeakTolerance times
 // its level before is not OK; shrinking is fine. Only samples in which
 // every daemon answered count, so a daemon down does not read as
 // recovery. With no sample on either side there is no figure.
-func Leaks(samples []Sample, from, to time.Time, settle time.Duration, daemons int) []LeakFigure {
+func Leaks(samples []Sample, start, from, to time.Time, settle time.Duration, daemons int) []LeakFigure {
 	var before, after []Sample
 	for _, s := range samples {
 		if s.Daemons < daemons {
 			continue
 		}
 		switch {
-		case s.At.Before(from):
+		case s.At.Before(from) && !s.At.Before(start.Add(settle)):
 			before = append(before, s)
 		case s.At.After(to.Add(settle)):
 			after = append(after, s)
@@ -60,7 +90,7 @@ func Leaks(samples []Sample, from, to time.Time, settle time.Duration, daemons i
 		{"rss_bytes", func(s Sample) int64 { return s.RSSBytes }},
 		{"goroutines", func(s Sample) int64 { return s.Goroutines }},
 		{"fds", func(s Sample) int64 { return s.FDs }},
-		{"redis_keys", func(s Sample) int64 { return s.RedisKeys }},
+		{"redis_keys_per_1000_active", func(s Sample) int64 { return 1000 * s.RedisKeys / max(s.ActiveKeys, 1) }},
 	}
 	var out []LeakFigure
 	for _, g := range get {

@@ -20,10 +20,16 @@ func TestLeaks(t *testing.T) {
 		{"goroutines grew", []Sample{s(10, 100, 50, 6), s(150, 100, 80, 6)}, []string{"goroutines"}},
 		{"a sample with a daemon down does not count", []Sample{s(10, 100, 50, 6), s(150, 100, 50, 6), s(160, 10, 5, 5)}, nil},
 		{"during the faults does not count", []Sample{s(10, 100, 50, 6), s(50, 900, 500, 6), s(150, 100, 50, 6)}, nil},
+		{"nor the warm-up", []Sample{s(0, 10, 5, 6), s(10, 100, 50, 6), s(150, 100, 50, 6)}, nil},
+		{"keys per active key grew: TTLs do not work", []Sample{s(10, 100, 50, 6), func() Sample {
+			x := s(150, 100, 50, 6)
+			x.RedisKeys = 300
+			return x
+		}()}, []string{"redis_keys_per_1000_active"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			figs := Leaks(tc.samples, from, to, 10*time.Second, 6)
+			figs := Leaks(tc.samples, t0, from, to, 10*time.Second, 6)
 			if len(figs) != 4 {
 				t.Fatalf("Leaks() = %d figures, want 4", len(figs))
 			}
@@ -36,7 +42,7 @@ func TestLeaks(t *testing.T) {
 			}
 		})
 	}
-	if figs := Leaks([]Sample{s(150, 1, 1, 6)}, from, to, 10*time.Second, 6); figs != nil {
+	if figs := Leaks([]Sample{s(150, 1, 1, 6)}, t0, from, to, 10*time.Second, 6); figs != nil {
 		t.Errorf("Leaks() with nothing before the faults = %v, want none", figs)
 	}
 }

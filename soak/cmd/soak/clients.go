@@ -45,8 +45,12 @@ type sender func(ctx context.Context, subject string, pick float64) []soak.Reque
 // drive offers load at tr's rate for (region, kind) until ctx ends: each
 // 20 ms it hands the requests due to a pool of workers; a request no
 // worker is free for is counted unsent rather than queued.
-func drive(ctx context.Context, rc *recorder, tr soak.Traffic, start time.Time, region, kind string, send sender) {
+//
+// A request sent before ctx ends is answered and recorded: only new
+// requests stop.
+func drive(ctx context.Context, rc *recorder, tr soak.Traffic, start time.Time, region, kind string, send sender, done func()) {
 	jobs := make(chan struct{}, 64)
+	inflight := context.WithoutCancel(ctx)
 	subjects := tr.Subjects(region + "-" + kind)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -58,16 +62,14 @@ func drive(ctx context.Context, rc *recorder, tr soak.Traffic, start time.Time, 
 				mu.Lock()
 				s, p := subjects.Next()
 				mu.Unlock()
-				for _, r := range send(ctx, s, p) {
-					if ctx.Err() == nil {
-						rc.add(r)
-					}
+				for _, r := range send(inflight, s, p) {
+					rc.add(r)
 				}
 			}
 		}()
 	}
 	tick := time.NewTicker(20 * time.Millisecond)
-	defer func() { tick.Stop(); close(jobs); wg.Wait() }()
+	defer func() { tick.Stop(); close(jobs); wg.Wait(); done() }()
 	due := 0.0
 	last := time.Now()
 	for {

@@ -50,7 +50,8 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	rc := &recorder{}
 	runCtx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
-	closeRLS, err := startTraffic(runCtx, o, dp, rc, start)
+	var clients sync.WaitGroup
+	closeRLS, err := startTraffic(runCtx, o, dp, rc, start, &clients)
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +69,7 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 		rep.Samples = append(rep.Samples, s)
 	}
 	wg.Wait()
+	clients.Wait()
 	rep.Ended = time.Now()
 	rep.Interrupted = ctx.Err() != nil
 	finish(rep, o, rc, tl, nem)
@@ -76,7 +78,7 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 
 // startTraffic starts the clients: /v1/check on every region, nginx on
 // the single one, RLS on the Sentinel one.
-func startTraffic(ctx context.Context, o options, dp *deployment, rc *recorder, start time.Time) (func(), error) {
+func startTraffic(ctx context.Context, o options, dp *deployment, rc *recorder, start time.Time, wg *sync.WaitGroup) (func(), error) {
 	tr := soak.DefaultTraffic(o.seed)
 	if o.base > 0 {
 		tr.Base = o.base
@@ -85,11 +87,12 @@ func startTraffic(ctx context.Context, o options, dp *deployment, rc *recorder, 
 	if err != nil {
 		return nil, err
 	}
+	wg.Add(len(dp.regions) + 2)
 	for _, r := range dp.regions {
-		go drive(ctx, rc, tr, start, r.name, "check", checkSender(r))
+		go drive(ctx, rc, tr, start, r.name, "check", checkSender(r), wg.Done)
 	}
-	go drive(ctx, rc, tr, start, regionSingle, "nginx", nginxSender(dp.region(regionSingle), dp.nginxAddr))
-	go drive(ctx, rc, tr, start, regionSentinel, "rls", rlsSend)
+	go drive(ctx, rc, tr, start, regionSingle, "nginx", nginxSender(dp.region(regionSingle), dp.nginxAddr), wg.Done)
+	go drive(ctx, rc, tr, start, regionSentinel, "rls", rlsSend, wg.Done)
 	return closeRLS, nil
 }
 
@@ -131,7 +134,8 @@ func finish(rep *soak.Report, o options, rc *recorder, tl *timeline, nem *nemesi
 	for _, f := range rep.Faults {
 		from, to = minTime(from, f.Start), maxTime(to, f.End)
 	}
-	rep.Leaks = soak.Leaks(rep.Samples, from, to, 10*time.Second, daemonsPerRegion*len(regionNames))
+	soak.CountActive(rep.Samples, reqs, rep.Policies)
+	rep.Leaks = soak.Leaks(rep.Samples, rep.Started, from, to, 10*time.Second, daemonsPerRegion*len(regionNames))
 	if !rep.Interrupted {
 		rep.Violations = append(rep.Violations, soak.LeakViolations(rep.Leaks, rep.Ended)...)
 	}
