@@ -46,3 +46,15 @@ func TestLeaks(t *testing.T) {
 		t.Errorf("Leaks() with nothing before the faults = %v, want none", figs)
 	}
 }
+
+func TestCountActive(t *testing.T) {
+	reqs := join(admitted(3, "eu", "api", "u1", 0), admitted(1, "us", "api", "u1", 0), admitted(1, "eu", "api", "u2", 30),
+		[]Request{{Start: at(1), Region: "eu", Policy: "api", Subject: "u3", Err: "refused"}})
+	samples := []Sample{{At: at(5)}, {At: at(31)}, {At: at(60)}}
+	CountActive(samples, reqs, []PolicyState{policy("api", 20, false, "local")})
+	for i, want := range []int64{2, 1, 0} {
+		if samples[i].ActiveKeys != want {
+			t.Errorf("CountActive: sample at %v has %d active keys, want %d", samples[i].At.Sub(t0), samples[i].ActiveKeys, want)
+		}
+	}
+}
