@@ -107,11 +107,12 @@ type PlanConfig struct {
 }
 
 // Window returns the part of the run faults start and end in: after a
-// warm-up (a tenth of the run, at least 20 s) that measures the levels
+// warm-up (a tenth of the run, at least 40 s: pools and buffers grow to
+// their steady size in the first 20 s or so) that measures the levels
 // before the faults, and before a quiet tail (a sixth, at least 30 s)
 // that measures them after.
 func Window(d time.Duration) (from, to time.Duration) {
-	from = max(d/10, 20*time.Second)
+	from = max(d/10, 40*time.Second)
 	to = d - max(d/6, 30*time.Second)
 	return from, max(to, from)
 }

@@ -46,6 +46,7 @@ type options struct {
 	latency  time.Duration
 	interval time.Duration
 	base     float64
+	storeTO  string
 }
 
 // parseFlags reads the command line; any error is one line.
@@ -61,6 +62,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.inject, "inject", "", "over-admission: raise a policy through one daemon half-way, hidden from the checker, which must report it")
 	fs.DurationVar(&o.latency, "latency-bound", 1500*time.Millisecond, "slowest answer allowed: store deadline, queue wait and the gateway's margin on a shared machine")
 	fs.DurationVar(&o.interval, "gossip-interval", 10*time.Second, "the daemons' --gossip-interval (the daemon's default: 10s)")
+	fs.StringVar(&o.storeTO, "store-timeout", "", "the daemons' --store-timeout (empty: the daemon's default)")
 	fs.Float64Var(&o.base, "rate", 0, "requests per second per region and client kind (default: soak.DefaultTraffic's)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -80,6 +82,11 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.kinds, err = soak.ParseKinds(*faults); err != nil {
 		return o, fmt.Errorf("-faults: %v", err)
+	}
+	if o.storeTO != "" {
+		if _, err := time.ParseDuration(o.storeTO); err != nil {
+			return o, fmt.Errorf("-store-timeout %q: not a duration", o.storeTO)
+		}
 	}
 	if o.inject != "" && o.inject != "over-admission" {
 		return o, fmt.Errorf("-inject %q: only over-admission", o.inject)
@@ -158,6 +165,11 @@ func setup(ctx context.Context, o options, tb *harnessTB, log *slog.Logger) (*de
 	}
 	if err := dp.newDaemons(filepath.Join(o.out, "policies.json"), filepath.Join(o.out, "envoy.yaml"), o.interval); err != nil {
 		return dp, err
+	}
+	if o.storeTO != "" {
+		for _, d := range dp.daemons() {
+			d.args = append(d.args, "--store-timeout", o.storeTO)
+		}
 	}
 	dp.proxy = newGossipProxy(dp, log)
 	for _, d := range dp.daemons() {

@@ -183,9 +183,9 @@ func (n *nemesis) policyChange(ctx context.Context, f soak.Fault) error {
 	case soak.ActionRaise, soak.ActionLower:
 		p, _ = n.tl.doc("api")
 		if f.Action == soak.ActionRaise {
-			p.Limit = min(p.Limit+10, 60)
+			p.Limit = min(p.Limit+4, 20)
 		} else {
-			p.Limit = max(p.Limit-10, 10)
+			p.Limit = max(p.Limit-4, 4)
 		}
 	case soak.ActionAdd:
 		p = extraPolicy("enforce")

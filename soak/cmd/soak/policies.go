@@ -38,7 +38,7 @@ func (p policyDoc) MarshalJSON() ([]byte, error) {
 // checker can count a window exactly from the clients' side.
 func initialPolicies() []policyDoc {
 	return []policyDoc{
-		{ID: "api", Routes: []string{"/soak/api"}, Algorithm: "fixed_window", Limit: 20, Window: 5, Mode: "enforce",
+		{ID: "api", Routes: []string{"/soak/api"}, Algorithm: "fixed_window", Limit: 8, Window: 5, Mode: "enforce",
 			OnStoreFailure: "local", Description: "soak: a regional quota, local fallback"},
 		{ID: "login", Routes: []string{"/soak/login"}, Algorithm: "fixed_window", Limit: 5, Window: 10, Mode: "enforce",
 			Class: "security", OnStoreFailure: "closed", Description: "soak: fail-closed, 503 while the store is gone"},
