@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live soak clean static image helm ops-test demo demo-test
+.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live soak soak-inject clean static image helm ops-test demo demo-test
 
 all: build
 
@@ -96,6 +96,17 @@ soak:
 	@mkdir -p out/soak
 	$(GO) build -o bin/soak ./soak/cmd/soak
 	bin/soak -duration $(SOAK) -seed $(SOAK_SEED) -out out/soak
+
+# The checker shown able to fail: a 2-minute soak without faults in which
+# the api policy is raised through one daemon half-way, hidden from the
+# checker; passes only if the soak fails with that over-admission reported.
+soak-inject:
+	@mkdir -p out/soak-inject
+	$(GO) build -o bin/soak ./soak/cmd/soak
+	@if bin/soak -duration 2m -seed $(SOAK_SEED) -faults none -inject over-admission -out out/soak-inject | tee out/soak-inject/summary.txt; then \
+	  echo "soak-inject: the soak passed with a hidden over-admission"; exit 1; fi
+	@grep -Eq 'injected_seen=[1-9]' out/soak-inject/summary.txt || { echo "soak-inject: the injected over-admission was not reported"; exit 1; }
+	@echo "soak-inject: the checker reported the hidden over-admission"
 
 # The static linux binary the image holds (no cgo, no libc).
 GOARCH_IMAGE ?= amd64

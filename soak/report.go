@@ -14,23 +14,26 @@ import (
 
 // Report is what a soak run saw and what the checker made of it.
 type Report struct {
-	Seed        uint64         `json:"seed"`
-	Duration    string         `json:"duration"`
-	Started     time.Time      `json:"started"`
-	Ended       time.Time      `json:"ended"`
-	Interrupted bool           `json:"interrupted"`
-	Injected    string         `json:"injected,omitempty"` // a deliberate fault hidden from the checker
-	Bounds      Bounds         `json:"bounds"`
-	Schedule    []Fault        `json:"schedule"`
-	Faults      []Span         `json:"faults"`
-	Policies    []PolicyState  `json:"policies"`
-	Counts      map[string]int `json:"counts"` // requests by via and status
-	Latency     []LatencyPoint `json:"latency"`
-	Windows     []WindowFigure `json:"windows"`
-	Samples     []Sample       `json:"samples"`
-	Leaks       []LeakFigure   `json:"leaks"`
-	Violations  []Violation    `json:"violations"`
-	Errors      []string       `json:"errors,omitempty"` // what the runner could not do
+	Seed        uint64    `json:"seed"`
+	Duration    string    `json:"duration"`
+	Started     time.Time `json:"started"`
+	Ended       time.Time `json:"ended"`
+	Interrupted bool      `json:"interrupted"`
+	Injected    string    `json:"injected,omitempty"` // a deliberate fault hidden from the checker
+	// InjectedSeen counts the over-admissions of the injected policy the
+	// checker reported after the injection.
+	InjectedSeen int            `json:"injected_seen,omitempty"`
+	Bounds       Bounds         `json:"bounds"`
+	Schedule     []Fault        `json:"schedule"`
+	Faults       []Span         `json:"faults"`
+	Policies     []PolicyState  `json:"policies"`
+	Counts       map[string]int `json:"counts"` // requests by via and status
+	Latency      []LatencyPoint `json:"latency"`
+	Windows      []WindowFigure `json:"windows"`
+	Samples      []Sample       `json:"samples"`
+	Leaks        []LeakFigure   `json:"leaks"`
+	Violations   []Violation    `json:"violations"`
+	Errors       []string       `json:"errors,omitempty"` // what the runner could not do
 }
 
 // LatencyPoint is the latency quantiles of the answers sent in one
@@ -99,8 +102,12 @@ func (r *Report) Summary() string {
 	for _, l := range r.Leaks {
 		leaks = append(leaks, fmt.Sprintf("%s %.0f->%.0f", l.Name, l.Before, l.After))
 	}
-	return fmt.Sprintf("SOAK seed=%d duration=%s requests=%d faults=%d violations=%d %v interrupted=%v leaks=[%s]",
+	s := fmt.Sprintf("SOAK seed=%d duration=%s requests=%d faults=%d violations=%d %v interrupted=%v leaks=[%s]",
 		r.Seed, r.Duration, n, len(r.Faults), len(r.Violations), rules, r.Interrupted, strings.Join(leaks, ", "))
+	if r.Injected != "" {
+		s += fmt.Sprintf(" injected_seen=%d", r.InjectedSeen)
+	}
+	return s
 }
 
 // series is one line of a chart.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,9 +62,10 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); nem.run(runCtx, plan) }()
+	var injectedAt time.Time
 	if o.inject != "" {
 		wg.Add(1)
-		go func() { defer wg.Done(); rep.Injected = inject(runCtx, dp, tl, o.duration, log) }()
+		go func() { defer wg.Done(); rep.Injected, injectedAt = inject(runCtx, dp, tl, o.duration, log) }()
 	}
 	for s := range samples {
 		rep.Samples = append(rep.Samples, s)
@@ -73,6 +75,11 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	rep.Ended = time.Now()
 	rep.Interrupted = ctx.Err() != nil
 	finish(rep, o, rc, tl, nem)
+	for _, v := range rep.Violations {
+		if !injectedAt.IsZero() && v.Rule == soak.RuleOverAdmission && strings.Contains(v.Key, "/api/") && v.Time.After(injectedAt) {
+			rep.InjectedSeen++
+		}
+	}
 	return rep, writeReport(rep, o.out)
 }
 
@@ -98,19 +105,20 @@ func startTraffic(ctx context.Context, o options, dp *deployment, rc *recorder, 
 
 // inject raises the api policy through one daemon half-way through the
 // run without telling the checker: the checker must report it.
-func inject(ctx context.Context, dp *deployment, tl *timeline, d time.Duration, log *slog.Logger) string {
+func inject(ctx context.Context, dp *deployment, tl *timeline, d time.Duration, log *slog.Logger) (string, time.Time) {
 	sleep(ctx, d/2)
 	if ctx.Err() != nil {
-		return ""
+		return "", time.Time{}
 	}
 	p, _ := tl.doc("api")
 	p.Limit *= 4
 	dm := dp.region(regionCluster).daemons[0]
 	if err := tl.put(ctx, dm, dp.token, p, false); err != nil {
 		log.Warn("inject", "err", err)
-		return "over-admission: failed: " + err.Error()
+		return "over-admission: failed: " + err.Error(), time.Time{}
 	}
-	return fmt.Sprintf("over-admission: api raised to %v through %s at %s, hidden from the checker", p.Limit, dm.name, time.Now().UTC().Format(time.RFC3339))
+	at := time.Now()
+	return fmt.Sprintf("over-admission: api raised to %v through %s at %s, hidden from the checker", p.Limit, dm.name, at.UTC().Format(time.RFC3339)), at
 }
 
 // finish checks what the clients saw and fills the report.
