@@ -54,6 +54,85 @@ type coreNet struct {
 	verdict func(viewer, region string) bool
 	log     []Ready // every non-empty Ready, in order (determinism checks)
 	sent    int
+	// traffic is what each node sent and was sent, by node name.
+	traffic map[string]*nodeTraffic
+	round   map[string]time.Time // node → the ping round last counted in traffic
+}
+
+// nodeTraffic is one node's share traffic: message bytes (the size
+// estimates the simulator uses) to and from other regions and inside its
+// own, and contact pings sent and answered.
+type nodeTraffic struct {
+	crossOut, crossIn, lanOut, lanIn int
+	pingsOut, pingsIn                int
+}
+
+// fly puts f in flight and counts it.
+func (n *coreNet) fly(f flight) {
+	n.sent++
+	n.inFlite = append(n.inFlite, f)
+	size := msgSize(f.msg)
+	from, to := n.counter(f.from.name), n.counter(f.to.name)
+	if f.from.region != f.to.region {
+		from.crossOut += size
+		to.crossIn += size
+	} else {
+		from.lanOut += size
+		to.lanIn += size
+	}
+}
+
+// countPings counts, once per ping round, the pings nd sends: those of
+// pinged with relays, else one to every member of another region.
+func (n *coreNet) countPings(nd *coreNode, ms []msg.Member, pinged []string) {
+	own := n.counter(nd.name)
+	r := n.now.Truncate(max(n.contactEvery, 1))
+	if n.contactEvery == 0 || r.Equal(n.round[nd.name]) {
+		return
+	}
+	n.round[nd.name] = r
+	if !n.relay {
+		for _, m := range ms {
+			if m.Region != nd.region {
+				pinged = append(pinged, m.Node)
+			}
+		}
+	}
+	own.pingsOut += len(pinged)
+	for _, x := range pinged {
+		n.counter(x).pingsIn++
+	}
+}
+
+func (n *coreNet) counter(node string) *nodeTraffic {
+	if n.traffic == nil {
+		n.traffic, n.round = map[string]*nodeTraffic{}, map[string]time.Time{}
+	}
+	if n.traffic[node] == nil {
+		n.traffic[node] = &nodeTraffic{}
+	}
+	return n.traffic[node]
+}
+
+// msgSize is the encoded size estimate of m's payload, as the simulator
+// counts it, plus a 40-byte envelope.
+func msgSize(m msg.Message) int {
+	const env = 40
+	switch m.Kind {
+	case msg.KindReport:
+		return env + m.Report.EncodedSizeEstimate()
+	case msg.KindBorrow:
+		return env + m.Borrow.EncodedSizeEstimate()
+	case msg.KindLoan:
+		return env + m.Loan.EncodedSizeEstimate()
+	case msg.KindNodeUsage:
+		size := env + 1 + 4*2 + len(m.Usage.Node) + len(m.Usage.Region) + 2*5 + 9 + 5
+		for _, k := range m.Usage.Keys {
+			size += 1 + 6*2 + 4*9 + len(k.Policy) + len(k.Subject) + 2*5
+		}
+		return size
+	}
+	return env
 }
 
 type coreNode struct {
@@ -159,8 +238,7 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 				}
 				continue
 			}
-			n.sent++
-			n.inFlite = append(n.inFlite, flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from})
+			n.fly(flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from})
 		}
 		for _, r := range relayed {
 			n.relayTo(from, m, r)
@@ -188,8 +266,7 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 func (n *coreNet) relayTo(from *coreNode, m msg.Message, r string) {
 	for _, name := range RelayOrder(n.verdicts(from, n.members()), r) {
 		if nd := n.node(name); !nd.down {
-			n.sent++
-			n.inFlite = append(n.inFlite, flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from, relay: true})
+			n.fly(flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from, relay: true})
 			return
 		}
 	}
@@ -246,8 +323,7 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 func (n *coreNet) forward(f flight) {
 	for _, nd := range n.nodes {
 		if nd != f.to && nd.region == f.to.region && !nd.down && nd.state == msg.StateAlive {
-			n.sent++
-			n.inFlite = append(n.inFlite, flight{at: n.now.Add(n.delay), to: nd, msg: f.msg, from: f.to})
+			n.fly(flight{at: n.now.Add(n.delay), to: nd, msg: f.msg, from: f.to})
 		}
 	}
 }
@@ -261,6 +337,7 @@ func (n *coreNet) view(nd *coreNode) []msg.Member {
 	if n.relay {
 		pinged = PingTargets(n.verdicts(nd, ms), nd.name, nd.region, nil)
 	}
+	n.countPings(nd, ms, pinged)
 	for i := range ms {
 		cut := n.cut != nil && n.cut(nd.region, ms[i].Region)
 		switch {

@@ -223,3 +223,64 @@ func TestCoreRelayDies(t *testing.T) {
 	n.run(n.now.Add(3*sc.Interval), 10*time.Millisecond, nil)
 	filedEverywhere(t, n, sc.Epoch(n.now)-2, "ap", "eu", "us")
 }
+
+// trafficPerNode runs regions eu, us and ap of nodes nodes each on
+// virtual time, the same regional demand split evenly over the nodes, and
+// returns what the busiest node sent and was sent per second: message
+// bytes across regions, inside its region, and contact pings.
+func trafficPerNode(t *testing.T, nodes int, relay bool) (cross, lan, pings float64) {
+	t.Helper()
+	sc := testShareConfig()
+	demand := map[string]float64{"eu": 120, "us": 60, "ap": 30}
+	var names []string
+	for _, r := range []string{"eu", "us", "ap"} {
+		for i := range nodes {
+			names = append(names, fmt.Sprintf("%s-%d", r, i))
+		}
+	}
+	n := newCoreNet(t, sc, names...)
+	n.relay = relay
+	for _, name := range names {
+		n.rate[name] = demand[regionOf(name)] / float64(nodes)
+	}
+	n.run(n.now.Add(3*sc.Interval), 10*time.Millisecond, nil)
+	clear(n.traffic)
+	const measured = 6
+	n.run(n.now.Add(measured*sc.Interval), 10*time.Millisecond, nil)
+	secs := (measured * sc.Interval).Seconds()
+	for _, tr := range n.traffic {
+		cross = max(cross, float64(tr.crossOut+tr.crossIn)/secs)
+		lan = max(lan, float64(tr.lanOut+tr.lanIn)/secs)
+		pings = max(pings, float64(tr.pingsOut+tr.pingsIn)/secs)
+	}
+	return cross, lan, pings
+}
+
+// TestRelayTrafficPerNode: with relays, the busiest node's cross-region
+// bytes per second and contact pings per second with 3 regions × 8 nodes
+// are within 1.2× of those with 3 × 2; without them (every node pinged,
+// every node of another region sent to) they grow with the nodes. The
+// traffic inside a region (node usage, relayed copies) grows with the
+// region's own nodes either way.
+func TestRelayTrafficPerNode(t *testing.T) {
+	type figures struct{ cross, lan, pings float64 }
+	got := map[[2]int]figures{}
+	for _, relay := range []int{0, 1} {
+		for _, nodes := range []int{2, 8} {
+			c, l, p := trafficPerNode(t, nodes, relay == 1)
+			got[[2]int{relay, nodes}] = figures{c, l, p}
+			t.Logf("relay=%v 3×%d: busiest node %.0f B/s across regions, %.0f B/s in region, %.0f pings/s",
+				relay == 1, nodes, c, l, p)
+		}
+	}
+	small, large := got[[2]int{1, 2}], got[[2]int{1, 8}]
+	if large.cross > 1.2*small.cross {
+		t.Errorf("with relays, cross-region bytes/s per node: 3×8 %.0f > 1.2 × 3×2 %.0f", large.cross, small.cross)
+	}
+	if large.pings > 1.2*small.pings {
+		t.Errorf("with relays, pings/s per node: 3×8 %.0f > 1.2 × 3×2 %.0f", large.pings, small.pings)
+	}
+	if old := got[[2]int{0, 8}]; old.pings < 3*got[[2]int{0, 2}].pings {
+		t.Errorf("without relays, pings/s per node: 3×8 %.0f, want the growth with nodes this test exists to remove", old.pings)
+	}
+}
