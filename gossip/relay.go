@@ -56,9 +56,9 @@ func (n *Node) forwardLoop(ctx context.Context) {
 }
 
 // sendAcross sends payload to every other region accepted by to: through
-// its relay when every live node of the region relays, falling back down
-// coordinator.RelayOrder when a send fails, and to each of its live nodes
-// otherwise. It returns once every send has finished.
+// its relay when every live node of the region relays, falling back to the
+// next node of coordinator.RelayOrder when a send fails (sendRelay), and to
+// each of its live nodes otherwise. It returns once every send has finished.
 func (n *Node) sendAcross(ctx context.Context, payload any, kind Kind, to func(region string) bool) error {
 	direct, relayed, err := encode(n.cfg.Node, n.cfg.Region, payload, true)
 	if err != nil {
@@ -93,11 +93,18 @@ func (n *Node) sendAcross(ctx context.Context, payload any, kind Kind, to func(r
 	return g.Wait()
 }
 
-// sendRelay sends b to the first node of order that takes it, and notes
-// which node that was for region r.
+// relayTries bounds how many nodes of a region one send tries in turn: a
+// send to a node whose host is gone waits memberlist's TCP timeout, so a
+// region cut off costs at most this many timeouts per message (until
+// membership declares its nodes dead and nothing is sent), not one per
+// node.
+const relayTries = 2
+
+// sendRelay sends b to the first of the first relayTries nodes of order
+// that takes it, and notes which node that was for region r.
 func (n *Node) sendRelay(ctx context.Context, b []byte, kind Kind, r string, order []string, byNode map[string]Member) error {
 	var errs []error
-	for _, name := range order {
+	for _, name := range order[:min(len(order), relayTries)] {
 		err := n.sendOne(ctx, b, kind, pathReliable, byNode[name])
 		if err == nil {
 			n.noteRelay(r, name)
