@@ -65,7 +65,7 @@ func oldBuild(n *Node) {
 
 func waitLive(t *testing.T, nodes []*testNode) {
 	t.Helper()
-	testwait.For(t, 20*time.Second, fmt.Sprintf("%d nodes to see each other", len(nodes)), func() bool {
+	testwait.For(t, 60*time.Second, fmt.Sprintf("%d nodes to see each other", len(nodes)), func() bool {
 		for _, n := range nodes {
 			if n.NumLive() != len(nodes) {
 				return false
@@ -78,7 +78,7 @@ func waitLive(t *testing.T, nodes []*testNode) {
 func waitReport(t *testing.T, nodes []*testNode, region string, epoch uint64) {
 	t.Helper()
 	for _, n := range nodes {
-		testwait.For(t, 10*time.Second, fmt.Sprintf("%s to receive %s's report %d", n.Name(), region, epoch), func() bool {
+		testwait.For(t, 30*time.Second, fmt.Sprintf("%s to receive %s's report %d", n.Name(), region, epoch), func() bool {
 			_, ok := n.in.findReport(region, epoch)
 			return ok
 		})
@@ -106,7 +106,7 @@ func TestReportThroughRelay(t *testing.T) {
 	if got := counterValue(us1.metrics.sent, "report", pathReliable); got != 1 {
 		t.Errorf("us1 sent its report %v times, want once, to eu's relay", got)
 	}
-	testwait.For(t, 10*time.Second, "eu1 to send the report on to eu2 and eu3", func() bool {
+	testwait.For(t, 30*time.Second, "eu1 to send the report on to eu2 and eu3", func() bool {
 		return counterValue(eu1.metrics.sent, "report", pathRelay) == 2
 	})
 
@@ -121,7 +121,7 @@ func TestReportThroughRelay(t *testing.T) {
 
 	ap1 := startNode(t, "ap1", "ap", keyA, us1.Addr())
 	ap2 := startNodeWith(t, "ap2", "ap", keyA, []string{us1.Addr()}, nil, oldBuild)
-	testwait.For(t, 20*time.Second, "us1, ap1 and ap2 to see ap1 and ap2", func() bool {
+	testwait.For(t, 60*time.Second, "us1, ap1 and ap2 to see ap1 and ap2", func() bool {
 		for _, n := range []*testNode{us1, ap1, ap2} {
 			if !slices.Equal(n.Regions()["ap"], []string{"ap1", "ap2"}) {
 				return false
