@@ -51,6 +51,12 @@ type Config struct {
 	// Sentinels name). With Redis, limiter state and policies are shared by
 	// every daemon on it.
 	Store string
+	// Redis holds the Redis connection settings that a store URL cannot
+	// carry: TLS files for the rediss schemes (rediss://,
+	// rediss-cluster://, rediss-sentinel://) and the Sentinels' own
+	// credentials. The decision store and the policy store (its pub/sub
+	// included) share the one client they configure.
+	Redis redisstore.ClientConfig
 	// StoreTimeout bounds every decision-store call.
 	StoreTimeout time.Duration
 	// Policies, if non-nil, seeds the policy set at start instead of
@@ -132,6 +138,13 @@ func (c Config) Validate() error {
 	}
 	if c.Store != "memory" && storeKind(c.Store) == "" {
 		errs = append(errs, fmt.Errorf("store must be memory, redis://HOST:PORT, redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2, got %q", c.Store))
+	}
+	if c.Store != "memory" && storeKind(c.Store) != "" {
+		if err := c.Redis.Validate(c.Store); err != nil {
+			errs = append(errs, fmt.Errorf("redis settings: %w", err))
+		}
+	} else if c.Redis != (redisstore.ClientConfig{}) {
+		errs = append(errs, errors.New("redis settings are given but the store is not Redis"))
 	}
 	if c.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("store timeout must be positive, got %v", c.StoreTimeout))
@@ -250,7 +263,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 			pstore = quota.NewFileStore(filepath.Join(cfg.DataDir, "policies.json"))
 		}
 	} else {
-		client, err := redisstore.NewClient(cfg.Store)
+		client, err := redisstore.NewClientWith(cfg.Store, cfg.Redis)
 		if err != nil {
 			return nil, err
 		}
@@ -479,9 +492,9 @@ func storeKind(s string) string {
 	switch {
 	case s == "memory":
 		return "memory"
-	case strings.HasPrefix(s, "redis-cluster://"):
+	case strings.HasPrefix(s, "redis-cluster://"), strings.HasPrefix(s, "rediss-cluster://"):
 		return "redis-cluster"
-	case strings.HasPrefix(s, "redis-sentinel://"):
+	case strings.HasPrefix(s, "redis-sentinel://"), strings.HasPrefix(s, "rediss-sentinel://"):
 		return "redis-sentinel"
 	case strings.HasPrefix(s, "redis://"), strings.HasPrefix(s, "rediss://"):
 		return "redis"
