@@ -8,6 +8,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -408,7 +410,7 @@ func (d *Daemon) saveLastGood() {
 // policy set, else cfg.Policies, else the defaults, without saving them
 // anywhere, and marks the daemon not ready until reachStore succeeds.
 func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
-	reason := "policy store unreachable since start: " + cause.Error()
+	reason := storeDownReason(cause)
 	d.storeDown.Store(&reason)
 	from := "last good local copy"
 	var snap quota.Snapshot
@@ -435,6 +437,26 @@ func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
 	d.log.Warn("starting without the policy store: deciding by each policy's on_store_failure until it answers",
 		"err", cause, "policies", len(d.reg.List("")), "from", from)
 	return nil
+}
+
+// storeDownReason is the /readyz reason of a store not reached since
+// start for err. A failed TLS handshake is said first, since it is a
+// setting to fix (a CA, a certificate, a server name), not an outage to
+// wait out.
+func storeDownReason(err error) string {
+	const down = "policy store unreachable since start: "
+	var (
+		verify  *tls.CertificateVerificationError
+		alert   tls.AlertError
+		record  tls.RecordHeaderError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+	)
+	if errors.As(err, &verify) || errors.As(err, &alert) || errors.As(err, &record) ||
+		errors.As(err, &unknown) || errors.As(err, &host) {
+		return down + "TLS handshake with the store failed: " + err.Error()
+	}
+	return down + err.Error()
 }
 
 // storeProbe is how often a daemon that started without its store tries
@@ -464,7 +486,7 @@ func (d *Daemon) reachStore(ctx context.Context) error {
 		err := d.syncPolicyStore(lctx)
 		cancel()
 		if err != nil {
-			reason := "policy store unreachable since start: " + err.Error()
+			reason := storeDownReason(err)
 			d.storeDown.Store(&reason)
 			continue
 		}
