@@ -190,12 +190,15 @@ type Daemon struct {
 	cl      *cluster    // nil when single-region
 	redis   redisKV     // nil on the memory store
 	m       *metrics
-	events  *decisionlog.Log
-	dec     *decide.Decider // the decision, over lim, reg, shares and quotas
-	gather  prometheus.Gatherer
-	token   [32]byte // SHA-256 of the admin token
-	hasTok  bool
-	routes  []Route
+	// faMisconfig counts forward-auth calls of a gateway set up for the
+	// other header pair.
+	faMisconfig *forwardAuthMisconfig
+	events      *decisionlog.Log
+	dec         *decide.Decider // the decision, over lim, reg, shares and quotas
+	gather      prometheus.Gatherer
+	token       [32]byte // SHA-256 of the admin token
+	hasTok      bool
+	routes      []Route
 
 	ready          atomic.Bool
 	stopping       atomic.Bool
@@ -284,6 +287,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		d.watcher.SetTarget(d.reg)
 	}
 	d.m = newMetrics(reg, d.lim, d.mem, storeKind(cfg.Store))
+	d.faMisconfig = newForwardAuthMisconfig(reg)
 	if d.events, err = decisionlog.New(cfg.DecisionLog, log, reg); err != nil {
 		return nil, err
 	}
