@@ -93,6 +93,9 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if err := identityFlags(&cfg, trusted); err != nil {
 				return err
 			}
+			if err := redisFlags(cfg.Store, cfg.Redis); err != nil {
+				return err
+			}
 			if policiesFile != "" {
 				data, err := os.ReadFile(policiesFile)
 				if err != nil {
@@ -150,7 +153,13 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", def.Listen, "address of the check API, /healthz, /readyz, /metrics (and the admin API without --admin-listen)")
 	f.StringVar(&cfg.AdminListen, "admin-listen", "", "serve the admin API on this address instead of --listen")
-	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB] (policies are then shared through it too)")
+	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB], or over TLS rediss://, rediss-cluster://, rediss-sentinel:// (policies are then shared through it too)")
+	f.StringVar(&cfg.Redis.TLS.CAFile, "redis-tls-ca", "", "PEM file of the CAs that Redis servers (and Sentinels) are verified against, for a rediss:// store; default: the system's")
+	f.StringVar(&cfg.Redis.TLS.CertFile, "redis-tls-cert", "", "PEM client certificate presented to Redis (with --redis-tls-key), for servers that require one")
+	f.StringVar(&cfg.Redis.TLS.KeyFile, "redis-tls-key", "", "PEM key of --redis-tls-cert")
+	f.StringVar(&cfg.Redis.TLS.ServerName, "redis-tls-server-name", "", "name every Redis server's certificate must carry; default: the host dialled")
+	f.StringVar(&cfg.Redis.SentinelUsername, "redis-sentinel-username", "", "ACL user to authenticate to the Sentinels as (the store URL's credentials are the data nodes')")
+	f.StringVar(&cfg.Redis.SentinelPassword, "redis-sentinel-password", "", "password of the Sentinels (requirepass, or of --redis-sentinel-username); prefer SLUICE_REDIS_SENTINEL_PASSWORD")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", def.StoreTimeout, "deadline of every decision-store call")
 	f.StringVar(&policiesFile, "policies", "", "JSON array of policy documents to seed at start, replacing the built-in defaults ([] = none)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")
@@ -240,6 +249,35 @@ func decisionLogFlags(c *decisionlog.Config, hashKeyFile string) error {
 		}
 	}
 	return nil
+}
+
+// redisFlagNames maps a redisstore.SettingError's setting to its flag.
+var redisFlagNames = map[string]string{
+	"url": "--store", "tls-ca": "--redis-tls-ca", "tls-cert": "--redis-tls-cert", "tls-key": "--redis-tls-key",
+	"tls-server-name": "--redis-tls-server-name", "sentinel-username": "--redis-sentinel-username",
+	"sentinel-password": "--redis-sentinel-password",
+}
+
+// redisFlags checks the Redis connection flags against --store and reads
+// their files, so that a CA or certificate that cannot be used is a
+// one-line error naming the flag at start, not a store that never answers.
+func redisFlags(store string, rc redisstore.ClientConfig) error {
+	if store == "memory" {
+		if rc != (redisstore.ClientConfig{}) {
+			return errors.New("--store: memory takes no --redis-* settings")
+		}
+		return nil
+	}
+	err := rc.Check(store)
+	var se *redisstore.SettingError
+	if errors.As(err, &se) {
+		name := redisFlagNames[se.Setting]
+		if name == "" {
+			name = "--store"
+		}
+		return fmt.Errorf("%s: %w", name, se.Err)
+	}
+	return err
 }
 
 // identityFlags parses --trusted-proxies into cfg and checks the identity
