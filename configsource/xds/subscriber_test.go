@@ -87,8 +87,8 @@ func (cp *controlPlane) push(version string, configs ...*rlconf.RateLimitConfig)
 	}
 }
 
-// answered returns the last request answering the response of version
-// (an ACK carries it; a NACK carries the version before and an error).
+// requests are the requests the server has received: subscriptions,
+// ACKs (the version accepted) and NACKs (the version before, an error).
 func (cp *controlPlane) requests() []*discovery.DiscoveryRequest {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
@@ -122,24 +122,25 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestSubscriber runs a Subscriber against go-control-plane's server: a
-// pushed configuration is in force within 2 s, a removal removes, a
-// resource that does not validate is NACKed with the field named while
-// the last good configuration stays, a policy of the admin API is left
-// alone, and the server going away keeps the last configuration until it
-// is back.
-func TestSubscriber(t *testing.T) {
+// subscribed is a Subscriber running against a control plane, writing
+// into a registry that also holds a policy of the admin API.
+type subscribed struct {
+	reg  *quota.Registry
+	logs *syncBuffer
+	stop func() error
+}
+
+func subscribe(t *testing.T, cp *controlPlane) *subscribed {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	cp := startControlPlane(t, "127.0.0.1:0")
 	reg := quota.NewRegistry(quota.RegistryConfig{})
 	admin := quota.Policy{ID: "admin-c", Match: quota.Match{Domain: "svc", Descriptors: []quota.DescriptorEntry{{Key: "k", Value: "c"}}},
 		Algorithm: "fixed_window", Count: 7, Window: 60, Mode: quota.ModeEnforce}
 	if _, err := reg.Put(ctx, "admin", admin, nil); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
-	log := slog.New(slog.NewJSONHandler(&logs, nil))
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
 	cfg := DefaultConfig(cp.addr)
 	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 200*time.Millisecond
 	s, err := New(cfg, configsource.NewApplier(reg), configsource.NewReporter(log, nil), log)
@@ -148,28 +149,30 @@ func TestSubscriber(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(cancel)
+	return &subscribed{reg: reg, logs: logs, stop: func() error { cancel(); return <-done }}
+}
 
-	limits := func() string {
-		var out []string
-		for _, p := range reg.List("") {
-			out = append(out, fmt.Sprintf("%s=%v", p.ID, p.Count))
-		}
-		return strings.Join(out, " ")
+// limits lists the policies in force as id=limit.
+func (s *subscribed) limits() string {
+	var out []string
+	for _, p := range s.reg.List("") {
+		out = append(out, fmt.Sprintf("%s=%v", p.ID, p.Count))
 	}
-	waitFor := func(what, want string) {
-		t.Helper()
-		testwait.For(t, inForce, what+": policies "+want, func() bool { return limits() == want })
-	}
+	return strings.Join(out, " ")
+}
 
-	cp.push("1", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 10, "b", rlconf.RateLimitUnit_SECOND, 5))
-	waitFor("the pushed configuration in force", "admin-c=7 svc.k_a=10 svc.k_b=5")
+func (s *subscribed) waitFor(t *testing.T, what, want string) {
+	t.Helper()
+	testwait.For(t, inForce, what+": policies "+want, func() bool { return s.limits() == want })
+}
 
-	cp.push("2", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 20))
-	waitFor("a descriptor removed", "admin-c=7 svc.k_a=20")
-
-	cp.push("3", svc("svc-a", "a", rlconf.RateLimitUnit_UNKNOWN, 30))
+// checkNACK waits for the NACK of an invalid resource and checks it, and
+// the log line, name the resource and field.
+func checkNACK(t *testing.T, cp *controlPlane, s *subscribed, lastGood string) {
+	t.Helper()
 	var nack *discovery.DiscoveryRequest
-	testwait.For(t, 10*time.Second, "the NACK of version 3", func() bool {
+	testwait.For(t, 10*time.Second, "a NACK", func() bool {
 		for _, r := range cp.requests() {
 			if r.ErrorDetail != nil && r.ResponseNonce != "" {
 				nack = r
@@ -178,14 +181,11 @@ func TestSubscriber(t *testing.T) {
 		}
 		return false
 	})
-	if nack.VersionInfo != "2" || !strings.Contains(nack.ErrorDetail.Message, "svc-a: descriptors[0].rate_limit.unit: required") {
-		t.Errorf("NACK = version %q, %q; want version 2 and the resource and field named", nack.VersionInfo, nack.ErrorDetail.Message)
-	}
-	if got := limits(); got != "admin-c=7 svc.k_a=20" {
-		t.Errorf("after an invalid resource, policies %s, want the last good", got)
+	if nack.VersionInfo != lastGood || !strings.Contains(nack.ErrorDetail.Message, "svc-a: descriptors[0].rate_limit.unit: required") {
+		t.Errorf("NACK = version %q, %q; want version %s and the resource and field named", nack.VersionInfo, nack.ErrorDetail.Message, lastGood)
 	}
 	var line map[string]any
-	for _, l := range strings.Split(logs.String(), "\n") {
+	for _, l := range strings.Split(s.logs.String(), "\n") {
 		if strings.Contains(l, "configuration refused") {
 			if err := json.Unmarshal([]byte(l), &line); err != nil {
 				t.Fatal(err)
@@ -195,25 +195,47 @@ func TestSubscriber(t *testing.T) {
 	if line["file"] != "svc-a" || line["field"] != "descriptors[0].rate_limit.unit" || line["source"] != "xds" {
 		t.Errorf("refusal logged as %v, want file svc-a, field descriptors[0].rate_limit.unit, source xds", line)
 	}
+}
+
+// TestSubscriber runs a Subscriber against go-control-plane's server: a
+// pushed configuration is in force within 2 s, a removal removes, a
+// resource that does not validate is NACKed with the field named while
+// the last good configuration stays, a policy of the admin API is left
+// alone, and the server going away keeps the last configuration until it
+// is back.
+func TestSubscriber(t *testing.T) {
+	cp := startControlPlane(t, "127.0.0.1:0")
+	s := subscribe(t, cp)
+
+	cp.push("1", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 10, "b", rlconf.RateLimitUnit_SECOND, 5))
+	s.waitFor(t, "the pushed configuration in force", "admin-c=7 svc.k_a=10 svc.k_b=5")
+
+	cp.push("2", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 20))
+	s.waitFor(t, "a descriptor removed", "admin-c=7 svc.k_a=20")
+
+	cp.push("3", svc("svc-a", "a", rlconf.RateLimitUnit_UNKNOWN, 30))
+	checkNACK(t, cp, s, "2")
+	if got := s.limits(); got != "admin-c=7 svc.k_a=20" {
+		t.Errorf("after an invalid resource, policies %s, want the last good", got)
+	}
 
 	cp.push("4", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 40), &rlconf.RateLimitConfig{Name: "edge", Domain: "edge",
 		Descriptors: []*rlconf.RateLimitDescriptor{{Key: "ip", RateLimit: &rlconf.RateLimitPolicy{Unit: rlconf.RateLimitUnit_HOUR, RequestsPerUnit: 3}}}})
-	waitFor("a second resource", "admin-c=7 edge.ip=3 svc.k_a=40")
+	s.waitFor(t, "a second resource", "admin-c=7 edge.ip=3 svc.k_a=40")
 
 	addr := cp.addr
 	cp.srv.Stop()
-	testwait.For(t, 10*time.Second, "the stream's end logged", func() bool { return strings.Contains(logs.String(), "xds stream ended") })
-	if got := limits(); got != "admin-c=7 edge.ip=3 svc.k_a=40" {
+	testwait.For(t, 10*time.Second, "the stream's end logged", func() bool { return strings.Contains(s.logs.String(), "xds stream ended") })
+	if got := s.limits(); got != "admin-c=7 edge.ip=3 svc.k_a=40" {
 		t.Errorf("with the server gone, policies %s, want the last configuration", got)
 	}
 	cp.push("5", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 50))
 	cp.serve(addr)
-	waitFor("the configuration of the server back", "admin-c=7 svc.k_a=50")
+	s.waitFor(t, "the configuration of the server back", "admin-c=7 svc.k_a=50")
 
 	cp.push("6")
-	waitFor("every resource removed", "admin-c=7")
-	cancel()
-	if err := <-done; err != nil {
+	s.waitFor(t, "every resource removed", "admin-c=7")
+	if err := s.stop(); err != nil {
 		t.Errorf("Run = %v", err)
 	}
 }
