@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live soak soak-inject clean static image helm ops-test demo demo-test
+.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live gossip-traffic soak soak-inject clean static image helm ops-test demo demo-test
 
 all: build
 
@@ -83,6 +83,15 @@ sim-live:
 	@st=0; SIM_LIVE_OUT=$(CURDIR)/out/sim-live-rows.md bash -o pipefail -c \
 	  '$(GO) test -tags simlive -count=1 -timeout 60m -v ./simulator/live/ 2>&1 | tee out/sim-live.txt' || st=$$?; \
 	  bash simulator/live/sim-live-doc.sh out/sim-live-rows.md docs/simulation-results.md; exit $$st
+
+# Gossip traffic per node, measured: 3 regions × 2 and × 4 real memberlist
+# nodes on loopback (TestGossipTrafficLive), and the same on virtual time
+# with 3 × 2 and 3 × 8 coordinator cores (TestRelayTrafficPerNode, which
+# asserts the 1.2× bound). docs/architecture.md's gossip section records
+# the figures.
+gossip-traffic:
+	$(GO) test -count=1 -run 'TestGossipTrafficLive' -v ./gossip/
+	$(GO) test -count=1 -run 'TestRelayTrafficPerNode' -v ./coordinator/
 
 # The soak (soak/cmd/soak): three regions of two daemons each (single
 # Redis behind nginx, Sentinel with RLS clients, a 3-primary Cluster), a
