@@ -88,18 +88,49 @@ func (dc *Decider) Charge(ctx context.Context, in ChargeRequest) (ChargeAnswer, 
 	if len(applied) == 0 {
 		return ChargeAnswer{}, Invalid("route", "no policy applies to %s %s for this requester: nothing charged", t.Method, Clip(t.Route))
 	}
-	req := engine.ChargeRequest{Subject: who.Subject, Checks: make([]engine.Check, len(applied)), Reservation: in.Reservation}
+	cost := *in.Cost
+	return dc.chargeApplied(ctx, ch, who, applied, in.Reservation, func(quota.Applied) int64 { return cost })
+}
+
+// chargeApplied charges each of applied the cost costOf gives it, settling
+// reservation when not empty; see Charge for the problems.
+func (dc *Decider) chargeApplied(ctx context.Context, ch Charger, who quota.Principal, applied []quota.Applied, reservation string, costOf func(quota.Applied) int64) (ChargeAnswer, *Problem) {
+	req := engine.ChargeRequest{Subject: who.Subject, Checks: make([]engine.Check, len(applied)), Reservation: reservation}
 	for i, a := range applied {
 		if a.Limit.Algorithm == engine.SlidingWindowLog {
 			return ChargeAnswer{}, Invalid("route", "policy %s is a sliding_window_log, which cannot be charged after the fact (it keeps one timestamp per unit, at most its count): nothing charged", a.Policy.ID)
 		}
-		req.Checks[i] = dc.chargeCheck(a, who.Subject, *in.Cost)
+		req.Checks[i] = dc.chargeCheck(a, who.Subject, costOf(a))
 	}
 	out, err := ch.Charge(ctx, req)
 	if err != nil {
 		return ChargeAnswer{}, chargeProblem(ctx, err)
 	}
 	return chargeAnswer(who, applied, req.Checks, out), nil
+}
+
+// ChargeStates charges applied, policies already matched by the caller (a
+// rate limit service matches descriptors, not routes), for subject, each
+// its own Cost, after the fact and past their limits if need be: what
+// Envoy's second call on stream done (apply_on_stream_done) asks for,
+// whose hits count even over the limit and whose answer Envoy ignores.
+// At most quota.MaxPoliciesPerRequest policies with distinct state names;
+// an error is a charge refused (a sliding window log, a cost out of
+// range, a store that cannot be reached by a policy that does not fail
+// open), and charges nothing.
+func (dc *Decider) ChargeStates(ctx context.Context, subject string, applied []quota.Applied) (ChargeAnswer, error) {
+	ch, ok := dc.lim.(Charger)
+	if !ok {
+		return ChargeAnswer{}, errors.New("this limiter does not charge after the fact")
+	}
+	if len(applied) > quota.MaxPoliciesPerRequest {
+		return ChargeAnswer{}, errors.New("too many policies for one charge")
+	}
+	ans, p := dc.chargeApplied(ctx, ch, quota.Principal{Subject: subject}, applied, "", func(a quota.Applied) int64 { return a.Cost })
+	if p != nil {
+		return ChargeAnswer{}, p
+	}
+	return ans, nil
 }
 
 // chargeCheck is the limiter check that charges cost to a for subject,
