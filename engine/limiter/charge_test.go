@@ -53,3 +53,20 @@ func TestChargeThatCannotReachTheStore(t *testing.T) {
 		t.Errorf("Stats = %d charge errors, %d dropped; want 2 and 1", s.ChargeErrors, s.ChargesDropped)
 	}
 }
+
+// TestChargeIsTrackedUsage: a tracked policy's charge counts as demand and
+// as admitted usage, as the global shares and quotas drain it, even past
+// the limit; a settlement is not counted (its estimate was, by the check).
+func TestChargeIsTrackedUsage(t *testing.T) {
+	lim := New(Config{Clock: manualclock.New()})
+	ctx := context.Background()
+	l := engine.Limit{Algorithm: engine.FixedWindow, Count: 100, Window: time.Hour}
+	c := engine.Check{Policy: "daily", Limit: l, Cost: 250, Track: true}
+	if _, err := lim.Charge(ctx, engine.ChargeRequest{Subject: "s", Checks: []engine.Check{c}}); err != nil {
+		t.Fatal(err)
+	}
+	u := lim.DrainUsage()[engine.UsageKey{Subject: "s", Policy: "daily"}]
+	if u.Demand != 250 || u.Admitted != 250 {
+		t.Errorf("usage after a charge of 250 = %+v, want demand and admitted 250", u)
+	}
+}
