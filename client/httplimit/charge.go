@@ -41,6 +41,7 @@ func (c *Config) chargeAfter(r *http.Request, req *client.CheckRequest, d *clien
 	if !ok {
 		return
 	}
+	sw.Flush() // the body goes out before the charge's round trip
 	in := client.ChargeRequest{SubjectFields: req.SubjectFields, Tier: req.Tier, Method: req.Method, Route: req.Route, Cost: &cost}
 	if req.Reservation != "" && !d.Fallback && !d.Degraded {
 		in.Reservation = req.Reservation

@@ -32,10 +32,16 @@ func (s *Store) reservationKey(subject, id string) string {
 	return s.prefix + "{" + redisSubject(subject) + "}#r:" + id
 }
 
+// MinChargeTimeout is the least time a charge or a reservation is given:
+// a charge comes after the response, where a few milliseconds more cost
+// no request its deadline, and a server's first charge compiles the
+// script.
+const MinChargeTimeout = 100 * time.Millisecond
+
 // evalCharge runs the charge script, loading it when the server does not
-// hold it, within the store's timeout.
+// hold it, within the store's timeout or MinChargeTimeout, the longer.
 func (s *Store) evalCharge(ctx context.Context, keys []string, args ...any) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, MinChargeTimeout))
 	defer cancel()
 	now, pad := "", "0"
 	if s.clock != nil {
