@@ -107,7 +107,7 @@ func TestEnvoyAlgorithmField(t *testing.T) {
 }
 
 func FuzzParseEnvoyConfig(f *testing.F) {
-	for _, dir := range []string{"testdata/envoy/readme", "testdata/envoy/other"} {
+	for _, dir := range []string{"testdata/envoy/readme", "testdata/envoy/other", "testdata/envoy/differential"} {
 		fs, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		for _, p := range fs {
 			b, err := os.ReadFile(p)
@@ -118,6 +118,7 @@ func FuzzParseEnvoyConfig(f *testing.F) {
 		}
 	}
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes\n    rate_limit: {unit: minute, unit_multiplier: 3, requests_per_unit: 2}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 1<<16 {
 			return
