@@ -558,6 +558,7 @@ func (d *Daemon) routeTable() []Route {
 	return []Route{
 		{"POST", checkPath, false, d.stdRoute(routeCheck)},
 		{"POST", batchPath, false, d.stdRoute(routeBatch)},
+		{"POST", chargePath, false, d.stdRoute(routeCharge)},
 		{"GET", authzPath, false, d.stdRoute(routeAuthz)},
 		{"POST", authzPath, false, d.stdRoute(routeAuthz)},
 		{"", authzPrefix + "{path...}", false, d.stdRoute(routeAuthz)},
