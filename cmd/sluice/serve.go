@@ -51,6 +51,7 @@ func newServeCmd() *cobra.Command {
 		mr           multiRegionFlags
 		rlsListen    string
 		rlsTransport string
+		rlsHeaders   string
 		hashKeyFile  string
 	)
 	cmd := &cobra.Command{
@@ -128,7 +129,12 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				if err != nil {
 					return err
 				}
-				serve = func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, rlsListen, tr, log, reg) }
+				hs, err := rls.ParseHeaderStyle(rlsHeaders)
+				if err != nil {
+					return fmt.Errorf("--rls-response-headers: %w", err)
+				}
+				opts := rls.Config{Transport: tr, Headers: hs}
+				serve = func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, rlsListen, opts, log, reg) }
 			}
 			return srcs.run(cmd.Context(), d.Registry(), log, reg, serve)
 		},
@@ -160,6 +166,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&rlsListen, "rls-listen", "", "serve Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) on this address; empty: off")
 	f.StringVar(&rlsTransport, "rls-transport", "h2", "transport of --rls-listen: h2 (the service's own for a proxy's calls) or grpc (grpc-go tuned, for comparing them)")
 	_ = f.MarkHidden("rls-transport")
+	f.StringVar(&rlsHeaders, "rls-response-headers", "draft", "rate limit headers of --rls-listen's answers: draft (RateLimit-Policy, RateLimit), envoy (RateLimit-Limit, -Remaining, -Reset, as envoyproxy/ratelimit with LIMIT_RESPONSE_HEADERS_ENABLED) or both")
 	f.StringVar(&cfg.DecisionLog.Path, "decision-log", "", "write sampled decision events as JSON lines to this file (appended), or - for standard output; empty: off")
 	f.Float64Var(&cfg.DecisionLog.RejectRate, "decision-log-reject-rate", def.DecisionLog.RejectRate, "fraction in [0, 1] of rejections and shadow would-rejects written to --decision-log")
 	f.Float64Var(&cfg.DecisionLog.AllowRate, "decision-log-allow-rate", def.DecisionLog.AllowRate, "fraction in [0, 1] of other admissions written to --decision-log")
@@ -186,12 +193,16 @@ func rlsTransportOf(name string) (rls.Transport, error) {
 // failing stops the other. On shutdown the rate limit service finishes its
 // in-flight calls first, then the daemon, which closes the store those
 // calls use.
-func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, tr rls.Transport, log *slog.Logger, reg prometheus.Registerer) error {
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, opts rls.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--rls-listen: %w", err)
 	}
-	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
+	// On a Cluster one engine call is one slot: each descriptor gets a
+	// subject (a slot) of its own, so a domain spreads over the primaries.
+	spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
+	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout,
+		Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread})
 	if err != nil {
 		ln.Close()
 		return err

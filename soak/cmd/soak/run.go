@@ -29,6 +29,12 @@ type partitioner interface {
 // playing its schedule, stops it, and checks and writes the report. A
 // report is returned whenever the run got as far as traffic.
 func run(ctx context.Context, o options) (*soak.Report, error) {
+	// Redis runs in a directory of its own: every path it is given must
+	// be absolute.
+	var err error
+	if o.out, err = filepath.Abs(o.out); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return nil, err
 	}
