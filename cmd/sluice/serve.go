@@ -51,6 +51,7 @@ func newServeCmd() *cobra.Command {
 		mr           multiRegionFlags
 		rlsListen    string
 		rlsTransport string
+		rlsHeaders   string
 		hashKeyFile  string
 	)
 	cmd := &cobra.Command{
@@ -91,6 +92,9 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if err := identityFlags(&cfg, trusted); err != nil {
 				return err
 			}
+			if err := redisFlags(cfg.Store, cfg.Redis); err != nil {
+				return err
+			}
 			srcs, err := loadSources(sf)
 			if err != nil {
 				return err
@@ -125,7 +129,12 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				if err != nil {
 					return err
 				}
-				serve = func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, rlsListen, tr, log, reg) }
+				hs, err := rls.ParseHeaderStyle(rlsHeaders)
+				if err != nil {
+					return fmt.Errorf("--rls-response-headers: %w", err)
+				}
+				opts := rls.Config{Transport: tr, Headers: hs}
+				serve = func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, rlsListen, opts, log, reg) }
 			}
 			return srcs.run(cmd.Context(), d.Registry(), log, reg, serve)
 		},
@@ -133,7 +142,13 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", def.Listen, "address of the check API, /healthz, /readyz, /metrics (and the admin API without --admin-listen)")
 	f.StringVar(&cfg.AdminListen, "admin-listen", "", "serve the admin API on this address instead of --listen")
-	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB] (policies are then shared through it too)")
+	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB], or over TLS rediss://, rediss-cluster://, rediss-sentinel:// (policies are then shared through it too)")
+	f.StringVar(&cfg.Redis.TLS.CAFile, "redis-tls-ca", "", "PEM file of the CAs that Redis servers (and Sentinels) are verified against, for a rediss:// store; default: the system's")
+	f.StringVar(&cfg.Redis.TLS.CertFile, "redis-tls-cert", "", "PEM client certificate presented to Redis (with --redis-tls-key), for servers that require one")
+	f.StringVar(&cfg.Redis.TLS.KeyFile, "redis-tls-key", "", "PEM key of --redis-tls-cert")
+	f.StringVar(&cfg.Redis.TLS.ServerName, "redis-tls-server-name", "", "name every Redis server's certificate must carry; default: the host dialled")
+	f.StringVar(&cfg.Redis.SentinelUsername, "redis-sentinel-username", "", "ACL user to authenticate to the Sentinels as (the store URL's credentials are the data nodes')")
+	f.StringVar(&cfg.Redis.SentinelPassword, "redis-sentinel-password", "", "password of the Sentinels (requirepass, or of --redis-sentinel-username); prefer SLUICE_REDIS_SENTINEL_PASSWORD")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", def.StoreTimeout, "deadline of every decision-store call")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")
 	f.StringVar(&tokenFile, "admin-token-file", "", "file holding the admin API bearer token (or set SLUICE_ADMIN_TOKEN)")
@@ -151,6 +166,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&rlsListen, "rls-listen", "", "serve Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) on this address; empty: off")
 	f.StringVar(&rlsTransport, "rls-transport", "h2", "transport of --rls-listen: h2 (the service's own for a proxy's calls) or grpc (grpc-go tuned, for comparing them)")
 	_ = f.MarkHidden("rls-transport")
+	f.StringVar(&rlsHeaders, "rls-response-headers", "draft", "rate limit headers of --rls-listen's answers: draft (RateLimit-Policy, RateLimit), envoy (RateLimit-Limit, -Remaining, -Reset, as envoyproxy/ratelimit with LIMIT_RESPONSE_HEADERS_ENABLED) or both")
 	f.StringVar(&cfg.DecisionLog.Path, "decision-log", "", "write sampled decision events as JSON lines to this file (appended), or - for standard output; empty: off")
 	f.Float64Var(&cfg.DecisionLog.RejectRate, "decision-log-reject-rate", def.DecisionLog.RejectRate, "fraction in [0, 1] of rejections and shadow would-rejects written to --decision-log")
 	f.Float64Var(&cfg.DecisionLog.AllowRate, "decision-log-allow-rate", def.DecisionLog.AllowRate, "fraction in [0, 1] of other admissions written to --decision-log")
@@ -177,12 +193,16 @@ func rlsTransportOf(name string) (rls.Transport, error) {
 // failing stops the other. On shutdown the rate limit service finishes its
 // in-flight calls first, then the daemon, which closes the store those
 // calls use.
-func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, tr rls.Transport, log *slog.Logger, reg prometheus.Registerer) error {
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, opts rls.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--rls-listen: %w", err)
 	}
-	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
+	// On a Cluster one engine call is one slot: each descriptor gets a
+	// subject (a slot) of its own, so a domain spreads over the primaries.
+	spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
+	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout,
+		Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread})
 	if err != nil {
 		ln.Close()
 		return err
@@ -222,6 +242,35 @@ func decisionLogFlags(c *decisionlog.Config, hashKeyFile string) error {
 		}
 	}
 	return nil
+}
+
+// redisFlagNames maps a redisstore.SettingError's setting to its flag.
+var redisFlagNames = map[string]string{
+	"url": "--store", "tls-ca": "--redis-tls-ca", "tls-cert": "--redis-tls-cert", "tls-key": "--redis-tls-key",
+	"tls-server-name": "--redis-tls-server-name", "sentinel-username": "--redis-sentinel-username",
+	"sentinel-password": "--redis-sentinel-password",
+}
+
+// redisFlags checks the Redis connection flags against --store and reads
+// their files, so that a CA or certificate that cannot be used is a
+// one-line error naming the flag at start, not a store that never answers.
+func redisFlags(store string, rc redisstore.ClientConfig) error {
+	if store == "memory" {
+		if rc != (redisstore.ClientConfig{}) {
+			return errors.New("--store: memory takes no --redis-* settings")
+		}
+		return nil
+	}
+	err := rc.Check(store)
+	var se *redisstore.SettingError
+	if errors.As(err, &se) {
+		name := redisFlagNames[se.Setting]
+		if name == "" {
+			name = "--store"
+		}
+		return fmt.Errorf("%s: %w", name, se.Err)
+	}
+	return err
 }
 
 // identityFlags parses --trusted-proxies into cfg and checks the identity
