@@ -59,8 +59,8 @@
 // returns; a full queue drops and counts ("queue_full"), never blocks
 // memberlist. One goroutine decodes and hands messages to the handlers.
 //
-// Regional reports and node usage go to each live target node over
-// memberlist's reliable path (SendReliable: one TCP stream per node, AES-GCM
+// Regional reports and node usage go to their target nodes (reports to
+// each other region's relay, see Relays) over memberlist's reliable path (SendReliable: one TCP stream per node, AES-GCM
 // when keyed, up to memberlist's 20 MiB user-message limit; MaxMessageSize
 // caps ours at 16 MiB and a larger message is an error, never truncated).
 // They do not use the gossip queue (TransmitLimitedQueue): memberlist hands a

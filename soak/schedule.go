@@ -24,7 +24,7 @@ const (
 	// Partition cuts the region's gossip from the other regions for For.
 	Partition Kind = "partition"
 	// PolicyChange changes, adds or takes a policy out of force through
-	// the admin API (Action says which).
+	// the admin API, or changes the watched Envoy file (Action says which).
 	PolicyChange Kind = "policy-change"
 	// RollRegion restarts every daemon of the region one by one, waiting
 	// for each to be ready before the next, as a deploy would.
@@ -40,9 +40,10 @@ const (
 	ActionLower  = "lower"  // the changed policy's limit goes down
 	ActionAdd    = "add"    // the extra policy is put in force
 	ActionRemove = "remove" // the extra policy is put in shadow, out of force
+	ActionFile   = "file"   // the watched Envoy file's limit is changed on disk
 )
 
-var actions = []string{ActionRaise, ActionLower, ActionAdd, ActionRemove}
+var actions = []string{ActionRaise, ActionLower, ActionAdd, ActionRemove, ActionFile}
 
 // Fault is one timed fault of a schedule. At and For are offsets from
 // the start of the run.

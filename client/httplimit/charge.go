@@ -32,7 +32,10 @@ func (c *Config) reserve(req *client.CheckRequest) {
 // fallback (the daemon, or its store, could not decide) did not, and the
 // whole cost is charged. The charge outlives the request's context (the
 // client may be gone, the cost was incurred) but not the Charger's own
-// deadline; its errors go to OnError.
+// deadline; its errors go to OnError. It runs before the handler's
+// response is finished, so that a client which waits for each response
+// before sending the next request never has a request checked before the
+// previous one's charge landed; what a handler flushed is already sent.
 func (c *Config) chargeAfter(r *http.Request, req *client.CheckRequest, d *client.Decision, sw *statusWriter) {
 	cost, ok, err := c.costOf(r, sw)
 	if err != nil && c.OnError != nil {
@@ -41,7 +44,6 @@ func (c *Config) chargeAfter(r *http.Request, req *client.CheckRequest, d *clien
 	if !ok {
 		return
 	}
-	sw.Flush() // the body goes out before the charge's round trip
 	in := client.ChargeRequest{SubjectFields: req.SubjectFields, Tier: req.Tier, Method: req.Method, Route: req.Route, Cost: &cost}
 	if req.Reservation != "" && !d.Fallback && !d.Degraded {
 		in.Reservation = req.Reservation

@@ -13,6 +13,7 @@
 package xds
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -68,18 +69,12 @@ func Convert(resources []*anypb.Any, merge bool) ([]quota.Policy, error) {
 	ps, err := configsource.EnvoyParser(merge)(files)
 	if err != nil {
 		var e *configsource.Error
-		if asConfigError(err, &e) {
+		if errors.As(err, &e) {
 			e.Line = 0 // a line of the YAML made here means nothing to the server
 		}
 		return nil, err
 	}
 	return ps, nil
-}
-
-func asConfigError(err error, out **configsource.Error) bool {
-	e, ok := err.(*configsource.Error)
-	*out = e
-	return ok
 }
 
 // The YAML of envoyproxy/ratelimit's configuration file, in its field

@@ -69,7 +69,8 @@ type Subscriber struct {
 	// version is the version last accepted, sent back with a NACK.
 	version string
 	// pending is a configuration accepted but not yet in force, the
-	// policy store having failed; nil when none.
+	// policy store having failed, when hasPend (it may be empty: every
+	// policy removed).
 	pending []quota.Policy
 	hasPend bool
 }

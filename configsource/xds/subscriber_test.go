@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -236,6 +237,55 @@ func TestSubscriber(t *testing.T) {
 	cp.push("6")
 	s.waitFor(t, "every resource removed", "admin-c=7")
 	if err := s.stop(); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+}
+
+// flakyTarget is a registry whose first Seeds fail as a store would.
+type flakyTarget struct {
+	*quota.Registry
+	mu    sync.Mutex
+	fails int
+}
+
+func (f *flakyTarget) Seed(ctx context.Context, who string, ps []quota.Policy) error {
+	f.mu.Lock()
+	fail := f.fails > 0
+	f.fails--
+	f.mu.Unlock()
+	if fail {
+		return errors.New("policy store down")
+	}
+	return f.Registry.Seed(ctx, who, ps)
+}
+
+// TestSubscriberRetriesTheStore: a configuration the policy store fails
+// to take is acknowledged (it is valid) and put in force when the store
+// takes it, without the server sending it again.
+func TestSubscriberRetriesTheStore(t *testing.T) {
+	cp := startControlPlane(t, "127.0.0.1:0")
+	ft := &flakyTarget{Registry: quota.NewRegistry(quota.RegistryConfig{}), fails: 3}
+	cfg := DefaultConfig(cp.addr)
+	cfg.Retry = 50 * time.Millisecond
+	s, err := New(cfg, configsource.NewApplier(ft), configsource.NewReporter(nil, nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	cp.push("1", svc("svc-a", "a", rlconf.RateLimitUnit_MINUTE, 10))
+	testwait.For(t, 10*time.Second, "the configuration in force once the store takes it", func() bool {
+		_, ok := ft.Get("svc.k_a")
+		return ok
+	})
+	for _, r := range cp.requests() {
+		if r.ErrorDetail != nil {
+			t.Errorf("a configuration the store failed to take was NACKed: %v", r.ErrorDetail)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
 		t.Errorf("Run = %v", err)
 	}
 }

@@ -65,71 +65,28 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	const (
-		maxRetries  = 1
-		dialTimeout = 250 * time.Millisecond
-		ioTimeout   = time.Second // backstop; the context deadline is shorter
-		// The one retry comes at once: go-redis's default backoff (8 ms and
-		// up) is longer than the whole deadline of a check.
-		retryBackoff = 100 * time.Microsecond
-	)
-	poolSize := max(128, 16*runtime.GOMAXPROCS(0))
 	if rest, ok := cutScheme(url, "redis-cluster"); ok {
-		var user, pass string
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			user, pass, _ = strings.Cut(rest[:at], ":")
-			rest = rest[at+1:]
-		}
-		rest = strings.TrimSuffix(rest, "/")
-		var addrs []string
-		for a := range strings.SplitSeq(rest, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				addrs = append(addrs, a)
-			}
-		}
-		if len(addrs) == 0 {
-			return nil, fmt.Errorf("redis url %q names no node", url)
-		}
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: addrs,
-			// Learn of a failover within seconds even when no error
-			// prompts a reload (the default is a minute).
-			ClusterStateReloadInterval: 5 * time.Second,
-			TLSConfig:                  tlsConf,
-			Username:                   user,
-			Password:                   pass,
-			ContextTimeoutEnabled:      true,
-			DialerRetries:              1,
-			MinRetryBackoff:            retryBackoff,
-			MaxRetryBackoff:            retryBackoff,
-			MaxRetries:                 maxRetries,
-			PoolSize:                   poolSize,
-			DialTimeout:                dialTimeout,
-			ReadTimeout:                ioTimeout,
-			WriteTimeout:               ioTimeout,
-		}), nil
+		return newClusterClient(url, rest, tlsConf)
 	}
+	var opt *redis.Options
 	if _, ok := cutScheme(url, "redis-sentinel"); ok {
-		opt, err := parseSentinelURL(url)
+		fo, err := parseSentinelURL(url)
 		if err != nil {
 			return nil, err
 		}
-		opt.TLSConfig = tlsConf
-		opt.SentinelUsername, opt.SentinelPassword = cc.SentinelUsername, cc.SentinelPassword
-		opt.ContextTimeoutEnabled = true
-		opt.DialerRetries = 1
-		opt.MinRetryBackoff, opt.MaxRetryBackoff = retryBackoff, retryBackoff
-		opt.MaxRetries = maxRetries
-		opt.PoolSize = poolSize
-		opt.DialTimeout = dialTimeout
-		opt.ReadTimeout, opt.WriteTimeout = ioTimeout, ioTimeout
-		return redis.NewFailoverClient(opt), nil
+		fo.TLSConfig = tlsConf
+		fo.SentinelUsername, fo.SentinelPassword = cc.SentinelUsername, cc.SentinelPassword
+		t := tuningOf()
+		fo.ContextTimeoutEnabled, fo.DialerRetries, fo.MaxRetries = true, 1, t.maxRetries
+		fo.MinRetryBackoff, fo.MaxRetryBackoff = t.retryBackoff, t.retryBackoff
+		fo.PoolSize, fo.DialTimeout = t.poolSize, t.dialTimeout
+		fo.ReadTimeout, fo.WriteTimeout = t.ioTimeout, t.ioTimeout
+		return redis.NewFailoverClient(fo), nil
 	}
 	if !strings.HasPrefix(url, "redis://") && !strings.HasPrefix(url, "rediss://") {
 		return nil, errors.New("redis url must start with redis://, rediss://, redis-cluster://, rediss-cluster://, redis-sentinel:// or rediss-sentinel://, got " + strconv.Quote(url))
 	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
+	if opt, err = redis.ParseURL(url); err != nil {
 		return nil, fmt.Errorf("redis url: %w", err)
 	}
 	if tlsConf != nil {
@@ -143,14 +100,70 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 		tlsConf.InsecureSkipVerify = skip
 		opt.TLSConfig = tlsConf
 	}
-	opt.ContextTimeoutEnabled = true
-	opt.DialerRetries = 1
-	opt.MinRetryBackoff, opt.MaxRetryBackoff = retryBackoff, retryBackoff
-	opt.MaxRetries = maxRetries
-	opt.PoolSize = poolSize
-	opt.DialTimeout = dialTimeout
-	opt.ReadTimeout, opt.WriteTimeout = ioTimeout, ioTimeout
+	t := tuningOf()
+	opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries = true, 1, t.maxRetries
+	opt.MinRetryBackoff, opt.MaxRetryBackoff = t.retryBackoff, t.retryBackoff
+	opt.PoolSize, opt.DialTimeout = t.poolSize, t.dialTimeout
+	opt.ReadTimeout, opt.WriteTimeout = t.ioTimeout, t.ioTimeout
 	return redis.NewClient(opt), nil
+}
+
+// tuning is how NewClient sets up every client (see its comment).
+type tuning struct {
+	maxRetries                           int
+	poolSize                             int
+	dialTimeout, ioTimeout, retryBackoff time.Duration
+}
+
+func tuningOf() tuning {
+	return tuning{
+		maxRetries:  1,
+		poolSize:    max(128, 16*runtime.GOMAXPROCS(0)),
+		dialTimeout: 250 * time.Millisecond,
+		ioTimeout:   time.Second, // backstop; the context deadline is shorter
+		// The one retry comes at once: go-redis's default backoff (8 ms and
+		// up) is longer than the whole deadline of a check.
+		retryBackoff: 100 * time.Microsecond,
+	}
+}
+
+// newClusterClient is NewClientWith for a Cluster URL, rest the part
+// after its scheme.
+func newClusterClient(url, rest string, tlsConf *tls.Config) (redis.UniversalClient, error) {
+	var user, pass string
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		user, pass, _ = strings.Cut(rest[:at], ":")
+		rest = rest[at+1:]
+	}
+	rest = strings.TrimSuffix(rest, "/")
+	var addrs []string
+	for a := range strings.SplitSeq(rest, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("redis url %q names no node", url)
+	}
+	t := tuningOf()
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: addrs,
+		// Learn of a failover within seconds even when no error
+		// prompts a reload (the default is a minute).
+		ClusterStateReloadInterval: 5 * time.Second,
+		TLSConfig:                  tlsConf,
+		Username:                   user,
+		Password:                   pass,
+		ContextTimeoutEnabled:      true,
+		DialerRetries:              1,
+		MinRetryBackoff:            t.retryBackoff,
+		MaxRetryBackoff:            t.retryBackoff,
+		MaxRetries:                 t.maxRetries,
+		PoolSize:                   t.poolSize,
+		DialTimeout:                t.dialTimeout,
+		ReadTimeout:                t.ioTimeout,
+		WriteTimeout:               t.ioTimeout,
+	}), nil
 }
 
 // parseSentinelURL reads a store URL of the form
@@ -324,7 +337,15 @@ func (f TLSFiles) config(url string) (*tls.Config, error) {
 		return nil, nil
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.ServerName}
-	if f.CAFile != "" {
+	if f.CAFile == "" {
+		// Read the system's CAs now, not at the first handshake, where it
+		// would be inside a dial timeout of 250 ms.
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			return nil, settingErr("tls-ca", "no CA file is given and the system's CAs cannot be read: %v", err)
+		}
+		c.RootCAs = pool
+	} else {
 		pem, err := os.ReadFile(f.CAFile)
 		if err != nil {
 			return nil, &SettingError{Setting: "tls-ca", Err: err}

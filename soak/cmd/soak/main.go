@@ -144,7 +144,7 @@ func setup(ctx context.Context, o options, tb *harnessTB, log *slog.Logger) (*de
 	tok := make([]byte, 16)
 	_, _ = rand.Read(tok)
 	dp.token = hex.EncodeToString(tok)
-	files := map[string]string{"admin-token": dp.token, "envoy.yaml": envoyConfig}
+	files := map[string]string{"admin-token": dp.token, "envoy.yaml": envoyConfig(int(rlsPolicy.Limit))}
 	pol, err := jsonOf(initialPolicies())
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -191,6 +192,8 @@ func (n *nemesis) policyChange(ctx context.Context, f soak.Fault) error {
 		p = extraPolicy("enforce")
 	case soak.ActionRemove:
 		p = extraPolicy("shadow")
+	case soak.ActionFile:
+		return n.tl.putFile(filepath.Join(n.dp.dir, "envoy.yaml"))
 	default:
 		return fmt.Errorf("unknown action %q", f.Action)
 	}

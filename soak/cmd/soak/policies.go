@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -58,13 +59,42 @@ func extraPolicy(mode string) policyDoc {
 // rlsPolicy is the RLS region's descriptor limit, from the Envoy file.
 var rlsPolicy = soak.PolicyState{ID: "rls", Limit: 5, Window: 1, OnStoreFailure: "open", Enforced: true}
 
-const envoyConfig = `domain: soak
+// envoyConfig is the Envoy file with the descriptor limit perUnit.
+func envoyConfig(perUnit int) string {
+	return fmt.Sprintf(`domain: soak
 descriptors:
   - key: user
     rate_limit:
       unit: second
-      requests_per_unit: 5
-`
+      requests_per_unit: %d
+`, perUnit)
+}
+
+// putFile writes the watched Envoy file with the rls limit toggled
+// between 5 and 8 and records it from the time it is written: every
+// daemon reads the file within 250 ms (configsource.DefaultInterval).
+func (tl *timeline) putFile(path string) error {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	cur := rlsPolicy
+	for _, s := range tl.states {
+		if s.ID == "rls" {
+			cur = s
+		}
+	}
+	next := cur
+	next.Limit = 13 - cur.Limit // 5 <-> 8
+	next.At = time.Now()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(envoyConfig(int(next.Limit))), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	tl.states = append(tl.states, next)
+	return nil
+}
 
 func stateOf(p policyDoc, at time.Time) soak.PolicyState {
 	mode := p.OnStoreFailure
