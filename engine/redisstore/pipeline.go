@@ -116,6 +116,8 @@ type lane struct {
 	// check that fills it wakes the flush through full.
 	gathering bool
 	full      chan struct{}
+	// addr is the primary's address, "" for a single server.
+	addr string
 }
 
 // Batch size adaptation: a batch of at least gatherBatch checks that took
@@ -147,7 +149,11 @@ func (s *Store) lane(ctx context.Context, subject string) *lane {
 	if ln, ok := s.lanes.Load(name); ok {
 		return ln.(*lane)
 	}
-	ln, _ := s.lanes.LoadOrStore(name, &lane{size: min(initialBatch, s.maxBatch), full: make(chan struct{}, 1)})
+	addr := name
+	if !s.cluster {
+		addr = ""
+	}
+	ln, _ := s.lanes.LoadOrStore(name, &lane{size: min(initialBatch, s.maxBatch), full: make(chan struct{}, 1), addr: addr})
 	return ln.(*lane)
 }
 
@@ -258,10 +264,25 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	n := 0
+	behind := -1 // unknown: read once, and only for a check past the bound
 	for n < len(ln.queue) && len(batch) < ln.size {
 		p := ln.queue[n]
 		n++
-		if now.Sub(p.queuedAt) > s.queueWait+ln.stall {
+		if wait, bound := now.Sub(p.queuedAt), s.queueWait+ln.stall; wait > bound {
+			if behind < 0 {
+				behind = 0
+				if runnableGoroutines() {
+					behind = 1
+				}
+			}
+			if behind == 1 && wait <= starvedQueueWaits*bound {
+				// The daemon has goroutines waiting to run: the
+				// check waited for this process, not for Redis.
+				if p.state.CompareAndSwap(checkQueued, checkSent) {
+					batch = append(batch, p)
+				}
+				continue
+			}
 			if p.state.CompareAndSwap(checkQueued, checkDone) {
 				p.done <- answer{err: engine.ErrStoreBusy}
 			}
@@ -311,8 +332,23 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	ln.mu.Unlock()
 	w := &deadlineWatch{s: s, ln: ln, batch: batch, slack: max(time.Millisecond, min(first/5, 5*time.Millisecond)),
 		giveUp: now.Add(longest + queueWait)}
-	ctx, cancel := context.WithDeadline(context.Background(), w.giveUp)
+	// The client's reads end at the watch's giveUp, which a daemon that
+	// did not run pushes back: the read is bounded by a far deadline,
+	// starvedQueueWaits queue bounds, and the watch cuts it when it gives
+	// up. A client whose connections the store cannot see reads until
+	// giveUp as first set.
+	readBy := w.giveUp
+	if s.unread != nil {
+		readBy = now.Add(longest + starvedQueueWaits*queueWait)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), readBy)
 	defer cancel()
+	w.cut = func() {
+		cancel()
+		if s.unread != nil {
+			s.unread.moveReadDeadline(readBy, time.Now())
+		}
+	}
 	w.mu.Lock()
 	w.arm(now, first)
 	w.mu.Unlock()
@@ -337,14 +373,17 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // moves by as much (stall). A check fails only when its deadline, so
 // moved, has passed at two fires in a row that were both on time, slack
 // apart, with no goroutine kept waiting to run longer than slack in
-// between (the runtime's scheduling latencies): the daemon was running for
-// that long, with time for the reading goroutine to take the reply, and
-// none came. A store that does not answer
-// thus fails a check within its deadline plus one to two slacks (a fifth
-// of the deadline, 1 to 5 ms); a daemon starved for the queue's bound
-// (Config.QueueWait) past the longest deadline (giveUp) fails what is
-// left, and the client stops reading then too: a connection is not held
-// longer than that by a server that stopped answering.
+// between (the runtime's scheduling latencies), none waiting to run at the
+// second, and no reply from the primary waiting unread in a socket (Go
+// polls the network late when it always has goroutines to run): the
+// daemon was running for that long, with time for the reading goroutine
+// to take the reply, and none came. A store that does not answer thus
+// fails a check within its deadline plus one to two slacks (a fifth of the
+// deadline, 1 to 5 ms) on a daemon with CPU to spare; a daemon short of
+// CPU fails what is left at the queue's bound (Config.QueueWait) past the
+// longest deadline (giveUp), pushed back by as long as its timer was late,
+// and cuts the client's reads then: a connection is not held longer than
+// that by a server that stopped answering.
 type deadlineWatch struct {
 	s          *Store
 	ln         *lane
@@ -356,8 +395,10 @@ type deadlineWatch struct {
 	mu      sync.Mutex
 	due     time.Time // when the timer should fire
 	stall   time.Duration
-	confirm bool     // the last fire was on time with a check past its deadline
-	sched   []uint64 // the runtime's scheduling latency counts then
+	late    time.Duration // the timer's own lateness, part of stall
+	cut     func()        // ends the client's reads of the batch
+	confirm bool          // the last fire was on time with a check past its deadline
+	sched   []uint64      // the runtime's scheduling latency counts then
 	timer   *time.Timer
 	stopped bool
 }
@@ -390,23 +431,27 @@ func (w *deadlineWatch) expire() {
 	onTime := now.Sub(w.due) <= w.slack
 	if !onTime {
 		w.stall += now.Sub(w.due)
+		w.late += now.Sub(w.due)
 	}
-	if w.confirm && onTime && schedLatency(w.sched) > w.slack {
-		// The timer ran on time, but other goroutines waited to run:
-		// the reader may be one of them, or not yet told of its reply.
+	giveUp := w.giveUp.Add(w.late)
+	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln)) {
+		// The timer ran on time, but other goroutines waited to run or
+		// wait now (the reader may be one of them, or not yet told of
+		// its reply), or a reply from this primary waits unread in a
+		// socket: the daemon is behind, not Redis.
 		onTime = false
 		w.stall += w.slack
 	}
-	next, past, failed := time.Duration(0), false, false
+	next, past, failed, gaveUp := time.Duration(0), false, false, false
 	for _, p := range w.batch {
 		if p.state.Load() == checkDone {
 			continue
 		}
 		left := p.deadline.Add(w.stall).Sub(now)
 		switch {
-		case !now.Before(w.giveUp) || (left <= 0 && onTime && w.confirm):
+		case !now.Before(giveUp) || (left <= 0 && onTime && w.confirm):
 			p.finish(nil, engine.ErrDeadline)
-			failed = true
+			failed, gaveUp = true, gaveUp || !now.Before(giveUp)
 		case left <= 0:
 			past = true
 		case next == 0 || left < next:
@@ -423,9 +468,39 @@ func (w *deadlineWatch) expire() {
 	if failed && w.handedOver.CompareAndSwap(false, true) {
 		go w.s.flush(w.ln)
 	}
-	if next > 0 {
-		w.arm(now, min(next, max(w.giveUp.Sub(now), 0)+time.Microsecond))
+	if gaveUp {
+		w.cut()
+		return
 	}
+	if next > 0 {
+		w.arm(now, min(next, max(giveUp.Sub(now), 0)+time.Microsecond))
+	}
+}
+
+// unreadReply reports whether a reply from ln's primary has arrived that
+// this process has not read (unreadConns).
+func (s *Store) unreadReply(ln *lane) bool {
+	return s.unread != nil && s.unread.waiting(ln.addr)
+}
+
+// starvedQueueWaits bounds, in queue bounds (Config.QueueWait and the
+// lane's measured stall), how long a check may wait in the queue while the
+// daemon has goroutines waiting to run: such a wait is the daemon's, and
+// the check is sent rather than failed as busy, up to this many bounds.
+const starvedQueueWaits = 10
+
+// runnableMetric counts the goroutines ready to run that wait for a
+// thread.
+const runnableMetric = "/sched/goroutines/runnable:goroutines"
+
+// runnableGoroutines reports whether goroutines of this process are ready
+// to run and waiting: the daemon is short of CPU, and whatever waited
+// meanwhile (a reply's reader, a queued check) waited for it, not for
+// Redis.
+func runnableGoroutines() bool {
+	s := []metrics.Sample{{Name: runnableMetric}}
+	metrics.Read(s)
+	return s[0].Value.Kind() == metrics.KindUint64 && s[0].Value.Uint64() > 0
 }
 
 // schedMetric is the runtime's histogram of the time goroutines waited,
