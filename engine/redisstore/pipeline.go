@@ -341,6 +341,7 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	if s.unread != nil {
 		readBy = now.Add(longest + starvedQueueWaits*queueWait)
 	}
+	w.readBy, w.first = readBy, first
 	ctx, cancel := context.WithDeadline(context.Background(), readBy)
 	defer cancel()
 	w.cut = func() {
@@ -397,6 +398,8 @@ type deadlineWatch struct {
 	stall   time.Duration
 	late    time.Duration // the timer's own lateness, part of stall
 	cut     func()        // ends the client's reads of the batch
+	readBy  time.Time     // the client's deadline for the batch's calls
+	first   time.Duration // the batch's shortest deadline
 	confirm bool          // the last fire was on time with a check past its deadline
 	sched   []uint64      // the runtime's scheduling latency counts then
 	timer   *time.Timer
@@ -434,7 +437,7 @@ func (w *deadlineWatch) expire() {
 		w.late += now.Sub(w.due)
 	}
 	giveUp := w.giveUp.Add(w.late)
-	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln)) {
+	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now)) {
 		// The timer ran on time, but other goroutines waited to run or
 		// wait now (the reader may be one of them, or not yet told of
 		// its reply), or a reply from this primary waits unread in a
@@ -475,6 +478,13 @@ func (w *deadlineWatch) expire() {
 	if next > 0 {
 		w.arm(now, min(next, max(giveUp.Sub(now), 0)+time.Microsecond))
 	}
+}
+
+// behind reports whether the batch's connection shows the daemon holding
+// it up (unreadConns.behind): a daemon whose threads the machine did not
+// run may not even have written the request.
+func (w *deadlineWatch) behind(now time.Time) bool {
+	return w.s.unread != nil && w.s.unread.behind(w.readBy, now, w.first)
 }
 
 // unreadReply reports whether a reply from ln's primary has arrived that

@@ -32,8 +32,62 @@ type watchedConn struct {
 	raw   syscall.RawConn // nil if the connection has no socket to ask
 	conns *unreadConns
 
-	mu     sync.Mutex
-	readBy time.Time // the read deadline the client set last
+	mu      sync.Mutex
+	readBy  time.Time // the read deadline the client set last
+	writeBy time.Time // the write deadline the client set last
+	wrote   time.Time // when the last write returned
+	reading bool      // a read is under way
+}
+
+// Write records when the request was written.
+func (c *watchedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.mu.Lock()
+	c.wrote = time.Now()
+	c.mu.Unlock()
+	return n, err
+}
+
+// Read records that a read is under way.
+func (c *watchedConn) Read(b []byte) (int, error) {
+	c.mu.Lock()
+	c.reading = true
+	c.mu.Unlock()
+	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	c.reading = false
+	c.mu.Unlock()
+	return n, err
+}
+
+// SetWriteDeadline records the deadline the client sets.
+func (c *watchedConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writeBy = t
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// behind reports whether the batch whose client calls are bounded by the
+// deadline by is on a connection that shows this process, not Redis,
+// holding it up: its request written less than d ago (a daemon whose
+// threads the machine did not run may have written it late), or no read
+// under way. A batch on no connection known by that deadline (the client
+// bounds a read by its own ReadTimeout when that is sooner) is not shown
+// to be held up here.
+func (u *unreadConns) behind(by time.Time, now time.Time, d time.Duration) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for c := range u.conns {
+		c.mu.Lock()
+		mine := c.writeBy.Equal(by) || c.readBy.Equal(by)
+		held := mine && (!c.reading || now.Sub(c.wrote) < d)
+		c.mu.Unlock()
+		if held {
+			return true
+		}
+	}
+	return false
 }
 
 // SetReadDeadline records the deadline the client sets, by which the
@@ -45,11 +99,11 @@ func (c *watchedConn) SetReadDeadline(t time.Time) error {
 	return c.Conn.SetReadDeadline(t)
 }
 
-// SetDeadline records the read deadline too.
+// SetDeadline records both deadlines.
 func (c *watchedConn) SetDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.readBy = t
+	c.readBy, c.writeBy = t, t
 	return c.Conn.SetDeadline(t)
 }
 
@@ -61,14 +115,16 @@ func (c *watchedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// SyscallConn lets go-redis's pool check the connection's health as it
-// would the bare connection's.
-func (c *watchedConn) SyscallConn() (syscall.RawConn, error) {
-	if sc, ok := c.Conn.(syscall.Conn); ok {
-		return sc.SyscallConn()
-	}
-	return nil, syscall.EINVAL
+// watchedSysConn is a watchedConn whose connection is a socket of its
+// own (not TLS): it lets go-redis's pool check its health as it would the
+// bare connection's, which go-redis does for no other kind.
+type watchedSysConn struct {
+	*watchedConn
+	sys syscall.Conn
 }
+
+// SyscallConn is the bare connection's.
+func (c watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
 // watch wraps conn, dialled to addr, and keeps it until it is closed.
 func (u *unreadConns) watch(conn net.Conn, addr string) net.Conn {
@@ -83,6 +139,9 @@ func (u *unreadConns) watch(conn net.Conn, addr string) net.Conn {
 	u.mu.Lock()
 	u.conns[c] = struct{}{}
 	u.mu.Unlock()
+	if sc, ok := conn.(syscall.Conn); ok {
+		return watchedSysConn{c, sc}
+	}
 	return c
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,7 +14,8 @@ import (
 // TestUnreadConnsSeeAWaitingReply dials a loopback listener through
 // unreadConns: bytes the peer sent show as waiting until they are read,
 // peeking does not consume them, a closed connection is forgotten, and
-// moveReadDeadline moves the read deadline it names.
+// moveReadDeadline moves the read deadline it names; a request just
+// written on a connection shows it behind.
 func TestUnreadConnsSeeAWaitingReply(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -33,6 +35,9 @@ func TestUnreadConnsSeeAWaitingReply(t *testing.T) {
 	}
 	u := &unreadConns{conns: map[*watchedConn]struct{}{}}
 	c := u.watch(raw, ln.Addr().String())
+	if _, ok := c.(syscall.Conn); !ok {
+		t.Error("a watched TCP connection is not a syscall.Conn: go-redis would skip its health check")
+	}
 	peer := <-accepted
 	defer peer.Close()
 
@@ -52,6 +57,20 @@ func TestUnreadConnsSeeAWaitingReply(t *testing.T) {
 	}
 	if u.waiting("") {
 		t.Error("waiting after the reply was read")
+	}
+
+	by := time.Now().Add(time.Minute)
+	if err := c.SetWriteDeadline(by); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if !u.behind(by, time.Now(), time.Hour) {
+		t.Error("behind = false for a request written just now and no read under way, want true")
+	}
+	if u.behind(by.Add(time.Second), time.Now(), time.Hour) {
+		t.Error("behind = true for a deadline no connection was given, want false")
 	}
 
 	was := time.Now().Add(time.Hour)
