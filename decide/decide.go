@@ -14,17 +14,17 @@ package decide
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
 // Limiter decides a request's checks in one all-or-nothing call; a
-// *limiter.Limiter is one.
+// *limiter.Limiter (engine/limiter) is one.
 type Limiter interface {
-	Check(ctx context.Context, req engine.Request) (limiter.Outcome, error)
+	Check(ctx context.Context, req engine.Request) (engine.Outcome, error)
 }
 
 // ShareSource gives the fraction of a global-scope policy's limit that this
@@ -171,6 +171,12 @@ func (dc *Decider) decideApplied(ctx context.Context, who quota.Principal, appli
 		return Verdict{}, p
 	}
 	shadowSource := dc.shadow(ctx, &pl, &v, who, &decider)
+	if t.Reservation != "" && v.Allowed && v.Status == http.StatusOK && !v.Degraded {
+		held := append(append([]engine.Check(nil), pl.enforced[:pl.ne]...), pl.shadow[:pl.ns]...)
+		if p := dc.reserve(ctx, t, who, held); p != nil {
+			return Verdict{}, p
+		}
+	}
 	dc.answer(&v, decider)
 	dc.obs.Decided(v, t.Method, t.Route, shadowSource)
 	return v, nil

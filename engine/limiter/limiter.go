@@ -22,18 +22,15 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Source says who made a decision.
-type Source uint8
+// Source says who made a decision (engine.Source).
+type Source = engine.Source
 
+// The sources of a decision (engine.From*).
 const (
-	FromStore     Source = iota // the configured store decided
-	FromDenyCache               // a rejection remembered in process, no store call
-	FromFallback                // the store failed; decided in process (degraded)
+	FromStore     = engine.FromStore
+	FromDenyCache = engine.FromDenyCache
+	FromFallback  = engine.FromFallback
 )
-
-func (s Source) String() string {
-	return [...]string{"store", "deny_cache", "fallback"}[s]
-}
 
 // resetter is implemented by stores that can forget a subject's state.
 type resetter interface {
@@ -147,6 +144,9 @@ type Limiter struct {
 	denyHits     atomic.Uint64
 	degraded     atomic.Uint64
 	breakerOpens atomic.Uint64
+
+	chargeErrors   atomic.Uint64
+	chargesDropped atomic.Uint64
 }
 
 // New returns a Limiter over cfg.Store.
@@ -188,19 +188,8 @@ func New(cfg Config) *Limiter {
 	return l
 }
 
-// Outcome is a Decision with how it was reached.
-type Outcome struct {
-	engine.Decision
-	Source Source
-	// Degraded is true when the store could not decide and a policy's
-	// failure mode did.
-	Degraded bool
-	// Unavailable is true when a FailClosed policy rejected because the
-	// store could not decide: the caller answers 503, not 429.
-	Unavailable bool
-	// Err is the store's error behind a degraded decision, for logs.
-	Err error
-}
+// Outcome is a Decision with how it was reached (engine.Outcome).
+type Outcome = engine.Outcome
 
 // Check decides req. It returns an error only for a request no store could
 // decide (ErrBadRequest); a failing store yields a degraded Outcome.
@@ -487,6 +476,10 @@ type Stats struct {
 	// StoreBusy counts checks that waited past the store's queue bound
 	// (ErrStoreBusy): decided by the fallback, but not store errors.
 	StoreBusy uint64
+	// ChargeErrors counts charges after the fact that the store could not
+	// apply; ChargesDropped those of them dropped because every policy
+	// fails open.
+	ChargeErrors, ChargesDropped uint64
 	// Breakers maps each store shard to its breaker state: "closed",
 	// "open" or "half-open".
 	Breakers map[string]string
@@ -502,6 +495,9 @@ func (l *Limiter) Stats() Stats {
 		Degraded:      l.degraded.Load(),
 		BreakerOpens:  l.breakerOpens.Load(),
 		Breakers:      map[string]string{},
+
+		ChargeErrors:   l.chargeErrors.Load(),
+		ChargesDropped: l.chargesDropped.Load(),
 	}
 	l.mu.Lock()
 	for name, cb := range l.breakers {
