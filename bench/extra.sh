@@ -3,7 +3,7 @@
 # its own BENCH lines. Missing scripts are skipped.
 set -uo pipefail
 cd "$(dirname "$0")"
-for s in redis.sh; do
+for s in redis.sh cluster.sh; do
   [ -f "$s" ] && bash "$s"
 done
 exit 0

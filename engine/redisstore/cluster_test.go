@@ -76,7 +76,7 @@ func TestRedisClusterMergedCallDecidesAsOneByOne(t *testing.T) {
 // SETSLOT NODE) while 20 goroutines check it and other subjects: every
 // check is decided by the store, none errs, and the tokens the subject's
 // bucket spent are exactly its admissions, so no decision was lost or made
-// twice.
+// twice, and those admissions are exact: every check while tokens last.
 func TestRedisClusterSlotMovesUnderLoad(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	c, err := NewClient("redis-cluster://" + strings.Join(cl.Addrs(), ","))
@@ -102,7 +102,7 @@ func TestRedisClusterSlotMovesUnderLoad(t *testing.T) {
 	if o, err := lim.Check(ctx, req("moved")); err != nil || o.Source != limiter.FromStore {
 		t.Fatalf("first check: %+v %v", o, err)
 	}
-	var allowed, notStore atomic.Int64
+	var allowed, moved, notStore atomic.Int64
 	var firstMiss atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -125,8 +125,11 @@ func TestRedisClusterSlotMovesUnderLoad(t *testing.T) {
 					}
 					continue
 				}
-				if sub == "moved" && o.Allowed {
-					allowed.Add(1)
+				if sub == "moved" {
+					moved.Add(1)
+					if o.Allowed {
+						allowed.Add(1)
+					}
 				}
 			}
 		})
@@ -150,6 +153,10 @@ func TestRedisClusterSlotMovesUnderLoad(t *testing.T) {
 	spent := int64(l.Burst) - 1 - peek.Results[0].Remaining // the first check spent one
 	if spent != allowed.Load() || allowed.Load() == 0 {
 		t.Errorf("bucket spent %d tokens, admissions counted %d: want equal and not zero", spent, allowed.Load())
+	}
+	// The bucket barely refills: exact is every check while tokens last.
+	if exact := min(moved.Load(), int64(l.Burst)-1); allowed.Load() != exact {
+		t.Errorf("moved subject admitted %d of %d checks, want exactly %d", allowed.Load(), moved.Load(), exact)
 	}
 	st := lim.Stats()
 	t.Logf("slot moved from %s to %s: %d admissions of the moved subject, %d store calls, %d errors", from, to, allowed.Load(), st.StoreCalls, st.StoreErrors)

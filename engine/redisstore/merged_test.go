@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,5 +173,42 @@ func TestRedisMergedCallAfterScriptFlush(t *testing.T) {
 		if want := int64(9 - i/2); d.Results[0].Remaining != want {
 			t.Errorf("check %d (%s): remaining %d, want %d", i, reqs[i].Subject, d.Results[0].Remaining, want)
 		}
+	}
+}
+
+// TestRedisLaneGathers shows a busy lane waiting for its batch to fill:
+// with checks arriving fast, a flush waits until gatherBatch checks are
+// queued and sends them in one script call; on a lane that has seen no
+// load a lone check goes out at once, without waiting for the window
+// (here twelve seconds: a fifth of a one-minute deadline).
+func TestRedisLaneGathers(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	s := New(daemonClient(t, srv), Config{Timeout: time.Minute})
+	ctx := context.Background()
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+
+	start := time.Now()
+	storetest.MustCheck(t, s, storetest.One("lone", "p", l, 1))
+	if took := time.Since(start); took >= s.timeout/5 {
+		t.Fatalf("a lone check on an idle lane took %v, want it sent at once, not after the %v window", took, s.timeout/5)
+	}
+
+	ln := s.lane(ctx, "busy")
+	ln.mu.Lock()
+	ln.rate = 1e6 // a million checks a second: a batch fills at once
+	ln.takenAt = time.Now()
+	ln.mu.Unlock()
+	calls0 := nodeScriptCalls(t, admin)
+	var wg sync.WaitGroup
+	for i := range gatherBatch {
+		wg.Go(func() { storetest.MustCheck(t, s, storetest.One(fmt.Sprint("busy-", i), "p", l, 1)) })
+	}
+	wg.Wait()
+	if calls := nodeScriptCalls(t, admin) - calls0; calls != 1 {
+		t.Errorf("%d checks on a busy lane took %d script calls, want one", gatherBatch, calls)
 	}
 }

@@ -319,6 +319,7 @@ func TestLaneAdapt(t *testing.T) {
 		{16, 16, 700 * time.Microsecond, 16}, // between an eighth and a quarter: keep
 		{16, 16, 1500 * time.Microsecond, 8}, // over a quarter: halve
 		{1, 1, 10 * time.Millisecond, 1},     // never below one
+		{8, 8, 1500 * time.Microsecond, 8},   // a small batch is not slowed by its size: keep
 		{16, 16, 4 * time.Millisecond, 8},    // a deadline missed: halve
 	} {
 		ln := &lane{size: tt.size}

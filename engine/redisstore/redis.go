@@ -56,7 +56,9 @@ type Config struct {
 	Timeout time.Duration
 	// QueueWait bounds how long a check may wait in the store's queue for
 	// a primary before it is sent; one that waits longer fails with
-	// ErrStoreBusy, which the Limiter does not count as a store failure.
+	// ErrStoreBusy, which the Limiter does not count as a store failure,
+	// unless the daemon has goroutines waiting to run: the wait is then
+	// the daemon's, and the check is sent, up to ten times the bound.
 	// Zero means 10 x Timeout, at least DefaultRedisQueueWait. It is
 	// larger than Timeout on purpose: under a burst the daemon should slow
 	// down, not give up on Redis.
@@ -144,6 +146,10 @@ type Store struct {
 	crossSlot  atomic.Bool
 	clusterSHA string
 	lanes      sync.Map // shard name -> *lane
+	// unread holds the client's connections, so that the deadline watch
+	// sees a reply that arrived but was not read yet; nil for a client it
+	// cannot hook.
+	unread *unreadConns
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
 	clock engine.Clock
@@ -159,6 +165,9 @@ func New(c Scripter, cfg Config) *Store {
 	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
 		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
 	_, s.cluster = c.(masterForKeyer)
+	if u := (&unreadConns{conns: map[*watchedConn]struct{}{}}); u.hookConns(c) {
+		s.unread = u
+	}
 	s.merge = !s.cluster
 	s.crossSlot.Store(s.cluster)
 	if s.timeout <= 0 {
