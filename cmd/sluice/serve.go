@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"runtime"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -54,6 +54,7 @@ func newServeCmd() *cobra.Command {
 		rlsTransport string
 		envoyConfigs []string
 		hashKeyFile  string
+		tf           tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -131,20 +132,32 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if cfg.AdminToken == "" {
 				log.Warn("no admin token: the admin API is disabled (set --admin-token-file or SLUICE_ADMIN_TOKEN)")
 			}
+			var tr rls.Transport
+			if rlsListen != "" {
+				if tr, err = rlsTransportOf(rlsTransport); err != nil {
+					return err
+				}
+			}
+			plan, err := tf.plan(cfg, rlsListen)
+			if err != nil {
+				return err
+			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
+			reloaders, err := loadTLS(time.Now(), plan, log, reg)
+			if err != nil {
+				return err
+			}
+			announceTLS(plan, reloaders, cfg.AdminToken != "", log)
 			d, err := region.New(cmd.Context(), cfg, log, reg, reg)
 			if err != nil {
 				return err
 			}
-			if rlsListen == "" {
-				return d.Run(cmd.Context())
-			}
-			tr, err := rlsTransportOf(rlsTransport)
+			ls, err := openListeners(plan, reloaders)
 			if err != nil {
 				return err
 			}
-			return serveWithRLS(cmd.Context(), d, cfg, rlsListen, tr, log, reg)
+			return serveWithRLS(cmd.Context(), d, cfg, ls, tr, log, reg)
 		},
 	}
 	f := cmd.Flags()
@@ -177,6 +190,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&hashKeyFile, "decision-log-hash-key-file", "", "file holding the key of the subject hash in --decision-log (the same on every daemon makes hashes comparable); default: a random key per process")
 	f.DurationVar(&cfg.DecisionLog.TopWindow, "top-window", def.DecisionLog.TopWindow, "window of GET /v1/decisions/top, the most limited subjects per policy")
 	mr.register(f)
+	tf.register(f)
 	return cmd
 }
 
@@ -191,27 +205,37 @@ func rlsTransportOf(name string) (rls.Transport, error) {
 	return 0, fmt.Errorf("--rls-transport: %q is neither h2 nor grpc", name)
 }
 
-// serveWithRLS runs the daemon and the rate limit service together: either
-// failing stops the other. On shutdown the rate limit service finishes its
+// serveWithRLS runs the daemon on ls and, with ls.rls, the rate limit
+// service together, and reloads their TLS files: either server failing
+// stops the rest. On shutdown the rate limit service finishes its
 // in-flight calls first, then the daemon, which closes the store those
 // calls use.
-func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, tr rls.Transport, log *slog.Logger, reg prometheus.Registerer) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("--rls-listen: %w", err)
-	}
-	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
-	if err != nil {
-		ln.Close()
-		return err
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, ls *servingListeners, tr rls.Transport, log *slog.Logger, reg prometheus.Registerer) error {
+	var s *rls.Server
+	if ls.rls != nil {
+		var err error
+		s, err = rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
+		if err != nil {
+			ls.close()
+			return err
+		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	dctx, stopDaemon := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDaemon()
-	g.Go(func() error { return d.Run(dctx) })
+	rctx, stopReload := context.WithCancel(gctx)
+	g.Go(func() error {
+		defer stopReload()
+		return d.Serve(dctx, ls.gateway, ls.admin)
+	})
+	g.Go(func() error { return ls.reload(rctx) })
 	g.Go(func() error {
 		defer stopDaemon()
-		return s.Serve(gctx, ln)
+		if s == nil {
+			<-rctx.Done() // the daemon has stopped, or ctx ended
+			return nil
+		}
+		return s.Serve(gctx, ls.rls)
 	})
 	return g.Wait()
 }
