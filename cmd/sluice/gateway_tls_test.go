@@ -3,7 +3,12 @@ package main
 import (
 	"crypto/tls"
 	"net"
+	"net/http"
+	"os"
+	"strings"
 	"testing"
+
+	"github.com/sluice-rl/sluice/internal/testcerts"
 )
 
 // TestGatewayTLSAttackSuite runs the attack suite through the TLS variants
@@ -44,5 +49,52 @@ func TestGatewayTLSAttackSuite(t *testing.T) {
 	bin := buildSluice(t)
 	for _, gw := range gateways {
 		t.Run(gw.name, func(t *testing.T) { runAttackSuite(t, bin, gw) })
+	}
+}
+
+// TestGatewayTLSVerifiesSluice: a gateway of the TLS configurations told
+// to trust another CA refuses Sluice's certificate (and fails open, as with
+// a Sluice that is down: the API answers without the RateLimit headers a
+// decision of Sluice's carries, as the attack suite shows): the
+// configurations verify the certificate, not only encrypt.
+func TestGatewayTLSVerifiesSluice(t *testing.T) {
+	bin := buildSluice(t)
+	s := newTLSSetup(t)
+	wrongCA := testcerts.NewCA(t, "another CA").WriteCA(t, t.TempDir(), "wrong")
+	for _, gw := range []struct {
+		name, config, ca string
+		start            func(t *testing.T, conf, listen string)
+		site             func(listen string) [2]string
+	}{
+		{"nginx", "../../deploy/nginx/sluice-tls.conf", "/etc/nginx/sluice/", startNginx,
+			func(listen string) [2]string { return [2]string{"listen 80;", "listen " + listen + ";"} }},
+		{"caddy", "../../deploy/caddy/Caddyfile-tls", "/etc/caddy/sluice/", startCaddy,
+			func(listen string) [2]string {
+				_, port, _ := net.SplitHostPort(listen)
+				return [2]string{"\n:80 {", "\n:" + port + " {"}
+			}},
+	} {
+		t.Run(gw.name, func(t *testing.T) {
+			d := startDaemon(t, bin, "--tls-cert-file", s.certFile, "--tls-key-file", s.keyFile, "--tls-client-ca-file", s.caFile)
+			api := startAttackBackend(t)
+			raw, err := os.ReadFile(gw.config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			listen := freeLoopbackAddr(t)
+			site := gw.site(listen)
+			conf := strings.NewReplacer("127.0.0.1:8443", d.addr, site[0], site[1], "http://backend", api.url,
+				"sluice.internal", "localhost", gw.ca+"ca.crt", wrongCA,
+				gw.ca+"client.crt", s.clientCert, gw.ca+"client.key", s.clientKeyFile).Replace(string(raw))
+			gw.start(t, conf, listen)
+			res, err := http.Get("http://" + listen + "/orders")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != 200 || res.Header.Get("RateLimit-Policy") != "" {
+				t.Errorf("GET /orders with Sluice's certificate unverifiable = %d (RateLimit-Policy %q), want 200 without Sluice's headers (fail open)", res.StatusCode, res.Header.Get("RateLimit-Policy"))
+			}
+		})
 	}
 }

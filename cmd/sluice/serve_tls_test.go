@@ -161,6 +161,7 @@ func TestServeTLSBadInputExit1(t *testing.T) {
 		args []string
 		want string
 	}{
+		{"key file a directory", []string{"--tls-cert-file", s.certFile, "--tls-key-file", s.dir}, "sluice: --tls-key-file: read " + s.dir + ": is a directory"},
 		{"missing cert", []string{"--tls-cert-file", s.dir + "/nope.crt", "--tls-key-file", s.keyFile}, "sluice: --tls-cert-file: open " + s.dir + "/nope.crt: no such file or directory"},
 		{"mismatched key", []string{"--tls-cert-file", otherCert, "--tls-key-file", s.keyFile}, "sluice: --tls-key-file " + s.keyFile + ": the key does not match the certificate of --tls-cert-file " + otherCert},
 		{"key in place of cert", []string{"--tls-cert-file", s.keyFile, "--tls-key-file", s.keyFile}, "sluice: --tls-cert-file " + s.keyFile + ": no PEM certificate in it"},
