@@ -5,10 +5,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sluice-rl/sluice/internal/testcerts"
+	"go.yaml.in/yaml/v3"
 )
 
 // TestGatewayTLSAttackSuite runs the attack suite through the TLS variants
@@ -94,6 +98,89 @@ func TestGatewayTLSVerifiesSluice(t *testing.T) {
 			res.Body.Close()
 			if res.StatusCode != 200 || res.Header.Get("RateLimit-Policy") != "" {
 				t.Errorf("GET /orders with Sluice's certificate unverifiable = %d (RateLimit-Policy %q), want 200 without Sluice's headers (fail open)", res.StatusCode, res.Header.Get("RateLimit-Policy"))
+			}
+		})
+	}
+}
+
+// TestEnvoyTLSConfigStructure checks the TLS variants of the Envoy
+// configurations without an Envoy binary (none can be installed here): each
+// is its plaintext configuration but for a TLS transport socket on the
+// cluster of Sluice, which verifies Sluice's certificate against a CA and a
+// name, shows Envoy's client certificate, requires TLS 1.2 or later and
+// offers the protocol Sluice serves there by ALPN (h2 for the rate limit
+// service); and its prescribed command is the plaintext one with the TLS
+// flags. Envoy's own schema (protobuf) is not checked.
+func TestEnvoyTLSConfigStructure(t *testing.T) {
+	for _, tc := range []struct{ tls, plain, cluster, alpn string }{
+		{"../../deploy/envoy/envoy-tls.yaml", "../../deploy/envoy/envoy.yaml", "sluice", "http/1.1"},
+		{"../../deploy/envoy/envoy-ratelimit-tls.yaml", "../../deploy/envoy/envoy-ratelimit.yaml", "sluice_rls", "h2"},
+	} {
+		t.Run(filepath.Base(tc.tls), func(t *testing.T) {
+			docs := make([]map[string]any, 2)
+			raws := make([]string, 2)
+			for i, name := range []string{tc.tls, tc.plain} {
+				raw, err := os.ReadFile(name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raws[i] = string(raw)
+				if err := yaml.Unmarshal(raw, &docs[i]); err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+			}
+			var cluster map[string]any
+			for _, c := range yamlAt(t, docs[0], "static_resources", "clusters").([]any) {
+				if yamlAt(t, c, "name") == tc.cluster {
+					cluster = c.(map[string]any)
+				}
+			}
+			if cluster == nil {
+				t.Fatalf("no cluster %s", tc.cluster)
+			}
+			ts := cluster["transport_socket"]
+			if got := yamlAt(t, ts, "name"); got != "envoy.transport_sockets.tls" {
+				t.Errorf("transport_socket.name = %v", got)
+			}
+			tctx := yamlAt(t, ts, "typed_config")
+			if got := yamlAt(t, tctx, "@type"); got != "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext" {
+				t.Errorf("transport_socket @type = %v", got)
+			}
+			ctx := yamlAt(t, tctx, "common_tls_context")
+			vc := yamlAt(t, ctx, "validation_context")
+			for _, c := range []struct {
+				what string
+				got  any
+				want any
+			}{
+				{"sni", yamlAt(t, tctx, "sni"), "sluice.internal"},
+				{"alpn_protocols", yamlAt(t, ctx, "alpn_protocols"), []any{tc.alpn}},
+				{"tls_minimum_protocol_version", yamlAt(t, ctx, "tls_params", "tls_minimum_protocol_version"), "TLSv1_2"},
+				{"trusted_ca", yamlAt(t, vc, "trusted_ca", "filename"), "/etc/envoy/sluice/ca.crt"},
+				{"SAN type", yamlAt(t, vc, "match_typed_subject_alt_names", 0, "san_type"), "DNS"},
+				{"SAN", yamlAt(t, vc, "match_typed_subject_alt_names", 0, "matcher", "exact"), "sluice.internal"},
+				{"client certificate", yamlAt(t, ctx, "tls_certificates", 0, "certificate_chain", "filename"), "/etc/envoy/sluice/client.crt"},
+				{"client key", yamlAt(t, ctx, "tls_certificates", 0, "private_key", "filename"), "/etc/envoy/sluice/client.key"},
+			} {
+				if !reflect.DeepEqual(c.got, c.want) {
+					t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+				}
+			}
+			delete(cluster, "transport_socket")
+			if tc.cluster == "sluice" {
+				for _, d := range docs {
+					hs := yamlAt(t, d, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "http_filters", 0, "typed_config", "http_service", "server_uri").(map[string]any)
+					delete(hs, "uri") // names the scheme only
+				}
+			}
+			if !reflect.DeepEqual(docs[0], docs[1]) {
+				t.Errorf("%s is not %s with a TLS transport socket on cluster %s", tc.tls, tc.plain, tc.cluster)
+			}
+			tlsFlags := prescribedFlags(t, tc.tls, raws[0], "127.0.0.1:8080")
+			want := append(prescribedFlags(t, tc.plain, raws[1], "127.0.0.1:8080"), "--tls-cert-file", "/etc/sluice/tls/tls.crt",
+				"--tls-key-file", "/etc/sluice/tls/tls.key", "--tls-client-ca-file", "/etc/sluice/tls/ca.crt")
+			if !slices.Equal(tlsFlags, want) {
+				t.Errorf("prescribed flags = %v, want %v", tlsFlags, want)
 			}
 		})
 	}
