@@ -105,6 +105,11 @@ func TestServeTLS(t *testing.T) {
 	if code != 0 || !strings.Contains(out, want) {
 		t.Errorf("metrics lack %q (exit %d)", want, code)
 	}
+	for n, files := range opsMetricNames(t) {
+		if strings.HasPrefix(n, "sluice_tls_") && !strings.Contains(out, "\n"+n+"{") {
+			t.Errorf("%s (queried by %s) is not exported by a daemon serving TLS", n, strings.Join(files, ", "))
+		}
+	}
 	if out, code := curl(t, "-w", "%{http_code}", "http://"+d.addr+"/healthz"); code != 52 && code != 56 {
 		t.Errorf("plaintext curl to the TLS gateway listener = exit %d %q, want a closed connection (52 or 56)", code, out)
 	}
