@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-deps test-short race bench bench-peers lint fuzz sim-report sim-live clean static image helm ops-test demo demo-test
+.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live clean static image helm ops-test demo demo-test
 
 all: build
 
@@ -49,6 +49,14 @@ bench:
 bench-peers:
 	@mkdir -p out
 	@bash -o pipefail -c 'bash bench/peers.sh 2>&1 | tee out/bench-peers.txt'
+
+# K daemons x a Redis Cluster of M primaries on this machine at saturation:
+# decisions per CPU-second of the daemons and of Redis for each M x K, the
+# single server beside them, and a slot migration under load
+# (bench/scale.sh; MS, KS, SECS to change the grid).
+bench-scale:
+	@mkdir -p out
+	@bash -o pipefail -c 'bash bench/scale.sh 2>&1 | tee out/bench-scale.txt'
 
 # Each fuzz target for a short while; FUZZTIME=10m for a longer hunt.
 FUZZTIME ?= 15s

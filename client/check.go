@@ -8,50 +8,23 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/decide"
 )
 
 // CheckRequest is the body of POST /v1/check: exactly one of api_key,
 // user, ip, subject names the requester (ip may accompany api_key or user),
-// Route is the path of the request being limited.
-type CheckRequest struct {
-	quota.SubjectFields
-	// Tier is the requester's tier as the caller knows it; empty lets the
-	// daemon's key registry decide.
-	Tier string `json:"tier,omitempty"`
-	// Method is the limited request's method; empty is GET.
-	Method string `json:"method,omitempty"`
-	// Route is the limited request's path; required.
-	Route string `json:"route"`
-	// Cost, when set, replaces every policy's cost; zero reads the state
-	// without spending.
-	Cost *int64 `json:"cost,omitempty"`
-}
+// Route is the path of the request being limited; Cost, when set, replaces
+// every policy's cost (zero reads the state without spending). It has the
+// daemon's fields (decide.CheckRequest) and none of its methods.
+type CheckRequest decide.CheckRequest
 
-// Decision is a check's answer: the JSON body of POST /v1/check, plus the
-// HTTP status and the rate-limit headers it came with.
+// Decision is a check's answer: the JSON body of POST /v1/check
+// (decide.Decision: the verdict, the deciding policy's figures and each
+// policy's own; Source is store, deny_cache, fallback or none as the daemon
+// answers it, "client" when Fallback is set), plus the HTTP status and the
+// rate-limit headers it came with.
 type Decision struct {
-	Allowed bool   `json:"allowed"`
-	Subject string `json:"subject"`
-	Tier    string `json:"tier"`
-	// Policy is the deciding policy: the enforced one that rejected with
-	// the longest retry or, when allowed, the one with least remaining.
-	Policy       string `json:"policy,omitempty"`
-	Mode         string `json:"mode,omitempty"`
-	Limit        int64  `json:"limit"`
-	Remaining    int64  `json:"remaining"`
-	ResetMS      int64  `json:"reset_ms"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
-	// WouldReject is true when a shadow policy would have rejected.
-	WouldReject bool `json:"would_reject"`
-	// Degraded is true when the daemon's store could not decide and the
-	// policies' on_store_failure did, or when Fallback is set.
-	Degraded bool `json:"degraded"`
-	// Source is store, deny_cache, fallback or none as the daemon answers
-	// it; "client" when Fallback is set.
-	Source   string         `json:"source"`
-	Policies []PolicyResult `json:"policies"`
-	Exempt   []ExemptResult `json:"exempt,omitempty"`
+	decide.Decision
 
 	// Status is 200 (allowed), 429 (limited) or 503 (the limit could not
 	// be decided and the route fails closed).
@@ -78,36 +51,11 @@ func (d *Decision) RetryAfter() time.Duration {
 }
 
 // PolicyResult is one policy's figures in a Decision or a Usage.
-type PolicyResult struct {
-	ID           string  `json:"id"`
-	Version      int     `json:"version"`
-	Mode         string  `json:"mode"`
-	Class        string  `json:"class"`
-	Scope        string  `json:"scope"`
-	Allowed      bool    `json:"allowed"`
-	WouldReject  bool    `json:"would_reject,omitempty"`
-	Evaluated    bool    `json:"evaluated"`
-	Cost         int64   `json:"cost"`
-	Limit        int64   `json:"limit"`
-	Remaining    int64   `json:"remaining"`
-	ResetMS      int64   `json:"reset_ms"`
-	RetryAfterMS int64   `json:"retry_after_ms"`
-	Scale        float64 `json:"scale,omitempty"`
-	Override     string  `json:"override,omitempty"`
-	Degraded     bool    `json:"degraded,omitempty"`
-}
+type PolicyResult = decide.PolicyResult
 
 // ExemptResult is a policy the subject is exempt from by an unlimited
 // override, until ExpiresAt.
-type ExemptResult struct {
-	ID        string    `json:"id"`
-	Version   int       `json:"version"`
-	Mode      string    `json:"mode"`
-	Class     string    `json:"class"`
-	Scope     string    `json:"scope"`
-	Override  string    `json:"override"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
+type ExemptResult = decide.ExemptResult
 
 // rateLimitHeaders are the fields of a check's answer that a limited
 // response carries.
@@ -165,12 +113,12 @@ func (c *Client) Check(ctx context.Context, req CheckRequest) (*Decision, error)
 func (c *Client) fallback(err error) (*Decision, error) {
 	switch c.mode {
 	case FailOpen:
-		return &Decision{Allowed: true, Degraded: true, Source: "client", Status: http.StatusOK,
+		return &Decision{Decision: decide.Decision{Allowed: true, Degraded: true, Source: "client"}, Status: http.StatusOK,
 			Header: http.Header{}, Fallback: true, Err: err}, nil
 	case FailClosed:
 		retry := FallbackRetryAfter
 		ms := retry.Milliseconds()
-		return &Decision{Degraded: true, Source: "client", Status: http.StatusServiceUnavailable, RetryAfterMS: ms,
+		return &Decision{Decision: decide.Decision{Degraded: true, Source: "client", RetryAfterMS: ms}, Status: http.StatusServiceUnavailable,
 			Header: http.Header{"Retry-After": {strconv.FormatInt(int64(retry/time.Second), 10)}},
 			Problem: &Problem{Type: "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
 				Title: "Service Unavailable", Status: http.StatusServiceUnavailable,

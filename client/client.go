@@ -28,7 +28,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/decide"
 )
 
 // FailureMode is what Check answers when the daemon could not decide.
@@ -160,17 +160,9 @@ func New(cfg Config) (*Client, error) {
 func (c *Client) Server() string { return c.base.String() }
 
 // Problem is an RFC 9457 problem details object as the daemon answers it:
-// every 4xx and 5xx of the admin API, and a check's bad input.
-type Problem struct {
-	Type             string             `json:"type"`
-	Title            string             `json:"title"`
-	Status           int                `json:"status"`
-	Detail           string             `json:"detail,omitempty"`
-	Instance         string             `json:"instance,omitempty"`
-	Errors           []quota.FieldError `json:"errors,omitempty"`
-	ViolatedPolicies []string           `json:"violated-policies,omitempty"`
-	RetryAfterMS     *int64             `json:"retry_after_ms,omitempty"`
-}
+// every 4xx and 5xx of the admin API, and a check's bad input. It has the
+// daemon's fields (decide.Problem); its Error leads with the status.
+type Problem decide.Problem
 
 // Error is the status, title and detail on one line.
 func (p *Problem) Error() string {

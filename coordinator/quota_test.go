@@ -59,3 +59,60 @@ func TestCoreQuotaCounters(t *testing.T) {
 		t.Errorf("a quota is never shared: Share = %v", got)
 	}
 }
+
+// TestCoreDropsQuotaCountersFromTheFuture: a report or node usage carrying
+// a counter of a window that has not begun by the newest epoch the core
+// accepts is refused whole as DropEpoch, so no key's count is held at a
+// window no region has reached; the current window and an old one pass.
+func TestCoreDropsQuotaCountersFromTheFuture(t *testing.T) {
+	sc := testShareConfig()
+	const window = time.Minute
+	members := []msg.Member{{Node: "eu-1", Region: "eu", State: msg.StateAlive}, {Node: "eu-2", Region: "eu", State: msg.StateAlive},
+		{Node: "us-1", Region: "us", State: msg.StateAlive}}
+	c, err := NewCore(CoreConfig{Share: sc, Region: "eu", Node: "eu-1",
+		Limit: func(string) (float64, bool) { return limit, true },
+		Quota: func(p string) (time.Duration, bool) { return window, p == "daily" }}, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := sc.EpochStart(1_000_000).Add(100 * time.Millisecond)
+	if err := c.Start(now, members, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	cur := share.WindowIndex(now, window)
+	counter := func(policy string, w int64, region string) []share.QuotaCounter {
+		q := share.QuotaCounter{Key: share.Key{Policy: policy, Subject: "acme"}}
+		q.Add(w, region, 5)
+		return []share.QuotaCounter{q}
+	}
+	report := func(qs []share.QuotaCounter) msg.Message {
+		return msg.Message{Kind: msg.KindReport, From: "us-1", Region: "us", Report: share.Report{
+			Version: share.ReportVersion, Region: "us", Epoch: sc.Epoch(now), Quotas: qs}}
+	}
+	usage := func(qs []share.QuotaCounter) msg.Message {
+		return msg.Message{Kind: msg.KindNodeUsage, From: "eu-2", Region: "eu", Usage: msg.NodeUsage{
+			Node: "eu-2", Region: "eu", Epoch: sc.Epoch(now), Quotas: qs}}
+	}
+	for _, tt := range []struct {
+		name string
+		msg  msg.Message
+		want string
+	}{
+		{"report, current window", report(counter("daily", cur, "us")), ""},
+		{"report, past window", report(counter("daily", cur-5, "us")), ""},
+		{"report, next window", report(counter("daily", cur+1, "us")), DropEpoch},
+		{"report, window 2^62", report(counter("daily", 1<<62, "us")), DropEpoch},
+		{"report, not a quota here", report(counter("other", 1<<62, "us")), ""},
+		{"node usage, current window", usage(counter("daily", cur, "eu-2")), ""},
+		{"node usage, next window", usage(counter("daily", cur+1, "eu-2")), DropEpoch},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := c.Step(now, tt.msg).Dropped; got != tt.want {
+				t.Fatalf("Step(%s).Dropped = %q, want %q", tt.name, got, tt.want)
+			}
+		})
+	}
+	if q, ok := c.QuotaCounter("daily", "acme"); ok && q.Window > cur {
+		t.Errorf("a counter from the future was merged: %+v", q)
+	}
+}

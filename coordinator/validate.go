@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/coordinator/msg"
+	"github.com/sluice-rl/sluice/share"
 )
 
 // Validation of received messages: the one place where the core decides
@@ -15,7 +16,8 @@ const (
 	// DropRegion: the message names a region neither membership nor the
 	// allocation knows.
 	DropRegion = "unknown_region"
-	// DropEpoch: its epoch is in the future or more than maxAge epochs old.
+	// DropEpoch: its epoch is in the future or more than maxAge epochs old,
+	// or it carries a quota counter of a window that has not begun.
 	DropEpoch = "epoch"
 	// DropNumber: a rate, share, amount or limit that is NaN, infinite or
 	// negative, a borrow request or loan of nothing or of more than the
@@ -65,7 +67,7 @@ func (c *Core) validate(now time.Time, m msg.Message) string {
 			return DropMalformed
 		case !c.knownRegion(r.Region):
 			return DropRegion
-		case !epochOK(r.Epoch):
+		case !epochOK(r.Epoch), !c.windowsBegun(now, r.Quotas):
 			return DropEpoch
 		}
 		for _, k := range r.Keys {
@@ -80,7 +82,7 @@ func (c *Core) validate(now time.Time, m msg.Message) string {
 			return DropMalformed
 		case !c.knownRegion(u.Region):
 			return DropRegion
-		case !epochOK(u.Epoch):
+		case !epochOK(u.Epoch), !c.windowsBegun(now, u.Quotas):
 			return DropEpoch
 		}
 		for _, k := range u.Keys {
@@ -118,6 +120,25 @@ func (c *Core) validate(now time.Time, m msg.Message) string {
 		}
 	}
 	return ""
+}
+
+// windowsBegun reports whether every quota counter in qs is of a window
+// that has begun by the end of the epoch after now, the newest epoch
+// validate accepts. A counter of a later window would hold its key's
+// count at a window no region has reached, so it is refused with its
+// message; older windows are harmless (a merge ignores them), as are
+// counters of policies that are not global quotas here.
+func (c *Core) windowsBegun(now time.Time, qs []share.QuotaCounter) bool {
+	if len(qs) == 0 {
+		return true
+	}
+	horizon := c.cfg.Share.EpochStart(c.cfg.Share.Epoch(now) + 2).Add(-1)
+	for _, q := range qs {
+		if win, ok := c.quotaWindow(q.Policy); ok && q.Window > share.WindowIndex(horizon, win) {
+			return false
+		}
+	}
+	return true
 }
 
 // expired reports whether a borrow request or loan of generation gen (the

@@ -17,14 +17,13 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/engine/limiter"
 	"github.com/sluice-rl/sluice/quota"
 )
 
 // Limiter decides a request's checks in one all-or-nothing call; a
-// *limiter.Limiter is one.
+// *limiter.Limiter (engine/limiter) is one.
 type Limiter interface {
-	Check(ctx context.Context, req engine.Request) (limiter.Outcome, error)
+	Check(ctx context.Context, req engine.Request) (engine.Outcome, error)
 }
 
 // ShareSource gives the fraction of a global-scope policy's limit that this

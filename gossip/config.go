@@ -70,16 +70,13 @@ type Config struct {
 	// new port). Default: 30 s (lan), 60 s (wan), 1 s (local).
 	DeadNodeReclaim time.Duration
 
-	// ClockTolerance is how far from this node's clock a received epoch,
-	// quota window or policy revision may lie (default 30 s, plus one
-	// Interval for epochs); anything further is rejected, so that a message
-	// from the far future cannot silence a region's real reports or freeze
-	// policy sync until a restart.
+	// ClockTolerance is how far ahead of this node's clock a received report
+	// epoch or policy revision may lie (default 30 s, plus one Interval for
+	// epochs); anything further is rejected, so that a message from the far
+	// future cannot silence a region's real reports or freeze policy sync
+	// until a restart. The other times a message carries are judged by its
+	// receiver (the coordinator's Step), not here.
 	ClockTolerance time.Duration
-	// QuotaWindow returns the window of a global quota (nil or false: not
-	// known here, and its counters are not checked against the clock: the
-	// receiver ignores counters of policies it does not enforce).
-	QuotaWindow func(policy string) (time.Duration, bool)
 	// ContactEvery is how often this node pings one node of every other
 	// region, through memberlist's own ping, to measure when it was last in
 	// contact with each (Member.Contact). Default Interval/40 (250 ms at a

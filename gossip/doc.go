@@ -45,10 +45,10 @@
 // metadata names the message's region (checkSender; a message from a node
 // not yet in its member table waits up to 2 s for the join to arrive, as
 // a node that has just joined may send before every member has heard of
-// it), and only with epochs,
-// quota windows and policy revisions within Config.ClockTolerance of its
-// clock (clockCheck). Anything else is rejected whole, never applied nor
-// relayed, counted in sluice_gossip_rejected_total{reason} and logged at
+// it), and only with a report epoch and a policy revision no further
+// ahead of its clock than Config.ClockTolerance (clockCheck: the two keys
+// of its duplicate suppression). Anything else is rejected whole, never
+// applied nor relayed, counted in sluice_gossip_rejected_total{reason} and logged at
 // most once a second per reason with the sending node's name. Decode never
 // panics.
 //

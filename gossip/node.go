@@ -420,7 +420,8 @@ func (n *Node) deliver(m Message, b []byte) {
 }
 
 // admit checks a decoded message against what this node knows: its
-// sender's membership (checkSender) and its clock (clockCheck).
+// sender's membership (checkSender) and the two times its duplicate
+// suppression keys on (clockCheck).
 func (n *Node) admit(m Message) error {
 	n.mu.Lock()
 	sender, known := n.members[m.From]
@@ -428,7 +429,7 @@ func (n *Node) admit(m Message) error {
 	if err := checkSender(m, sender.Member, known, n.cfg.Region); err != nil {
 		return err
 	}
-	cc := clockCheck{now: n.cfg.Now(), interval: n.cfg.Interval, tolerance: n.cfg.ClockTolerance, quotaWindow: n.cfg.QuotaWindow}
+	cc := clockCheck{now: n.cfg.Now(), interval: n.cfg.Interval, tolerance: n.cfg.ClockTolerance}
 	return cc.check(m)
 }
 

@@ -4,21 +4,23 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/sluice-rl/sluice/share"
 )
 
-// clockCheck judges the times a decoded message carries against the
-// receiver's clock. Epochs are share.Config.Epoch: Unix time divided by
-// the report interval; quota windows are share.WindowIndex of their
-// policy's window; policy revisions are hybrid logical clocks with
+// clockCheck bounds the two values this node keys its duplicate
+// suppression on: a region's report epoch (noteReport) and a policy
+// revision (notePolicy). One from the far future would make every later
+// genuine one look seen before, so neither may be ahead of this node's
+// clock by more than the tolerance. Everything else a message says about
+// time (how old an epoch may be, borrow and loan generations, quota
+// windows) is the coordinator's to judge: its Step validates and counts
+// what it refuses. Epochs are share.Config.Epoch: Unix time divided by the
+// report interval; policy revisions are hybrid logical clocks with
 // milliseconds since the Unix epoch in their high 48 bits (see
 // PolicyUpdate).
 type clockCheck struct {
-	now         time.Time
-	interval    time.Duration
-	tolerance   time.Duration
-	quotaWindow func(policy string) (time.Duration, bool)
+	now       time.Time
+	interval  time.Duration
+	tolerance time.Duration
 }
 
 // epochs is the tolerance in whole epochs: the clock tolerance rounded up,
@@ -35,34 +37,11 @@ func (c clockCheck) nowEpoch() uint64 {
 	return uint64(ns / int64(c.interval))
 }
 
-// epoch accepts e within the tolerance either side of now; past only
-// bounds how old an epoch may be (a borrow or loan generation may be a few
-// intervals old, a report may not).
-func (c clockCheck) epoch(what string, e uint64, past bool) error {
+// reportEpoch rejects a report epoch more than the tolerance ahead of now.
+func (c clockCheck) reportEpoch(e uint64) error {
 	now, tol := c.nowEpoch(), c.epochs()
 	if e > now && e-now > tol {
-		return decodeErr(ReasonEpoch, fmt.Errorf("%s epoch %d is %d epochs ahead of this node's %d", what, e, e-now, now))
-	}
-	if past && e < now && now-e > tol {
-		return decodeErr(ReasonEpoch, fmt.Errorf("%s epoch %d is %d epochs behind this node's %d", what, e, now-e, now))
-	}
-	return nil
-}
-
-// quotas rejects a counter of a window that has not begun by now plus the
-// tolerance. Older windows are harmless: a merge ignores them.
-func (c clockCheck) quotas(qs []share.QuotaCounter) error {
-	if c.quotaWindow == nil {
-		return nil
-	}
-	for _, q := range qs {
-		win, ok := c.quotaWindow(q.Policy)
-		if !ok || win <= 0 {
-			continue
-		}
-		if latest := share.WindowIndex(c.now.Add(c.tolerance), win); q.Window > latest {
-			return decodeErr(ReasonEpoch, fmt.Errorf("quota counter %s/%s: window %d is after this node's %d", q.Policy, q.Subject, q.Window, latest))
-		}
+		return decodeErr(ReasonEpoch, fmt.Errorf("report epoch %d is %d epochs ahead of this node's %d", e, e-now, now))
 	}
 	return nil
 }
@@ -88,25 +67,13 @@ func revisionTime(v uint64) string {
 	return time.UnixMilli(int64(ms)).UTC().Format(time.RFC3339)
 }
 
-// check runs the clock checks of m's kind.
+// check runs the clock check of m's kind, if it has one.
 func (c clockCheck) check(m Message) error {
 	switch m.Kind {
 	case KindReport:
-		if err := c.epoch("report", m.Report.Epoch, true); err != nil {
-			return err
-		}
-		return c.quotas(m.Report.Quotas)
-	case KindNodeUsage:
-		if err := c.epoch("node usage", m.Usage.Epoch, true); err != nil {
-			return err
-		}
-		return c.quotas(m.Usage.Quotas)
+		return c.reportEpoch(m.Report.Epoch)
 	case KindPolicy:
 		return c.revision(m.Policy.Version)
-	case KindBorrow:
-		return c.epoch("borrow request", m.Borrow.Epoch, false)
-	case KindLoan:
-		return c.epoch("loan", m.Loan.Epoch, false)
 	}
 	return nil
 }

@@ -21,13 +21,19 @@ import (
 // /metrics.
 func rejected(t *testing.T, l *liveDaemon, reason string) string {
 	t.Helper()
+	return counterValue(t, l, `sluice_gossip_rejected_total{reason="`+reason+`"} `)
+}
+
+// counterValue reads the value after prefix from a daemon's /metrics, "0"
+// when no line has it.
+func counterValue(t *testing.T, l *liveDaemon, prefix string) string {
+	t.Helper()
 	res, err := http.Get(l.base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
-	prefix := `sluice_gossip_rejected_total{reason="` + reason + `"} `
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, prefix); ok {
 			return v
@@ -39,14 +45,19 @@ func rejected(t *testing.T, l *liveDaemon, reason string) string {
 // TestHostileGossipLeavesDaemonUnchanged: a member of another region that
 // holds the cluster key sends a live daemon a report of epoch 2^64-1, one
 // with NaN figures, one whose G-counter would wrap, and a policy set of
-// revision 2^64-1 that would change a policy. Each is rejected and counted,
-// and the daemon's shares, policies and policy revision are as before.
+// revision 2^64-1 that would change a policy: each is rejected by gossip
+// and counted there. A borrow request of epoch 2^64-1 and a report whose
+// quota counter is of a window far ahead pass the transport (its clock
+// check bounds only the keys of its duplicate suppression) and are refused
+// and counted by the coordinator. The daemon's shares, policies and policy
+// revision are as before.
 func TestHostileGossipLeavesDaemonUnchanged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real memberlist on loopback; skipped under -short")
 	}
 	global := quota.Policy{ID: "g", Algorithm: "token_bucket", RatePerSec: 100, Burst: 10, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}
-	l := startRegionDaemon(t, "eu", "eu-1", "", []quota.Policy{global})
+	daily := quota.Policy{ID: "daily", Algorithm: "fixed_window", Count: 1000, Window: 86400, Mode: quota.ModeEnforce, Scope: quota.ScopeGlobal}
+	l := startRegionDaemon(t, "eu", "eu-1", "", []quota.Policy{global, daily})
 	evil, err := gossip.New(gossip.Config{Node: "ap-1", Region: "ap", BindAddr: "127.0.0.1", Dev: true, Preset: gossip.PresetLocal,
 		Interval: time.Second, Join: []string{l.d.Gossip().Addr()}})
 	if err != nil {
@@ -112,6 +123,31 @@ func TestHostileGossipLeavesDaemonUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		testwait.For(t, 10*time.Second, "a rejection counted as "+s.reason, func() bool { return rejected(t, l, s.reason) != was })
+	}
+	dropped := func() string {
+		return counterValue(t, l, `sluice_globalshare_messages_dropped_total{reason="epoch"} `)
+	}
+	for _, s := range []struct {
+		name string
+		send func() error
+	}{
+		{"a borrow request of epoch 2^64-1", func() error {
+			return evil.SendBorrowRequest(ctx, share.BorrowRequest{Version: share.RateVersion, Region: "ap", Epoch: math.MaxUint64, Key: key, Want: 0.1})
+		}},
+		{"a quota counter of a window far ahead", func() error {
+			q := share.QuotaCounter{Key: share.Key{Policy: "daily", Subject: "s"}}
+			q.Add(1<<40, "ap", 1)
+			return evil.BroadcastReport(ctx, report(func(r *share.Report) { r.Epoch++; r.Quotas = []share.QuotaCounter{q} }))
+		}},
+	} {
+		was, wasGossip := dropped(), rejected(t, l, gossip.ReasonEpoch)
+		if err := s.send(); err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, 10*time.Second, s.name+" dropped by the coordinator", func() bool { return dropped() != was })
+		if got := rejected(t, l, gossip.ReasonEpoch); got != wasGossip {
+			t.Errorf("%s: gossip counted it as epoch too (%s → %s): judged twice", s.name, wasGossip, got)
+		}
 	}
 	// Two report intervals for anything that did get through to act.
 	deadline := time.Now().Add(2 * time.Second)

@@ -134,10 +134,8 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 	if err != nil {
 		return err
 	}
-	// Received epochs are judged in the allocation's epochs, and quota
-	// windows by their policy's window.
+	// Received report epochs are bounded in the allocation's epochs.
 	cfg.Interval = sc.Interval
-	cfg.QuotaWindow = d.globalQuota
 	cfg.Now = d.now
 	g, err := gossip.New(cfg)
 	if err != nil {

@@ -187,7 +187,7 @@ type ShareSpec struct {
 	Settle     Duration `json:"settle,omitempty"` // default Delay+Jitter+400ms
 	RaiseDelay Duration `json:"raise_delay,omitempty"`
 	Pressure   float64  `json:"pressure,omitempty"`
-	// NoBorrow turns borrowing (§3 step 6) off; LendFraction overrides the
+	// NoBorrow turns borrowing between regions off; LendFraction overrides the
 	// part of its slack a lender gives (default 1).
 	NoBorrow     bool    `json:"no_borrow,omitempty"`
 	LendFraction float64 `json:"lend_fraction,omitempty"`

@@ -39,25 +39,11 @@ func New(lim *limiter.Limiter, reg *quota.Registry) *Limiter {
 // policy's store could not decide. A cancelled context is a
 // *client.Problem with status 503.
 func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.Decision, error) {
-	ans, p := l.dec.Check(ctx, decide.CheckRequest{SubjectFields: req.SubjectFields, Tier: req.Tier,
-		Method: req.Method, Route: req.Route, Cost: req.Cost})
+	ans, p := l.dec.Check(ctx, decide.CheckRequest(req))
 	if p != nil {
 		return nil, problem(p)
 	}
-	v := &ans.Decision
-	d := &client.Decision{
-		Allowed: v.Allowed, Subject: v.Subject, Tier: v.Tier, Policy: v.Policy, Mode: v.Mode,
-		Limit: v.Limit, Remaining: v.Remaining, ResetMS: v.ResetMS, RetryAfterMS: v.RetryAfterMS,
-		WouldReject: v.WouldReject, Degraded: v.Degraded, Source: v.Source,
-		Policies: make([]client.PolicyResult, len(v.Policies)),
-		Status:   ans.Status, Header: ans.Header,
-	}
-	for i, pr := range v.Policies {
-		d.Policies[i] = client.PolicyResult(pr)
-	}
-	for _, e := range v.Exempt {
-		d.Exempt = append(d.Exempt, client.ExemptResult(e))
-	}
+	d := &client.Decision{Decision: ans.Decision, Status: ans.Status, Header: ans.Header}
 	if ans.Problem != nil {
 		d.Problem = problem(ans.Problem)
 	}
@@ -65,7 +51,4 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 }
 
 // problem is p as package client spells it.
-func problem(p *decide.Problem) *client.Problem {
-	return &client.Problem{Type: p.Type, Title: p.Title, Status: p.Status, Detail: p.Detail, Instance: p.Instance,
-		Errors: p.Errors, ViolatedPolicies: p.ViolatedPolicies, RetryAfterMS: p.RetryAfterMS}
-}
+func problem(p *decide.Problem) *client.Problem { return (*client.Problem)(p) }

@@ -22,18 +22,15 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Source says who made a decision.
-type Source uint8
+// Source says who made a decision (engine.Source).
+type Source = engine.Source
 
+// The sources of a decision (engine.From*).
 const (
-	FromStore     Source = iota // the configured store decided
-	FromDenyCache               // a rejection remembered in process, no store call
-	FromFallback                // the store failed; decided in process (degraded)
+	FromStore     = engine.FromStore
+	FromDenyCache = engine.FromDenyCache
+	FromFallback  = engine.FromFallback
 )
-
-func (s Source) String() string {
-	return [...]string{"store", "deny_cache", "fallback"}[s]
-}
 
 // resetter is implemented by stores that can forget a subject's state.
 type resetter interface {
@@ -188,19 +185,8 @@ func New(cfg Config) *Limiter {
 	return l
 }
 
-// Outcome is a Decision with how it was reached.
-type Outcome struct {
-	engine.Decision
-	Source Source
-	// Degraded is true when the store could not decide and a policy's
-	// failure mode did.
-	Degraded bool
-	// Unavailable is true when a FailClosed policy rejected because the
-	// store could not decide: the caller answers 503, not 429.
-	Unavailable bool
-	// Err is the store's error behind a degraded decision, for logs.
-	Err error
-}
+// Outcome is a Decision with how it was reached (engine.Outcome).
+type Outcome = engine.Outcome
 
 // Check decides req. It returns an error only for a request no store could
 // decide (ErrBadRequest); a failing store yields a degraded Outcome.

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# make bench-scale: what a decision costs as the deployment grows. K Sluice
+# daemons on a Redis Cluster of M primaries, all on this machine, driven at
+# saturation by wrk (closed loop, CONNS connections split over the
+# daemons, USERS subjects in turn, one token bucket policy that admits
+# every request). For each M x K it reads every daemon's and every
+# redis-server's CPU time from /proc before and after the round and the
+# daemons' /metrics, and prints one line:
+#
+#   SCALE M=3 K=2 checks=... store_share=0.99990 breaker_opens=0
+#     decisions_per_daemon_cpu_s=... decisions_per_redis_cpu_s=...
+#     redis_us_per_decision=... daemon_us_per_decision=...
+#
+# Only decisions Redis made count (sluice_checks_total{source="store"});
+# breaker opens are reported. Efficiency per CPU-second, unlike
+# throughput, hardly moves when other work shares the machine, and it is
+# what extrapolates: a figure that stays flat as M and K grow says the
+# cost per decision does not depend on them. The single-server line
+# (M=single, the merged script call per batch) is the reference the
+# Cluster's Redis CPU per decision is compared with, in the same run.
+#
+# Last, with RESHARD=1 (default), a slot migration under load on M=3, K=2:
+# redis-cli --cluster reshard moves RESHARD_SLOTS slots from the first
+# primary to the second while wrk runs; the line RESHARD reports wrk's
+# non-2xx answers and socket errors (both must be 0) and the store share.
+#
+# Knobs (environment): MS ("1 3 6"), KS ("1 2 4"), SECS (8), CONNS (50),
+# WRK_THREADS (2), USERS (10000), RESHARD (1), RESHARD_SLOTS (2000),
+# SLUICE_FLAGS (more flags for sluice serve).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH_NAME=bench-scale
+TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+MS=${MS:-"1 3 6"}
+KS=${KS:-"1 2 4"}
+SECS=${SECS:-8}
+CONNS=${CONNS:-50}
+WRK_THREADS=${WRK_THREADS:-2}
+USERS=${USERS:-10000}
+RESHARD=${RESHARD:-1}
+RESHARD_SLOTS=${RESHARD_SLOTS:-2000}
+
+for t in redis-server redis-cli wrk curl; do
+  command -v "$t" >/dev/null || die "$t is not installed (bash .ci/test-deps installs it)"
+done
+go build -o "$work/sluice" ./cmd/sluice
+ticks=$(getconf CLK_TCK)
+
+cat >"$work/policies.json" <<'EOF'
+[{"id": "scale", "match": {"routes": ["/bench"]}, "algorithm": "token_bucket",
+  "rate_per_sec": 1000, "burst": 1000, "mode": "enforce",
+  "description": "the scale harness: 1000/s per user, every request allowed"}]
+EOF
+body='{"user":"{user}","route":"/bench"}'
+
+# redis_up PORT [ARGS...]: a redis-server on PORT answering PING within 20 s.
+redis_up() {
+  local port=$1; shift
+  start "redis_$port" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --protected-mode no --dir "$work" "$@"
+  local deadline=$((SECONDS + 20))
+  until redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; do
+    [ $SECONDS -lt $deadline ] || die "redis-server on $port did not start"
+    sleep 0.1
+  done
+}
+
+# cluster_up M: M empty primaries joined into one cluster, the 16384 slots
+# split evenly, every node agreeing (cluster_state:ok) within 30 s. Sets
+# redis_ports and store. M=1 is a one-primary cluster, which redis-cli
+# --cluster create refuses, so the slots are assigned by hand for every M.
+cluster_up() {
+  local m=$1 i p first lo hi
+  redis_ports=()
+  for i in $(seq 1 "$m"); do
+    p=$(freeport)
+    redis_up "$p" --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 5000
+    redis_ports+=("$p")
+  done
+  first=${redis_ports[0]}
+  for p in "${redis_ports[@]:1}"; do redis-cli -p "$p" cluster meet 127.0.0.1 "$first" >/dev/null; done
+  for i in $(seq 0 $((m - 1))); do
+    lo=$((16384 * i / m)); hi=$((16384 * (i + 1) / m - 1))
+    redis-cli -p "${redis_ports[$i]}" cluster addslotsrange "$lo" "$hi" >/dev/null
+  done
+  local deadline=$((SECONDS + 30))
+  for p in "${redis_ports[@]}"; do
+    until redis-cli -p "$p" cluster info | grep -q 'cluster_state:ok' &&
+      [ "$(redis-cli -p "$p" cluster nodes | grep -c master)" -eq "$m" ]; do
+      [ $SECONDS -lt $deadline ] || die "cluster of $m did not settle"
+      sleep 0.2
+    done
+  done
+  store="redis-cluster://$(printf '127.0.0.1:%s,' "${redis_ports[@]}" | sed 's/,$//')"
+}
+
+# stop_pids PID...: kill those processes and wait for them.
+stop_pids() {
+  local p
+  for p in "$@"; do kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+
+# daemons_up K: K daemons on $store; sets daemon_ports and daemon_pids.
+daemons_up() {
+  local k=$1 i port pid
+  daemon_ports=(); daemon_pids=()
+  for i in $(seq 1 "$k"); do
+    port=$(freeport)
+    # shellcheck disable=SC2086
+    start "sluice_$port" "$work/sluice" serve --listen "127.0.0.1:$port" --policies "$work/policies.json" \
+      --log-level warn --store "$store" ${SLUICE_FLAGS:-}
+    pid=$(eval echo "\$pid_sluice_$port")
+    daemon_ports+=("$port"); daemon_pids+=("$pid")
+  done
+  for port in "${daemon_ports[@]}"; do
+    local deadline=$((SECONDS + 30)) answer=""
+    # A daemon that has just started may decide its first checks by the
+    # fallback while its connections open: ready when the store decides.
+    until [[ "$answer" == *'"source":"store"'* ]]; do
+      [ $SECONDS -lt $deadline ] || die "daemon on $port: no decision by the store within 30 s ($answer)"
+      answer=$(curl -sS -X POST -H 'Content-Type: application/json' -d '{"user":"probe","route":"/bench"}' \
+        "http://127.0.0.1:$port/v1/check" 2>/dev/null || true)
+      sleep 0.2
+    done
+  done
+}
+
+sum_metric() { local s=0 p; for p in "${daemon_ports[@]}"; do s=$((s + $(metric_at "$p" "$1"))); done; echo "$s"; }
+sum_ticks() { local s=0 p; for p in "$@"; do s=$((s + $(cputicks "$p"))); done; echo "$s"; }
+redis_pids() { local p; for p in "${redis_ports[@]}"; do eval echo "\$pid_redis_$p"; done; }
+
+# load SECS: wrk against every daemon at once, CONNS split between them;
+# sets wrk_bad (non-2xx and socket errors, summed).
+load() {
+  local secs=$1 port c outs=() i p
+  c=$(( (CONNS + ${#daemon_ports[@]} - 1) / ${#daemon_ports[@]} ))
+  i=0
+  for port in "${daemon_ports[@]}"; do
+    wrk -t "$WRK_THREADS" -c "$c" -d "${secs}s" -s bench/rotate.lua "http://127.0.0.1:$port/v1/check" \
+      -- POST "$USERS" "$body" >"$work/wrk.$i" 2>&1 &
+    outs+=($!); i=$((i + 1))
+  done
+  for p in "${outs[@]}"; do wait "$p" || die "wrk failed: $(cat "$work"/wrk.*)"; done
+  wrk_bad=$(cat "$work"/wrk.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+}
+
+# round LABEL K: one measured round on $store with K daemons.
+round() {
+  local label=$1 k=$2
+  daemons_up "$k"
+  mapfile -t rp < <(redis_pids)
+  local all0 store0 opens0 dt0 rt0 all store opens dt rt
+  all0=$(sum_metric 'sluice_checks_total{'); store0=$(sum_metric 'sluice_checks_total{decision="allowed",source="store"}')
+  opens0=$(sum_metric 'sluice_breaker_opens_total'); dt0=$(sum_ticks "${daemon_pids[@]}"); rt0=$(sum_ticks "${rp[@]}")
+  load "$SECS"
+  all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
+  store=$(( $(sum_metric 'sluice_checks_total{decision="allowed",source="store"}') - store0 ))
+  opens=$(( $(sum_metric 'sluice_breaker_opens_total') - opens0 ))
+  dt=$(( $(sum_ticks "${daemon_pids[@]}") - dt0 )); rt=$(( $(sum_ticks "${rp[@]}") - rt0 ))
+  [ "$all" -gt 0 ] || die "$label: no checks counted"
+  awk -v l="$label" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
+    -v bad="$wrk_bad" -v secs="$SECS" 'BEGIN {
+      ds = dt / hz; rs = rt / hz
+      printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d wrk_errors=%d", l, all, all / secs, st / all, op, bad
+      printf " decisions_per_daemon_cpu_s=%.0f decisions_per_redis_cpu_s=%.0f", st / ds, st / rs
+      printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f\n", ds * 1e6 / st, rs * 1e6 / st
+    }'
+  stop_pids "${daemon_pids[@]}"
+}
+
+# The single-server reference: the merged script call per batch.
+single=$(freeport); redis_up "$single"; redis_ports=("$single"); store="redis://127.0.0.1:$single"
+for k in $KS; do round "M=single K=$k" "$k"; done
+stop_pids "$(eval echo "\$pid_redis_$single")"
+
+for m in $MS; do
+  cluster_up "$m"
+  for k in $KS; do round "M=$m K=$k" "$k"; done
+  if [ "$RESHARD" = 1 ] && [ "$m" = 3 ]; then
+    daemons_up 2
+    from=$(redis-cli -p "${redis_ports[0]}" cluster myid); to=$(redis-cli -p "${redis_ports[1]}" cluster myid)
+    all0=$(sum_metric 'sluice_checks_total{'); store0=$(sum_metric 'sluice_checks_total{decision="allowed",source="store"}')
+    load $((SECS * 2)) &
+    loader=$!
+    sleep 1
+    redis-cli --cluster reshard "127.0.0.1:${redis_ports[0]}" --cluster-from "$from" --cluster-to "$to" \
+      --cluster-slots "$RESHARD_SLOTS" --cluster-yes >"$work/reshard.log" 2>&1 || die "reshard failed: $(tail -5 "$work/reshard.log")"
+    wait "$loader"
+    wrk_bad=$(cat "$work"/wrk.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+    all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
+    store=$(( $(sum_metric 'sluice_checks_total{decision="allowed",source="store"}') - store0 ))
+    awk -v all="$all" -v st="$store" -v bad="$wrk_bad" -v n="$RESHARD_SLOTS" 'BEGIN {
+      printf "RESHARD M=3 K=2 slots_moved=%d checks=%d store_share=%.5f wrk_errors=%d\n", n, all, st / all, bad }'
+    stop_pids "${daemon_pids[@]}"
+  fi
+  mapfile -t rp < <(redis_pids)
+  stop_pids "${rp[@]}"
+done
