@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -208,7 +209,7 @@ func TestServeTLSBadInputExit1(t *testing.T) {
 }
 
 // TestServeRequireTLSStarts: with --require-tls and a certificate on every
-// listener the daemon starts.
+// listener the daemon starts, and on SIGTERM it stops with status 0.
 func TestServeRequireTLSStarts(t *testing.T) {
 	bin := buildSluice(t)
 	s := newTLSSetup(t)
@@ -216,6 +217,17 @@ func TestServeRequireTLSStarts(t *testing.T) {
 		"--admin-listen", freeLoopbackAddr(t), "--rls-listen", "127.0.0.1:0")
 	if out, code := curl(t, "--cacert", s.caFile, "-w", "%{http_code}", "-o", "/dev/null", "https://"+d.addr+"/healthz"); code != 0 || out != "200" {
 		t.Errorf("healthz = exit %d %q", code, out)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, d.log())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("sluice did not exit after SIGTERM")
 	}
 }
 
