@@ -18,7 +18,8 @@ import (
 //     too) and derives, per global key, the
 //     region's offered rate over that tick and an estimate of the region's
 //     bucket level; the region's acting node calls Allocator.Borrow with
-//     them and sends the request to every node of the other regions.
+//     them and sends the request to every other region (through its relay,
+//     which sends it on to the region's other nodes; see Relay).
 //   - A borrow request is answered at once by the acting node of each other
 //     region with Allocator.Lend (its rate: the same estimate), which cuts
 //     its own share before the Loan is sent; requests it cannot serve yet

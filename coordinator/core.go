@@ -125,11 +125,13 @@ type CoreConfig struct {
 
 // Ready is what one Tick or Step asks its owner to do.
 type Ready struct {
-	// Reports go to every node of every other region (BroadcastReport).
+	// Reports go to every node of every other region (BroadcastReport),
+	// through each region's relay (Relay).
 	Reports []share.Report
 	// NodeUsage goes to the region's other nodes (SendNodeUsage).
 	NodeUsage []msg.NodeUsage
-	// Borrows go to every node of the other regions (SendBorrowRequest).
+	// Borrows go to every node of the other regions (SendBorrowRequest),
+	// through their relays.
 	Borrows []share.BorrowRequest
 	// Loans go to the lender region's other nodes, then to the borrower's
 	// (SendLoan). The share they cut is already enforced.

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -38,6 +39,13 @@ type coreNet struct {
 	// feeds none, as an owner that only passes membership's verdicts.
 	contactEvery time.Duration
 	contact      map[[2]string]time.Time
+	unanswered   map[[2]string]time.Time
+	// relay, if set, routes as the gossip package does with relays: what
+	// crosses regions goes to the first node of RelayOrder that is not
+	// down, which sends it on to its region's other nodes, and only the
+	// nodes PingTargets picks are pinged (their Contact and Unanswered
+	// move; the others' stay as they were).
+	relay bool
 	// paused, if set, says whose pings are not running (their process too
 	// busy): their contacts age, with no ping given up either.
 	paused func(viewer string) bool
@@ -46,6 +54,85 @@ type coreNet struct {
 	verdict func(viewer, region string) bool
 	log     []Ready // every non-empty Ready, in order (determinism checks)
 	sent    int
+	// traffic is what each node sent and was sent, by node name.
+	traffic map[string]*nodeTraffic
+	round   map[string]time.Time // node → the ping round last counted in traffic
+}
+
+// nodeTraffic is one node's share traffic: message bytes (the size
+// estimates the simulator uses) to and from other regions and inside its
+// own, and contact pings sent and answered.
+type nodeTraffic struct {
+	crossOut, crossIn, lanOut, lanIn int
+	pingsOut, pingsIn                int
+}
+
+// fly puts f in flight and counts it.
+func (n *coreNet) fly(f flight) {
+	n.sent++
+	n.inFlite = append(n.inFlite, f)
+	size := msgSize(f.msg)
+	from, to := n.counter(f.from.name), n.counter(f.to.name)
+	if f.from.region != f.to.region {
+		from.crossOut += size
+		to.crossIn += size
+	} else {
+		from.lanOut += size
+		to.lanIn += size
+	}
+}
+
+// countPings counts, once per ping round, the pings nd sends: those of
+// pinged with relays, else one to every member of another region.
+func (n *coreNet) countPings(nd *coreNode, ms []msg.Member, pinged []string) {
+	own := n.counter(nd.name)
+	r := n.now.Truncate(max(n.contactEvery, 1))
+	if n.contactEvery == 0 || r.Equal(n.round[nd.name]) {
+		return
+	}
+	n.round[nd.name] = r
+	if !n.relay {
+		for _, m := range ms {
+			if m.Region != nd.region {
+				pinged = append(pinged, m.Node)
+			}
+		}
+	}
+	own.pingsOut += len(pinged)
+	for _, x := range pinged {
+		n.counter(x).pingsIn++
+	}
+}
+
+func (n *coreNet) counter(node string) *nodeTraffic {
+	if n.traffic == nil {
+		n.traffic, n.round = map[string]*nodeTraffic{}, map[string]time.Time{}
+	}
+	if n.traffic[node] == nil {
+		n.traffic[node] = &nodeTraffic{}
+	}
+	return n.traffic[node]
+}
+
+// msgSize is the encoded size estimate of m's payload, as the simulator
+// counts it, plus a 40-byte envelope.
+func msgSize(m msg.Message) int {
+	const env = 40
+	switch m.Kind {
+	case msg.KindReport:
+		return env + m.Report.EncodedSizeEstimate()
+	case msg.KindBorrow:
+		return env + m.Borrow.EncodedSizeEstimate()
+	case msg.KindLoan:
+		return env + m.Loan.EncodedSizeEstimate()
+	case msg.KindNodeUsage:
+		size := env + 1 + 4*2 + len(m.Usage.Node) + len(m.Usage.Region) + 2*5 + 9 + 5
+		for _, k := range m.Usage.Keys {
+			size += 1 + 6*2 + 4*9 + len(k.Policy) + len(k.Subject) + 2*5
+		}
+		return size
+	}
+	return env
 }
 
 type coreNode struct {
@@ -58,10 +145,11 @@ type coreNode struct {
 }
 
 type flight struct {
-	at   time.Time
-	to   *coreNode
-	msg  msg.Message
-	from *coreNode
+	at    time.Time
+	to    *coreNode
+	msg   msg.Message
+	from  *coreNode
+	relay bool // the receiver sends it on inside its region (coreNet.relay)
 }
 
 func newCoreNet(t *testing.T, sc share.Config, nodes ...string) *coreNet {
@@ -75,7 +163,7 @@ func newCoreNetCollect(t *testing.T, sc share.Config, collect time.Duration, nod
 	t.Helper()
 	n := &coreNet{t: t, sc: sc, now: sc.EpochStart(1_000_000).Add(100 * time.Millisecond),
 		delay: 20 * time.Millisecond, rate: map[string]float64{},
-		contactEvery: sc.Interval / 40, contact: map[[2]string]time.Time{}}
+		contactEvery: sc.Interval / 40, contact: map[[2]string]time.Time{}, unanswered: map[[2]string]time.Time{}}
 	for _, name := range nodes {
 		n.nodes = append(n.nodes, &coreNode{name: name, region: regionOf(name), state: msg.StateAlive})
 	}
@@ -139,12 +227,21 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 	}
 	to := func(m msg.Message, ok func(*coreNode) bool) {
 		m.From, m.Region = from.name, from.region
+		var relayed []string
 		for _, nd := range n.nodes {
 			if nd == from || nd.down || nd.state != msg.StateAlive || !ok(nd) || (n.cut != nil && n.cut(from.region, nd.region)) {
 				continue
 			}
-			n.sent++
-			n.inFlite = append(n.inFlite, flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from})
+			if n.relay && nd.region != from.region {
+				if !slices.Contains(relayed, nd.region) {
+					relayed = append(relayed, nd.region)
+				}
+				continue
+			}
+			n.fly(flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from})
+		}
+		for _, r := range relayed {
+			n.relayTo(from, m, r)
 		}
 	}
 	for _, r := range rd.Reports {
@@ -160,6 +257,18 @@ func (n *coreNet) send(from *coreNode, rd Ready) {
 		to(msg.Message{Kind: msg.KindLoan, Loan: l}, func(nd *coreNode) bool {
 			return nd.region == l.Borrower || nd.region == l.Lender
 		})
+	}
+}
+
+// relayTo sends m to region r's relay: the first node of RelayOrder (as
+// from's membership shows it) not down, as a send to a crashed node fails
+// and the next one is tried.
+func (n *coreNet) relayTo(from *coreNode, m msg.Message, r string) {
+	for _, name := range RelayOrder(n.verdicts(from, n.members()), r) {
+		if nd := n.node(name); !nd.down {
+			n.fly(flight{at: n.now.Add(n.delay), to: nd, msg: m, from: from, relay: true})
+			return
+		}
 	}
 }
 
@@ -194,6 +303,9 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 		for _, f := range due {
 			if f.to.state == msg.StateAlive && !f.to.down {
 				n.send(f.to, f.to.core.Step(n.now, f.msg))
+				if f.relay {
+					n.forward(f)
+				}
 			}
 		}
 		for _, nd := range n.nodes {
@@ -207,11 +319,25 @@ func (n *coreNet) run(until time.Time, step time.Duration, each func()) {
 	}
 }
 
+// forward sends a relayed message on to the relay's region's other nodes.
+func (n *coreNet) forward(f flight) {
+	for _, nd := range n.nodes {
+		if nd != f.to && nd.region == f.to.region && !nd.down && nd.state == msg.StateAlive {
+			n.fly(flight{at: n.now.Add(n.delay), to: nd, msg: f.msg, from: f.to})
+		}
+	}
+}
+
 // view is membership as nd sees it: a cut-off region looks dead, and
 // every member of another region has the Contact of its last answered
 // ping (contactEvery).
 func (n *coreNet) view(nd *coreNode) []msg.Member {
 	ms := n.members()
+	var pinged []string
+	if n.relay {
+		pinged = PingTargets(n.verdicts(nd, ms), nd.name, nd.region, nil)
+	}
+	n.countPings(nd, ms, pinged)
 	for i := range ms {
 		cut := n.cut != nil && n.cut(nd.region, ms[i].Region)
 		switch {
@@ -227,14 +353,36 @@ func (n *coreNet) view(nd *coreNode) []msg.Member {
 			k := [2]string{nd.name, ms[i].Node}
 			switch {
 			case n.paused != nil && n.paused(nd.name):
+			case n.relay && !slices.Contains(pinged, ms[i].Node):
+				// Not pinged this round: what it had stays.
 			case !cut && !n.node(ms[i].Node).down:
 				n.contact[k] = n.now.Truncate(n.contactEvery)
 			default:
 				if failed := n.now.Add(-n.contactEvery).Truncate(n.contactEvery); failed.After(n.contact[k]) {
-					ms[i].Unanswered = failed
+					n.unanswered[k] = failed
 				}
 			}
 			ms[i].Contact = n.contact[k]
+			if u := n.unanswered[k]; u.After(ms[i].Contact) {
+				ms[i].Unanswered = u
+			}
+		}
+	}
+	return ms
+}
+
+// verdicts is ms with membership's verdicts as nd sees them (cut-off or
+// dead regions dead), without contact.
+func (n *coreNet) verdicts(nd *coreNode, ms []msg.Member) []msg.Member {
+	ms = slices.Clone(ms)
+	for i := range ms {
+		switch {
+		case n.verdict != nil:
+			if n.verdict(nd.region, ms[i].Region) {
+				ms[i].State = msg.StateDead
+			}
+		case n.cut != nil && n.cut(nd.region, ms[i].Region):
+			ms[i].State = msg.StateDead
 		}
 	}
 	return ms

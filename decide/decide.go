@@ -14,6 +14,7 @@ package decide
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/sluice-rl/sluice/engine"
@@ -170,6 +171,12 @@ func (dc *Decider) decideApplied(ctx context.Context, who quota.Principal, appli
 		return Verdict{}, p
 	}
 	shadowSource := dc.shadow(ctx, &pl, &v, who, &decider)
+	if t.Reservation != "" && v.Allowed && v.Status == http.StatusOK && !v.Degraded {
+		held := append(append([]engine.Check(nil), pl.enforced[:pl.ne]...), pl.shadow[:pl.ns]...)
+		if p := dc.reserve(ctx, t, who, held); p != nil {
+			return Verdict{}, p
+		}
+	}
 	dc.answer(&v, decider)
 	dc.obs.Decided(v, t.Method, t.Route, shadowSource)
 	return v, nil

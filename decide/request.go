@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
+
+	"github.com/sluice-rl/sluice/engine"
 
 	"github.com/sluice-rl/sluice/quota"
 )
@@ -25,6 +28,12 @@ type CheckRequest struct {
 	// Cost, when given, replaces every policy's cost-table cost; zero
 	// reads the state without spending.
 	Cost *int64 `json:"cost,omitempty"`
+	// Reservation, when given, holds the cost this check spends, when it
+	// is allowed, as an estimate under this id, for POST /v1/charge to
+	// settle with the real cost within ReservationTTLMS (default
+	// DefaultReservationTTL, at most engine.MaxReservationTTL).
+	Reservation      string `json:"reservation,omitempty"`
+	ReservationTTLMS int64  `json:"reservation_ttl_ms,omitempty"`
 }
 
 // Target is a validated request to limit: who asks, for which method and
@@ -37,6 +46,10 @@ type Target struct {
 	Cost *int64
 	// Field prefixes the field names in problems ("" or "checks[3]").
 	Field string
+	// Reservation, when not empty, holds the enforced policies' costs of
+	// an allowed check for ReservationTTL (zero: DefaultReservationTTL).
+	Reservation    string
+	ReservationTTL time.Duration
 }
 
 // MaxRouteLen bounds a route, in bytes.
@@ -123,5 +136,12 @@ func (in *CheckRequest) Target(prefix string) (Target, *Problem) {
 	if in.Cost != nil && *in.Cost < 0 {
 		return Target{}, Invalid(at("cost"), "must not be negative, got %d", *in.Cost)
 	}
-	return Target{ID: id, Method: strings.ToUpper(method), Route: quota.NormalizeRoute(in.Route), Cost: in.Cost, Field: prefix}, nil
+	if len(in.Reservation) > engine.MaxReservationID {
+		return Target{}, Invalid(at("reservation"), "must be at most %d bytes", engine.MaxReservationID)
+	}
+	if ms := in.ReservationTTLMS; ms < 0 || ms > engine.MaxReservationTTL.Milliseconds() || (ms != 0 && in.Reservation == "") {
+		return Target{}, Invalid(at("reservation_ttl_ms"), "must be from 1 to %d, with a reservation, got %d", engine.MaxReservationTTL.Milliseconds(), ms)
+	}
+	return Target{ID: id, Method: strings.ToUpper(method), Route: quota.NormalizeRoute(in.Route), Cost: in.Cost, Field: prefix,
+		Reservation: in.Reservation, ReservationTTL: time.Duration(in.ReservationTTLMS) * time.Millisecond}, nil
 }

@@ -151,7 +151,8 @@ func (c *Check) Effective() Limit { return c.Limit.Scale(c.Scale) }
 
 // Finish sets Allowed and Decider from the per-policy results. When the
 // request is rejected nothing was spent, so a policy that would have
-// allowed reports what it still has, not what it would have had.
+// allowed reports what it still has, not what it would have had. Nil
+// checks hold nothing back: a charge, spent whatever the results say.
 func (d *Decision) Finish(checks []Check) {
 	d.Allowed = true
 	d.Decider = -1
@@ -160,7 +161,7 @@ func (d *Decision) Finish(checks []Check) {
 			d.Allowed = false
 		}
 	}
-	if !d.Allowed {
+	if !d.Allowed && checks != nil {
 		for i := 0; i < d.N; i++ {
 			if r := &d.Results[i]; r.Allowed {
 				r.Remaining = min(r.Remaining+checks[i].Cost, r.Limit)

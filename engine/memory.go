@@ -87,6 +87,7 @@ type MemoryStore struct {
 	_     [64]byte
 	count atomic.Int64  // states held or reserved, in all shards
 	hand  atomic.Uint32 // the shard the last cross-shard eviction used
+	resv  reservations
 }
 
 // NewMemoryStore returns an empty store.
@@ -108,6 +109,7 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	}
 	s.max = int64(min(max(maxKeys, MaxChecks), 1<<30))
 	s.base = s.clock.Now().UnixMicro()
+	s.resv.init(s.max)
 	for i := range s.shards {
 		s.shards[i].init(&s.count)
 	}
@@ -287,6 +289,7 @@ func (s *MemoryStore) Sweep() {
 		sh.sweep(expirySeconds(now, s.base))
 		sh.mu.Unlock()
 	}
+	s.resv.sweep(now)
 }
 
 // Run sweeps expired states every interval until ctx ends. Lookups ignore

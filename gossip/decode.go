@@ -433,6 +433,7 @@ type envelopeView struct {
 	From    string
 	Region  string
 	Payload []byte // a slice of the message, not a copy
+	Relay   bool
 }
 
 func (r *reader) envelope(e *envelopeView) error {
@@ -455,6 +456,8 @@ func (r *reader) envelope(e *envelopeView) error {
 			if err = r.skip(0); err == nil {
 				e.Payload = r.b[start:r.i]
 			}
+		case "f":
+			e.Relay, err = r.bool()
 		default:
 			return false, nil
 		}
@@ -665,6 +668,8 @@ func (r *reader) meta(m *nodeMeta) error {
 			m.PolicyRev, err = r.uint(math.MaxUint64)
 		case "h":
 			m.PolicyHash, err = r.str(MaxNameLen)
+		case "f":
+			m.Relays, err = r.bool()
 		default:
 			return false, nil
 		}

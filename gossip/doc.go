@@ -59,8 +59,8 @@
 // returns; a full queue drops and counts ("queue_full"), never blocks
 // memberlist. One goroutine decodes and hands messages to the handlers.
 //
-// Regional reports and node usage go to each live target node over
-// memberlist's reliable path (SendReliable: one TCP stream per node, AES-GCM
+// Regional reports and node usage go to their target nodes (reports to
+// each other region's relay, see Relays) over memberlist's reliable path (SendReliable: one TCP stream per node, AES-GCM
 // when keyed, up to memberlist's 20 MiB user-message limit; MaxMessageSize
 // caps ours at 16 MiB and a larger message is an error, never truncated).
 // They do not use the gossip queue (TransmitLimitedQueue): memberlist hands a
@@ -74,6 +74,25 @@
 // as serf does with user events, and the newest version also travels in
 // push/pull state, so a node that (re)joins catches up. Larger policy sets go
 // over the reliable path to every node.
+//
+// # Relays
+//
+// What crosses regions (reports, borrow requests, loans to the borrower)
+// goes once to each other region, to its relay (coordinator.RelayOrder: the
+// region's alive nodes by name, then its suspected ones; the first that
+// takes the send), flagged for relay; the relay sends the same message
+// unflagged, byte for byte a direct one, to its region's other live nodes
+// from one goroutine with a bounded queue (ReasonRelayFull when full), and
+// only on first delivery. A send to a relay that fails goes to the next
+// node at once; sluice_gossip_relay_changes_total{region} counts the
+// changes. A node advertises relaying in its metadata; a region with a
+// live node that does not (an older build) is sent to node by node, as
+// before, and every node still delivers direct messages. Contact pings go
+// to coordinator.PingsPerRegion nodes of each other region per round
+// (coordinator.PingTargets), counted in sluice_gossip_contact_pings_total.
+// What a node sends and is sent across regions then depends on the number
+// of regions, not of nodes; the relay's copies inside its region grow with
+// its region's nodes, as node usage does.
 //
 // Borrow requests (share.BorrowRequest, KindBorrow) go to every node of the
 // other regions and loans (share.Loan, KindLoan) to the lender's other nodes
@@ -123,16 +142,18 @@
 //
 // With 20 million active keys an hour, only pressured keys are listed (a
 // region offering more than half its share); keys nobody reports run at
-// L_global/n and cost nothing. At a 10 s interval, per region publisher:
+// L_global/n and cost nothing. At a 10 s interval, per region publisher,
+// which sends one report to each other region's relay:
 //
-//	pressured keys k   report     to 1 node   to 12 nodes (4 other regions × 3)
-//	  1 000 (0.005%)    97 KB      9.7 KB/s    116 KB/s  (0.9 Mbit/s)
-//	 10 000 (0.05%)    970 KB       97 KB/s    1.2 MB/s  (9.3 Mbit/s)
-//	100 000 (0.5%)     9.7 MB      970 KB/s     12 MB/s  (93 Mbit/s)
+//	pressured keys k   report     to 1 region   to 4 other regions
+//	  1 000 (0.005%)    97 KB      9.7 KB/s      39 KB/s  (0.3 Mbit/s)
+//	 10 000 (0.05%)    970 KB       97 KB/s     390 KB/s  (3.1 Mbit/s)
+//	100 000 (0.5%)     9.7 MB      970 KB/s     3.9 MB/s  (31 Mbit/s)
 //
 // and each node receives (R−1) reports per interval: 5 regions with 10 000
-// pressured keys each is 390 KB/s inbound per node. memberlist's compression
-// (on by default) shrinks the repeated policy names and subject prefixes
-// further. Beyond about 10 000 pressured keys per region the fan-out should
-// go to one node per region that relays inside its region (not built).
+// pressured keys each is 390 KB/s inbound per node, over the LAN from its
+// relay except at the relay itself, which also sends them on to its
+// region's m−1 other nodes ((m−1)·390 KB/s on the LAN). memberlist's
+// compression (on by default) shrinks the repeated policy names and
+// subject prefixes further.
 package gossip

@@ -346,7 +346,7 @@ func FuzzDecodeLoan(f *testing.F) { fuzzKind(f, KindLoan, testLoan("eu", "us")) 
 // panics and allocates little (under 64 KiB: the counter also sees the
 // fuzzing engine's own allocations, so the bound is loose).
 func FuzzDecodeMeta(f *testing.F) {
-	b, _ := marshal(nodeMeta{V: 1, Region: "eu", PolicyRev: 7, PolicyHash: "abc"})
+	b, _ := marshal(nodeMeta{V: 1, Region: "eu", PolicyRev: 7, PolicyHash: "abc", Relays: true})
 	f.Add(b)
 	f.Add([]byte{0x81, 0xa1, 'r', 0xdb, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {

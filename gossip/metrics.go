@@ -19,6 +19,8 @@ type metrics struct {
 	sent          *prometheus.CounterVec
 	sentBytes     *prometheus.CounterVec
 	sendErrors    *prometheus.CounterVec
+	pings         *prometheus.CounterVec
+	relayChanges  *prometheus.CounterVec
 	queueLen      prometheus.Gauge
 	members       prometheus.Gauge
 }
@@ -53,6 +55,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_gossip_send_errors_total",
 			Help: "Gossip sends that failed, by kind.",
 		}, []string{"kind"}),
+		pings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gossip_contact_pings_total",
+			Help: "Contact pings this node sent to nodes of other regions, by result (answered, unanswered).",
+		}, []string{"result"}),
+		relayChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gossip_relay_changes_total",
+			Help: "Times the node this node's messages to a region go through (its relay) changed, by region: the relay failed a send, died, left or was replaced in membership.",
+		}, []string{"region"}),
 		queueLen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_gossip_receive_queue_length",
 			Help: "Messages waiting in the receive queue.",
@@ -63,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dropped, m.rejected, m.received, m.receivedBytes, m.sent, m.sentBytes, m.sendErrors, m.queueLen, m.members)
+		reg.MustRegister(m.dropped, m.rejected, m.received, m.receivedBytes, m.sent, m.sentBytes, m.sendErrors, m.pings, m.relayChanges, m.queueLen, m.members)
 	}
 	return m
 }

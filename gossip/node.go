@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 	"golang.org/x/sync/errgroup"
@@ -91,6 +92,10 @@ type Node struct {
 
 	held []heldMessage // only the decode goroutine touches it
 
+	fwd      chan forward      // messages to send on inside this region (forwardLoop)
+	relayMu  sync.Mutex        // guards relayVia
+	relayVia map[string]string // region → the node its last relayed message went through
+
 	pmu          sync.Mutex
 	policyVer    uint64
 	policyLatest []byte            // encoded envelope of the newest policy seen
@@ -114,9 +119,11 @@ func New(cfg Config) (*Node, error) {
 		reportSeen:   map[string]uint64{},
 		rejectLogged: map[string]time.Time{},
 		metrics:      newMetrics(cfg.Registerer),
+		fwd:          make(chan forward, forwardQueue),
+		relayVia:     map[string]string{},
 	}
 	watchCluster(n, cfg.Registerer)
-	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region}
+	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region, Relays: true}
 	meta, err := marshal(n.metaFields)
 	if err != nil {
 		return nil, err
@@ -210,6 +217,7 @@ func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { n.decodeLoop(ctx) })
 	wg.Go(func() { n.contactLoop(ctx, &wg) })
+	wg.Go(func() { n.forwardLoop(ctx) })
 	defer wg.Wait()
 	n.joinLoop(ctx)
 	return nil
@@ -334,12 +342,13 @@ const (
 // heldMessage is a decoded message waiting for its sender to be known.
 type heldMessage struct {
 	m     Message
+	env   envelopeView
 	b     []byte
 	until time.Time
 }
 
 func (n *Node) handle(b []byte) {
-	m, err := Decode(b, n.cfg.MaxMessageSize)
+	m, env, err := decode(b, n.cfg.MaxMessageSize)
 	if err == nil && m.From == n.cfg.Node {
 		n.metrics.dropped.WithLabelValues(ReasonSelf).Inc()
 		return
@@ -349,14 +358,36 @@ func (n *Node) handle(b []byte) {
 	}
 	var de *DecodeError
 	if errors.As(err, &de) && de.Reason == ReasonSender && !n.known(m.From) && len(n.held) < maxHeld {
-		n.held = append(n.held, heldMessage{m: m, b: b, until: time.Now().Add(holdUnknown)})
+		n.held = append(n.held, heldMessage{m: m, env: env, b: b, until: time.Now().Add(holdUnknown)})
 		return
 	}
 	if err != nil {
 		n.reject(m, err, len(b))
 		return
 	}
-	n.deliver(m, b)
+	n.deliverRelayed(m, env, b)
+}
+
+// deliverRelayed delivers m and, the first time it is delivered, sends it
+// on inside this region when its sender asked this node to relay it.
+func (n *Node) deliverRelayed(m Message, env envelopeView, b []byte) {
+	if !n.deliver(m, b) || !env.Relay || m.Region == n.cfg.Region {
+		return
+	}
+	switch m.Kind {
+	case KindReport, KindBorrow, KindLoan:
+	default:
+		return // only what crosses regions is relayed
+	}
+	out, err := unrelayed(env)
+	if err != nil {
+		return
+	}
+	select {
+	case n.fwd <- forward{kind: m.Kind, b: out}:
+	default:
+		n.metrics.dropped.WithLabelValues(ReasonRelayFull).Inc()
+	}
 }
 
 // retryHeld delivers the held messages whose sender is now known and
@@ -376,7 +407,7 @@ func (n *Node) retryHeld() {
 			n.reject(h.m, err, len(h.b))
 			continue
 		}
-		n.deliver(h.m, h.b)
+		n.deliverRelayed(h.m, h.env, h.b)
 	}
 	clear(n.held[len(keep):])
 	n.held = keep
@@ -391,16 +422,16 @@ func (n *Node) known(name string) bool {
 }
 
 // deliver hands an admitted message to the handlers, once: a policy or a
-// report seen before is not delivered again. A policy is relayed.
-func (n *Node) deliver(m Message, b []byte) {
+// report seen before is not delivered again (false). A policy is relayed.
+func (n *Node) deliver(m Message, b []byte) bool {
 	switch m.Kind {
 	case KindPolicy:
 		if !n.notePolicy(m.Policy.Version, b) {
-			return // not newer than what we have: already delivered
+			return false // not newer than what we have: already delivered
 		}
 	case KindReport:
 		if !n.noteReport(m.Region, m.Report.Epoch) {
-			return // this region's report for this epoch was delivered already
+			return false // this region's report for this epoch was delivered already
 		}
 	}
 	if m.Kind == KindPolicy && len(b) <= MaxPacketPayload {
@@ -417,6 +448,7 @@ func (n *Node) deliver(m Message, b []byte) {
 	for _, h := range hs {
 		h(m)
 	}
+	return true
 }
 
 // admit checks a decoded message against what this node knows: its
@@ -506,17 +538,19 @@ func (n *Node) enqueue(b []byte) {
 	}
 }
 
-// BroadcastReport sends this region's report to every live node of the
-// other regions, over memberlist's reliable (TCP) path, whatever its size:
-// a report must reach every node before the settle deadline, and the gossip
-// queue gives no such promise (see the package documentation). It returns
-// once every send has finished; an error names the nodes that failed.
+// BroadcastReport sends this region's report to every other region, over
+// memberlist's reliable (TCP) path, whatever its size: a report must reach
+// every node before the settle deadline, and the gossip queue gives no
+// such promise (see the package documentation). Each region gets it
+// through its relay, which sends it on to the region's other nodes
+// (sendAcross). It returns once every send has finished; an error names
+// the nodes that failed.
 func (n *Node) BroadcastReport(ctx context.Context, r share.Report) error {
 	if r.Region != n.cfg.Region {
 		return fmt.Errorf("gossip: report of region %q from a node of %q", r.Region, n.cfg.Region)
 	}
 	n.noteReport(r.Region, r.Epoch)
-	return n.send(ctx, r, KindReport, func(m Member) bool { return m.Region != n.cfg.Region }, false)
+	return n.sendAcross(ctx, r, KindReport, func(region string) bool { return region != n.cfg.Region })
 }
 
 // SendNodeUsage sends this node's usage to the other live nodes of its
@@ -527,21 +561,22 @@ func (n *Node) SendNodeUsage(ctx context.Context, u NodeUsage) error {
 }
 
 // SendBorrowRequest sends this region's borrow request to every live node of
-// the other regions over the reliable path (any of them may be its region's
-// lender; the receivers decide which one answers). A lost request costs the
+// the other regions over the reliable path, through each region's relay
+// (any of them may be its region's lender; the receivers decide which one
+// answers). A lost request costs the
 // borrower one BorrowEvery; a duplicate is answered at most once per
 // borrower and key (share.Allocator.Lend supersedes the pending one).
 func (n *Node) SendBorrowRequest(ctx context.Context, r share.BorrowRequest) error {
 	if r.Region != n.cfg.Region {
 		return fmt.Errorf("gossip: borrow request of region %q from a node of %q", r.Region, n.cfg.Region)
 	}
-	return n.send(ctx, r, KindBorrow, func(m Member) bool { return m.Region != n.cfg.Region }, false)
+	return n.sendAcross(ctx, r, KindBorrow, func(region string) bool { return region != n.cfg.Region })
 }
 
 // SendLoan sends this region's loan over the reliable path, first to the
 // other live nodes of this (the lender's) region, which must cut as this
 // node already has, and only when those sends have finished to the live
-// nodes of the borrower's region: the lender's nodes have the cut in hand
+// nodes of the borrower's region, through its relay: the lender's nodes have the cut in hand
 // before any borrower node can raise. A lost loan leaves the lender's share
 // cut and the borrower's unraised until the next rebalance (under-service,
 // never overshoot); a duplicate is applied once (share.Loan.Seq). If the
@@ -557,7 +592,10 @@ func (n *Node) SendLoan(ctx context.Context, l share.Loan) error {
 	if err := n.sendEncoded(ctx, b, KindLoan, func(m Member) bool { return m.Region == n.cfg.Region }, false); err != nil {
 		return err
 	}
-	return n.sendEncoded(ctx, b, KindLoan, func(m Member) bool { return m.Region == l.Borrower }, false)
+	if l.Borrower == n.cfg.Region {
+		return nil
+	}
+	return n.sendAcross(ctx, l, KindLoan, func(region string) bool { return region == l.Borrower })
 }
 
 // BroadcastPolicy sends a policy set to every live node over the reliable
@@ -599,42 +637,59 @@ func (n *Node) sendEncoded(ctx context.Context, b []byte, kind Kind, to func(Mem
 	}
 	if queue && len(b) <= MaxPacketPayload {
 		n.bq.QueueBroadcast(&broadcast{kind: kind, from: n.cfg.Node, msg: b})
-		n.metrics.sent.WithLabelValues(kind.String(), "gossip").Inc()
+		n.metrics.sent.WithLabelValues(kind.String(), pathGossip).Inc()
 		n.metrics.sentBytes.WithLabelValues(kind.String()).Add(float64(len(b)))
 		return nil
 	}
-	// Targets come from our own member table: the *Node values memberlist
-	// returns are mutated by its goroutines without a lock we can take.
-	var targets []*memberlist.Node
+	var targets []Member
 	for _, m := range n.Members() {
-		if m.Node == n.cfg.Node || !m.State.Live() || !to(m) {
-			continue
+		if m.Node != n.cfg.Node && m.State.Live() && to(m) {
+			targets = append(targets, m)
 		}
-		host, port, err := net.SplitHostPort(m.Addr)
-		p, perr := strconv.Atoi(port)
-		if err != nil || perr != nil {
-			continue
-		}
-		targets = append(targets, &memberlist.Node{Name: m.Node, Addr: net.ParseIP(host), Port: uint16(p)})
 	}
-	const path = "reliable"
+	return n.sendTo(ctx, b, kind, pathReliable, targets)
+}
+
+// Paths of sluice_gossip_sent_total: queued on memberlist's gossip, sent
+// to one node over TCP, or sent on over TCP by a relay.
+const (
+	pathGossip   = "gossip"
+	pathReliable = "reliable"
+	pathRelay    = "relay"
+)
+
+// sendTo sends b to every target over memberlist's reliable path, at most
+// 16 at once, and returns once every send has finished.
+func (n *Node) sendTo(ctx context.Context, b []byte, kind Kind, path string, targets []Member) error {
 	g, _ := errgroup.WithContext(ctx)
 	g.SetLimit(16)
 	for _, t := range targets {
-		g.Go(func() error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := n.ml.SendReliable(t, b); err != nil {
-				n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
-				return fmt.Errorf("gossip: send %s to %s: %w", kind, t.Name, err)
-			}
-			n.metrics.sent.WithLabelValues(kind.String(), path).Inc()
-			n.metrics.sentBytes.WithLabelValues(kind.String()).Add(float64(len(b)))
-			return nil
-		})
+		g.Go(func() error { return n.sendOne(ctx, b, kind, path, t) })
 	}
 	return g.Wait()
+}
+
+// sendOne sends b to member t over memberlist's reliable path.
+func (n *Node) sendOne(ctx context.Context, b []byte, kind Kind, path string, t Member) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Addresses come from our own member table: the *Node values
+	// memberlist returns are mutated by its goroutines without a lock we
+	// can take.
+	host, port, err := net.SplitHostPort(t.Addr)
+	p, perr := strconv.Atoi(port)
+	if err != nil || perr != nil {
+		return fmt.Errorf("gossip: send %s to %s: bad address %q", kind, t.Node, t.Addr)
+	}
+	mn := &memberlist.Node{Name: t.Node, Addr: net.ParseIP(host), Port: uint16(p)}
+	if err := n.ml.SendReliable(mn, b); err != nil {
+		n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
+		return fmt.Errorf("gossip: send %s to %s: %w", kind, t.Node, err)
+	}
+	n.metrics.sent.WithLabelValues(kind.String(), path).Inc()
+	n.metrics.sentBytes.WithLabelValues(kind.String()).Add(float64(len(b)))
+	return nil
 }
 
 // broadcast is one queued message; a newer message of the same kind from
@@ -792,11 +847,11 @@ func (n *Node) announceMeta() {
 func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	meta, _ := decodeMeta(mn.Meta)
 	m := member{Member: Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive,
-		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash}}
+		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash, Relays: meta.Relays}}
 	n.mu.Lock()
 	old, known := n.members[m.Node]
 	if m.Region == "" && known {
-		m.Region = old.Region
+		m.Region, m.Relays = old.Region, old.Relays
 	}
 	if gone {
 		m.State = StateDead
@@ -819,8 +874,8 @@ func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 // answer (memberlist's probe timeout).
 func (n *Node) ContactLag() time.Duration { return n.cfg.ContactEvery + n.pingTimeout }
 
-// contactLoop pings every known, not departed node of the other regions
-// each Config.ContactEvery, through memberlist's Ping (one UDP packet and
+// contactLoop pings coordinator.PingsPerRegion nodes of each other region
+// each Config.ContactEvery (coordinator.PingTargets), through memberlist's Ping (one UDP packet and
 // its ack, within the preset's probe timeout, through the same transport as
 // the failure detector, faults included), and records the send time of
 // each answered ping as the node's Contact, of each unanswered one as its
@@ -854,21 +909,24 @@ func (n *Node) contactLoop(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// pingTargets returns the members of other regions to ping now (those not
-// known to have left and without a ping in flight), marking them in flight.
+// pingTargets returns the members of other regions to ping now,
+// coordinator.PingsPerRegion of each region as coordinator.PingTargets
+// picks them (none with a ping in flight), marking them in flight.
 func (n *Node) pingTargets() []member {
 	if n.down.Load() {
 		return nil
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var out []member
+	all := make([]Member, 0, len(n.members))
 	for _, m := range n.members {
-		if m.Region == n.cfg.Region || m.Region == "" || m.State == StateLeft || n.pinging[m.Node] {
-			continue
-		}
-		n.pinging[m.Node] = true
-		out = append(out, m)
+		all = append(all, m.Member)
+	}
+	names := coordinator.PingTargets(all, n.cfg.Node, n.cfg.Region, func(node string) bool { return n.pinging[node] })
+	out := make([]member, 0, len(names))
+	for _, name := range names {
+		n.pinging[name] = true
+		out = append(out, n.members[name])
 	}
 	return out
 }
@@ -886,6 +944,13 @@ func (n *Node) donePing(node string, sent time.Time, answered bool) {
 		to[node] = sent
 	}
 	n.mu.Unlock()
+	if !sent.IsZero() {
+		result := "unanswered"
+		if answered {
+			result = "answered"
+		}
+		n.metrics.pings.WithLabelValues(result).Inc()
+	}
 }
 
 // delegate implements memberlist.Delegate; every method returns at once.

@@ -61,11 +61,25 @@ func testNow() time.Time { return time.Unix(0, 100*int64(DefaultInterval)).Add(t
 
 func startNode(t *testing.T, name, region string, key []byte, join ...string) *testNode {
 	t.Helper()
+	return startNodeWith(t, name, region, key, join, nil, nil)
+}
+
+// startNodeWith is startNode with cfg changed by config (if set) before
+// New, and the node by before (if set) before Run.
+func startNodeWith(t *testing.T, name, region string, key []byte, join []string, config func(*Config), before func(*Node)) *testNode {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: key, Preset: PresetLocal,
-		Join: join, Registerer: reg, LeaveTimeout: 500 * time.Millisecond, Logger: testLogger(name), Now: testNow})
+	cfg := Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: key, Preset: PresetLocal,
+		Join: join, Registerer: reg, LeaveTimeout: 500 * time.Millisecond, Logger: testLogger(name), Now: testNow}
+	if config != nil {
+		config(&cfg)
+	}
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New(%s) = %v", name, err)
+	}
+	if before != nil {
+		before(n)
 	}
 	in := &inbox{}
 	n.OnReport(func(r share.Report) { in.mu.Lock(); in.reports = append(in.reports, r); in.mu.Unlock() })

@@ -41,6 +41,12 @@ type envelope struct {
 	From    string             `msgpack:"n"`
 	Region  string             `msgpack:"r"`
 	Payload msgpack.RawMessage `msgpack:"p"`
+	// Relay asks the receiver, a node of another region, to send the
+	// message on to the other live nodes of its region (without this
+	// flag). Older decoders skip the key: they deliver, never forward,
+	// which is why a region is sent through its relay only when all its
+	// nodes advertise nodeMeta.Relays.
+	Relay bool `msgpack:"f,omitempty"`
 }
 
 // The payloads and the decoded message are the coordinator's message
@@ -90,6 +96,13 @@ func decodeErr(reason string, err error) error { return &DecodeError{Reason: rea
 // PolicyUpdate, share.BorrowRequest or share.Loan, by value) sent by node
 // from in region.
 func Encode(from, region string, payload any) ([]byte, error) {
+	b, _, err := encode(from, region, payload, false)
+	return b, err
+}
+
+// encode is Encode that, with relayed set, also returns the message
+// flagged for relay (envelope.Relay); the payload is marshalled once.
+func encode(from, region string, payload any, relayed bool) (direct, relay []byte, err error) {
 	var kind Kind
 	switch payload.(type) {
 	case share.Report:
@@ -103,13 +116,19 @@ func Encode(from, region string, payload any) ([]byte, error) {
 	case share.Loan:
 		kind = KindLoan
 	default:
-		return nil, fmt.Errorf("gossip: cannot encode %T", payload)
+		return nil, nil, fmt.Errorf("gossip: cannot encode %T", payload)
 	}
 	p, err := marshal(payload)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return marshal(envelope{V: WireVersion, Kind: kind, From: from, Region: region, Payload: p})
+	env := envelope{V: WireVersion, Kind: kind, From: from, Region: region, Payload: p}
+	if direct, err = marshal(env); err != nil || !relayed {
+		return direct, nil, err
+	}
+	env.Relay = true
+	relay, err = marshal(env)
+	return direct, relay, err
 }
 
 func marshal(v any) ([]byte, error) {
@@ -140,18 +159,30 @@ func readErr(err error) error {
 // reason. It never panics and allocates at most a small multiple of len(b),
 // however hostile b is (FuzzDecode and the per-kind fuzz targets).
 func Decode(b []byte, maxSize int) (m Message, err error) {
+	m, _, err = decode(b, maxSize)
+	return m, err
+}
+
+// decode is Decode that also returns the envelope as read (its Payload a
+// slice of b), for the relay flag and for forwarding.
+func decode(b []byte, maxSize int) (m Message, env envelopeView, err error) {
 	defer func() {
 		if r := recover(); r != nil { // belt and braces: a decoder bug drops one message, not the node
 			m, err = Message{}, decodeErr(ReasonMalformed, fmt.Errorf("panic: %v", r))
 		}
 	}()
 	if maxSize > 0 && len(b) > maxSize {
-		return Message{}, decodeErr(ReasonOversized, fmt.Errorf("%d bytes > %d", len(b), maxSize))
+		return Message{}, env, decodeErr(ReasonOversized, fmt.Errorf("%d bytes > %d", len(b), maxSize))
 	}
-	var env envelopeView
 	if err := decodeWhole(b, func(r *reader) error { return r.envelope(&env) }); err != nil {
-		return Message{}, readErr(err)
+		return Message{}, env, readErr(err)
 	}
+	m, err = decodePayload(b, env)
+	return m, env, err
+}
+
+// decodePayload decodes and checks the payload of env, read from b.
+func decodePayload(b []byte, env envelopeView) (m Message, err error) {
 	// From here on a failure returns the header, for the log line.
 	hdr := Message{Version: env.V, Kind: env.Kind, From: env.From, Region: env.Region, Size: len(b)}
 	if env.V < MinWireVersion || env.V > WireVersion {
@@ -314,6 +345,9 @@ type nodeMeta struct {
 	// (SetPolicyVersion), so GET /v1/regions can show version skew.
 	PolicyRev  uint64 `msgpack:"p,omitempty"`
 	PolicyHash string `msgpack:"h,omitempty"`
+	// Relays advertises that this node forwards relayed messages
+	// (envelope.Relay) inside its region.
+	Relays bool `msgpack:"f,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, bool) {
@@ -322,4 +356,11 @@ func decodeMeta(b []byte) (nodeMeta, bool) {
 		return nodeMeta{}, false
 	}
 	return m, true
+}
+
+// unrelayed returns the wire form of env without the relay flag: what a
+// relay sends on inside its region, byte for byte what the sender would
+// have sent each node directly.
+func unrelayed(env envelopeView) ([]byte, error) {
+	return marshal(envelope{V: env.V, Kind: env.Kind, From: env.From, Region: env.Region, Payload: env.Payload})
 }

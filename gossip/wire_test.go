@@ -241,20 +241,27 @@ func TestBorrowSize(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	for _, p := range []any{testReport("eu", 3, 2), NodeUsage{Node: "a", Region: "eu", Epoch: 1, Keys: []KeyUsage{{Limit: 1}}}, PolicyUpdate{Version: 1, Data: []byte("{}")},
 		testBorrow("eu"), testLoan("eu", "us")} {
-		b, _ := Encode("a", "eu", p)
+		b, relayed, _ := encode("a", "eu", p, true)
 		f.Add(b)
 		f.Add(b[:len(b)/2])
+		f.Add(relayed)
 	}
 	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff}) // array of 4G elements
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff}) // map of 4G entries
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := Decode(b, 1<<20)
+		m, env, err := decode(b, 1<<20)
 		if err != nil {
 			var de *DecodeError
 			if !errors.As(err, &de) || de.Reason == "" {
 				t.Fatalf("Decode error without reason: %v", err)
 			}
 			return
+		}
+		// What a relay sends on decodes as what it received.
+		if out, err := unrelayed(env); err != nil {
+			t.Fatalf("unrelayed of an accepted message: %v", err)
+		} else if m2, env2, err := decode(out, 0); err != nil || env2.Relay || m2.Kind != m.Kind || m2.From != m.From || m2.Region != m.Region {
+			t.Fatalf("unrelayed message decodes as %+v (relay %v), %v; want %+v", m2, env2.Relay, err, m)
 		}
 		if m.From == "" || m.Region == "" || m.Version < MinWireVersion || m.Version > WireVersion {
 			t.Fatalf("Decode accepted %+v", m)

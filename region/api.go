@@ -307,6 +307,9 @@ func (d *Daemon) authz(ctx context.Context, w http.ResponseWriter, in *dataReque
 	prefixed = prefixed && path != ""
 	method, route, p := forwardedTarget(in.header, forwardAuthHeaders(d.cfg.ForwardAuthHeaders), in.method, path, prefixed)
 	if p != nil {
+		if !prefixed && d.misconfiguredAuthz(w, in, path) {
+			return
+		}
 		d.failData(w, in, p)
 		return
 	}
@@ -326,14 +329,21 @@ func (d *Daemon) authz(ctx context.Context, w http.ResponseWriter, in *dataReque
 		d.failData(w, in, p)
 		return
 	}
+	d.answerAuthz(w, in, prefixed, route, &v)
+}
+
+// answerAuthz answers a forward-auth call with verdict v on route: the
+// RateLimit fields and X-Sluice-Status, and an empty 200 or the
+// rejection's problem.
+func (d *Daemon) answerAuthz(w http.ResponseWriter, in *dataRequest, prefixed bool, route string, v *decide.Verdict) {
 	h := w.Header()
-	decide.SetRateLimitHeaders(h, &v)
+	decide.SetRateLimitHeaders(h, v)
 	h["X-Sluice-Status"] = sluiceStatus(v.Status)
 	if v.Status == http.StatusOK {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	prob := decide.Rejection(&v)
+	prob := decide.Rejection(v)
 	prob.Instance = route
 	// nginx auth_request understands only 2xx, 401 and 403: ?deny_status=403
 	// makes a rejection a 403 that nginx can turn back into 429 or 503

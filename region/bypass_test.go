@@ -251,7 +251,11 @@ func TestAuthzForwardedHeaderPair(t *testing.T) {
 		field  string
 	}{
 		{"x-original injection", []string{"X-Forwarded-Method", "POST", "X-Forwarded-Uri", "//login", "X-Original-Method", "GET", "X-Original-URI", "/elsewhere"}, 429, ""},
-		{"only the x-original pair", []string{"X-Original-Method", "GET", "X-Original-URI", "/elsewhere"}, 400, "X-Forwarded-Method"},
+		// A gateway set up for the other pair is the operator's error: let
+		// through (misconfiguredAuthz), except where a policy fails closed.
+		{"only the x-original pair", []string{"X-Original-Method", "GET", "X-Original-URI", "/elsewhere"}, 200, ""},
+		{"only the x-original pair, to a route that fails closed", []string{"X-Original-Method", "POST", "X-Original-URI", "/login"}, 503, ""},
+		{"half the x-original pair", []string{"X-Original-Method", "GET"}, 400, "X-Forwarded-Method"},
 		{"no uri", []string{"X-Forwarded-Method", "POST"}, 400, "X-Forwarded-Uri"},
 	}
 	for _, tt := range tests {

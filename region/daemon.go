@@ -8,6 +8,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +53,12 @@ type Config struct {
 	// Sentinels name). With Redis, limiter state and policies are shared by
 	// every daemon on it.
 	Store string
+	// Redis holds the Redis connection settings that a store URL cannot
+	// carry: TLS files for the rediss schemes (rediss://,
+	// rediss-cluster://, rediss-sentinel://) and the Sentinels' own
+	// credentials. The decision store and the policy store (its pub/sub
+	// included) share the one client they configure.
+	Redis redisstore.ClientConfig
 	// StoreTimeout bounds every decision-store call.
 	StoreTimeout time.Duration
 	// Policies, if non-nil, seeds the policy set at start instead of
@@ -133,6 +141,13 @@ func (c Config) Validate() error {
 	if c.Store != "memory" && storeKind(c.Store) == "" {
 		errs = append(errs, fmt.Errorf("store must be memory, redis://HOST:PORT, redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2, got %q", c.Store))
 	}
+	if c.Store != "memory" && storeKind(c.Store) != "" {
+		if err := c.Redis.Validate(c.Store); err != nil {
+			errs = append(errs, fmt.Errorf("redis settings: %w", err))
+		}
+	} else if c.Redis != (redisstore.ClientConfig{}) {
+		errs = append(errs, errors.New("redis settings are given but the store is not Redis"))
+	}
 	if c.StoreTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("store timeout must be positive, got %v", c.StoreTimeout))
 	}
@@ -175,12 +190,15 @@ type Daemon struct {
 	cl      *cluster    // nil when single-region
 	redis   redisKV     // nil on the memory store
 	m       *metrics
-	events  *decisionlog.Log
-	dec     *decide.Decider // the decision, over lim, reg, shares and quotas
-	gather  prometheus.Gatherer
-	token   [32]byte // SHA-256 of the admin token
-	hasTok  bool
-	routes  []Route
+	// faMisconfig counts forward-auth calls of a gateway set up for the
+	// other header pair.
+	faMisconfig *forwardAuthMisconfig
+	events      *decisionlog.Log
+	dec         *decide.Decider // the decision, over lim, reg, shares and quotas
+	gather      prometheus.Gatherer
+	token       [32]byte // SHA-256 of the admin token
+	hasTok      bool
+	routes      []Route
 
 	ready          atomic.Bool
 	stopping       atomic.Bool
@@ -250,7 +268,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 			pstore = quota.NewFileStore(filepath.Join(cfg.DataDir, "policies.json"))
 		}
 	} else {
-		client, err := redisstore.NewClient(cfg.Store)
+		client, err := redisstore.NewClientWith(cfg.Store, cfg.Redis)
 		if err != nil {
 			return nil, err
 		}
@@ -269,6 +287,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		d.watcher.SetTarget(d.reg)
 	}
 	d.m = newMetrics(reg, d.lim, d.mem, storeKind(cfg.Store))
+	d.faMisconfig = newForwardAuthMisconfig(reg)
 	if d.events, err = decisionlog.New(cfg.DecisionLog, log, reg); err != nil {
 		return nil, err
 	}
@@ -395,7 +414,7 @@ func (d *Daemon) saveLastGood() {
 // policy set, else cfg.Policies, else the defaults, without saving them
 // anywhere, and marks the daemon not ready until reachStore succeeds.
 func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
-	reason := "policy store unreachable since start: " + cause.Error()
+	reason := storeDownReason(cause)
 	d.storeDown.Store(&reason)
 	from := "last good local copy"
 	var snap quota.Snapshot
@@ -422,6 +441,26 @@ func (d *Daemon) startWithoutStore(ctx context.Context, cause error) error {
 	d.log.Warn("starting without the policy store: deciding by each policy's on_store_failure until it answers",
 		"err", cause, "policies", len(d.reg.List("")), "from", from)
 	return nil
+}
+
+// storeDownReason is the /readyz reason of a store not reached since
+// start for err. A failed TLS handshake is said first, since it is a
+// setting to fix (a CA, a certificate, a server name), not an outage to
+// wait out.
+func storeDownReason(err error) string {
+	const down = "policy store unreachable since start: "
+	var (
+		verify  *tls.CertificateVerificationError
+		alert   tls.AlertError
+		record  tls.RecordHeaderError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+	)
+	if errors.As(err, &verify) || errors.As(err, &alert) || errors.As(err, &record) ||
+		errors.As(err, &unknown) || errors.As(err, &host) {
+		return down + "TLS handshake with the store failed: " + err.Error()
+	}
+	return down + err.Error()
 }
 
 // storeProbe is how often a daemon that started without its store tries
@@ -451,7 +490,7 @@ func (d *Daemon) reachStore(ctx context.Context) error {
 		err := d.syncPolicyStore(lctx)
 		cancel()
 		if err != nil {
-			reason := "policy store unreachable since start: " + err.Error()
+			reason := storeDownReason(err)
 			d.storeDown.Store(&reason)
 			continue
 		}
@@ -479,9 +518,9 @@ func storeKind(s string) string {
 	switch {
 	case s == "memory":
 		return "memory"
-	case strings.HasPrefix(s, "redis-cluster://"):
+	case strings.HasPrefix(s, "redis-cluster://"), strings.HasPrefix(s, "rediss-cluster://"):
 		return "redis-cluster"
-	case strings.HasPrefix(s, "redis-sentinel://"):
+	case strings.HasPrefix(s, "redis-sentinel://"), strings.HasPrefix(s, "rediss-sentinel://"):
 		return "redis-sentinel"
 	case strings.HasPrefix(s, "redis://"), strings.HasPrefix(s, "rediss://"):
 		return "redis"
@@ -519,6 +558,7 @@ func (d *Daemon) routeTable() []Route {
 	return []Route{
 		{"POST", checkPath, false, d.stdRoute(routeCheck)},
 		{"POST", batchPath, false, d.stdRoute(routeBatch)},
+		{"POST", chargePath, false, d.stdRoute(routeCharge)},
 		{"GET", authzPath, false, d.stdRoute(routeAuthz)},
 		{"POST", authzPath, false, d.stdRoute(routeAuthz)},
 		{"", authzPrefix + "{path...}", false, d.stdRoute(routeAuthz)},

@@ -121,6 +121,7 @@ var fastRoutes = [...]struct {
 }{
 	{http.MethodPost, checkPath, "POST " + checkPath, routeCheck},
 	{http.MethodPost, batchPath, "POST " + batchPath, routeBatch},
+	{http.MethodPost, chargePath, "POST " + chargePath, routeCharge},
 	{http.MethodGet, authzPath, "GET " + authzPath, routeAuthz},
 	{http.MethodHead, authzPath, "GET " + authzPath, routeAuthz}, // a GET pattern matches HEAD
 	{http.MethodPost, authzPath, "POST " + authzPath, routeAuthz},

@@ -116,6 +116,8 @@ func newMetrics(reg prometheus.Registerer, lim *limiter.Limiter, mem *engine.Mem
 		stat("sluice_store_busy_total", "Checks that waited past the store queue's bound and were decided by on_store_failure; overload, not a store error, so the breaker does not count them.", func(s limiter.Stats) uint64 { return s.StoreBusy }),
 		stat("sluice_degraded_total", "Checks decided without the store, by each policy's on_store_failure.", func(s limiter.Stats) uint64 { return s.Degraded }),
 		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s limiter.Stats) uint64 { return s.BreakerOpens }),
+		stat("sluice_charge_errors_total", "Charges after the fact (POST /v1/charge) the store could not apply; never retried.", func(s limiter.Stats) uint64 { return s.ChargeErrors }),
+		stat("sluice_charges_dropped_total", "Charges after the fact dropped because the store could not apply them and every policy fails open.", func(s limiter.Stats) uint64 { return s.ChargesDropped }),
 		&breakerCollector{lim: lim, desc: prometheus.NewDesc("sluice_breaker_state",
 			"Circuit breaker state per store shard: 1 for the state it is in (closed, half_open, open), 0 for the others.", []string{"shard", "state"}, nil)},
 	)

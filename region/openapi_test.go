@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/region/globalshare"
 )
@@ -113,7 +114,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		}
 	}
 	for name, v := range map[string]any{"GlobalQuota": GlobalQuota{}, "QuotaStat": globalshare.QuotaStat{},
-		"Override": quota.Override{}, "Decision": Decision{}, "ExemptResult": ExemptResult{}, "Policy": quota.Policy{}} {
+		"Override": quota.Override{}, "Decision": Decision{}, "ChargeAnswer": decide.ChargeAnswer{}, "ExemptResult": ExemptResult{}, "Policy": quota.Policy{}} {
 		same(name, doc.Components.Schemas[name].Properties, v)
 	}
 	var match struct {

@@ -22,6 +22,8 @@ const (
 	checkPath = "/v1/check"
 	batchPath = "/v1/check/batch"
 	authzPath = "/v1/authz"
+	// chargePath charges a request's cost after it was served.
+	chargePath = "/v1/charge"
 	// authzPrefix is the path of the Envoy ext_authz form, /v1/authz/<path>.
 	authzPrefix = authzPath + "/"
 )
@@ -34,6 +36,7 @@ const (
 	routeCheck
 	routeBatch
 	routeAuthz
+	routeCharge
 )
 
 // serveRoute answers in by the core of route. A panic is answered as
@@ -48,6 +51,8 @@ func (d *Daemon) serveRoute(ctx context.Context, w http.ResponseWriter, route da
 		d.batch(ctx, w, in)
 	case routeAuthz:
 		d.authz(ctx, w, in)
+	case routeCharge:
+		d.charge(ctx, w, in)
 	}
 }
 

@@ -124,6 +124,7 @@ type envoyLimit struct {
 	unlimited bool
 	rpu       uint32
 	unit      float64
+	mult      uint32 // unit_multiplier; 0 when not given
 	algorithm string
 	name      string
 	replaces  []string
@@ -151,8 +152,10 @@ func (p *envoyParser) fail(n *yaml.Node, field, format string, args ...any) erro
 // file in errors.
 //
 // A rate_limit of requests_per_unit per unit becomes, by default, a
-// fixed_window policy of limit requests_per_unit and window one unit: the
-// windows envoyproxy/ratelimit counts in, aligned to the unit. The Sluice
+// fixed_window policy of limit requests_per_unit and window one unit (or
+// unit_multiplier units): the windows envoyproxy/ratelimit counts in,
+// aligned to the unit. Booleans may be spelt as YAML 1.1 spells them
+// (yes, no, on, off), as envoyproxy/ratelimit reads them. The Sluice
 // field algorithm in a rate_limit block picks another: token_bucket or
 // leaky_bucket (rate requests_per_unit per unit, burst requests_per_unit),
 // sliding_window_counter or sliding_window_log (limit requests_per_unit
@@ -244,7 +247,20 @@ func (p *envoyParser) str(v *yaml.Node, f string, out *string) error {
 	return nil
 }
 
+// boolean reads a YAML boolean, YAML 1.1's spellings included (yes, no,
+// on, off, y, n in any case), as envoyproxy/ratelimit's YAML library
+// reads them.
 func (p *envoyParser) boolean(v *yaml.Node, f string, out *bool) error {
+	if v.Kind == yaml.ScalarNode && v.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+		switch strings.ToLower(v.Value) {
+		case "yes", "on", "y":
+			*out = true
+			return nil
+		case "no", "off", "n":
+			*out = false
+			return nil
+		}
+	}
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" {
 		return p.fail(v, f, "want true or false")
 	}
@@ -349,6 +365,13 @@ func (p *envoyParser) rateLimit(n *yaml.Node, f string, path []quota.DescriptorE
 		case "requests_per_unit":
 			rpu = v
 			return nil
+		case "unit_multiplier":
+			var m uint64
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!int" || v.Decode(&m) != nil || m == 0 || m > math.MaxUint32 {
+				return p.fail(v, kf, "want a whole number from 1 to %d", uint32(math.MaxUint32))
+			}
+			l.mult = uint32(m)
+			return nil
 		case "unlimited":
 			return p.boolean(v, kf, &l.unlimited)
 		case "name":
@@ -401,7 +424,13 @@ func (p *envoyParser) rateLimit(n *yaml.Node, f string, path []quota.DescriptorE
 	case !known:
 		return l, p.fail(unitNode, f+".unit", "unknown unit %q (want second, minute, hour, day, week, month or year)", unit)
 	}
-	l.unit = sec
+	if l.mult > 0 && l.unlimited {
+		return l, p.fail(n, f+".unit_multiplier", "must not be given with unlimited")
+	}
+	l.unit = sec * float64(max(l.mult, 1))
+	if l.unit > maxOverrideWindow {
+		return l, p.fail(n, f+".unit_multiplier", "the window (unit times unit_multiplier) must be at most ten years")
+	}
 	if slices.Contains(l.replaces, l.name) && l.name != "" {
 		return l, p.fail(n, f+".replaces", "must not name this rate limit itself (%q)", l.name)
 	}

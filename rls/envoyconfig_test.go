@@ -57,6 +57,9 @@ func TestParseEnvoyConfigErrors(t *testing.T) {
 		{"no unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 1\n", "descriptors[0].rate_limit.unit: required"},
 		{"unlimited with unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n", "descriptors[0].rate_limit.unit: must not be given with unlimited"},
 		{"empty domain", "descriptors: []\n", "f.yaml:1: domain: required"},
+		{"unit_multiplier 0", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      unit_multiplier: 0\n      requests_per_unit: 1\n", "f.yaml:6: descriptors[0].rate_limit.unit_multiplier: want a whole number from 1"},
+		{"absurd unit_multiplier", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      unit_multiplier: 11\n      requests_per_unit: 1\n", "descriptors[0].rate_limit.unit_multiplier: the window"},
+		{"quoted yes is no boolean", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: 'yes'\n", "f.yaml:4: descriptors[0].shadow_mode: want true or false"},
 		{"empty key", "domain: d\ndescriptors:\n  - value: v\n", "descriptors[0].key: required"},
 		{"negative", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n", "descriptors[0].rate_limit.requests_per_unit: want a whole number"},
 		{"duplicate", "domain: d\ndescriptors:\n  - key: k\n  - key: k\n", `descriptors[1]: duplicate descriptor key "k"`},
@@ -141,4 +144,28 @@ func FuzzParseEnvoyConfig(f *testing.F) {
 			t.Fatalf("Seed(loaded policies) = %v", err)
 		}
 	})
+}
+
+func TestParseEnvoyConfigMultiplierAndYAML11Booleans(t *testing.T) {
+	_, ps, err := ParseEnvoyConfig("f.yaml", []byte(`domain: d
+descriptors:
+  - key: k
+    shadow_mode: yes
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 7}
+  - key: j
+    shadow_mode: Off
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: token_bucket, unit_multiplier: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 {
+		t.Fatalf("%d policies, want 2", len(ps))
+	}
+	if p := ps[0]; p.Mode != quota.ModeShadow || p.Count != 7 || p.Window != 300 {
+		t.Errorf("k = %+v, want shadow, 7 per 300 s", p)
+	}
+	if p := ps[1]; p.Mode != quota.ModeEnforce || p.RatePerSec != 1.5 || p.Burst != 3 {
+		t.Errorf("j = %+v, want enforce, 1.5/s burst 3", p)
+	}
 }

@@ -5,8 +5,14 @@
 // (LoadEnvoyConfigs).
 //
 // A request's descriptors are matched one by one, as envoyproxy/ratelimit
-// matches them, and then decided together in one all-or-nothing engine
-// call: either every limited descriptor spends its hits or none does.
+// matches them. By default every descriptor state of a domain shares one
+// engine subject, and a request's descriptors are decided together in one
+// all-or-nothing engine call: either every limited descriptor spends its
+// hits or none does. With Config.SpreadDescriptors each descriptor's
+// states have a subject of their own (the domain and the descriptor's
+// entries), so a domain spreads over a Redis Cluster's slots; a request
+// whose descriptors have different subjects is then decided descriptor by
+// descriptor, as envoyproxy/ratelimit decides it (see decideSpread).
 //
 // Serve answers a proxy's connections (those whose first call is
 // ShouldRateLimit) with a small HTTP/2 transport of its own, h2.go, and
@@ -109,6 +115,43 @@ type Config struct {
 	KeepaliveTimeout time.Duration
 	// Transport is how connections are served; zero is TransportH2.
 	Transport Transport
+	// SpreadDescriptors gives each descriptor's states a subject of its
+	// own (so a hash tag of its own on Redis) instead of one subject per
+	// domain: for a store, such as a Redis Cluster, on which one engine
+	// call cannot span subjects and one subject is one slot. A request
+	// whose descriptors have several subjects is decided one subject at a
+	// time: each descriptor spends its hits when its own policies admit,
+	// whatever the others answer.
+	SpreadDescriptors bool
+	// Headers picks the response headers: HeadersDraft (zero, draft-11's
+	// RateLimit-Policy and RateLimit), HeadersEnvoy (envoyproxy/ratelimit's
+	// RateLimit-Limit, -Remaining and -Reset, its default names with
+	// LIMIT_RESPONSE_HEADERS_ENABLED) or HeadersBoth. Retry-After is sent
+	// when over the limit in every case.
+	Headers HeaderStyle
+}
+
+// HeaderStyle is which rate limit headers a response carries.
+type HeaderStyle uint8
+
+// The header styles of Config.Headers.
+const (
+	HeadersDraft HeaderStyle = iota
+	HeadersEnvoy
+	HeadersBoth
+)
+
+// ParseHeaderStyle reads draft, envoy or both.
+func ParseHeaderStyle(s string) (HeaderStyle, error) {
+	switch s {
+	case "draft":
+		return HeadersDraft, nil
+	case "envoy":
+		return HeadersEnvoy, nil
+	case "both":
+		return HeadersBoth, nil
+	}
+	return 0, fmt.Errorf("%q is none of draft, envoy or both", s)
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers when zero: more than the
@@ -309,6 +352,9 @@ func (s *Server) count(r *reply, err error) {
 type descriptor struct {
 	entries []quota.DescriptorEntry
 	hits    int64
+	// override is the request's own limit for this descriptor, in place
+	// of the policies; nil when none was sent.
+	override *quota.Policy
 }
 
 func invalidArg(field, format string, args ...any) error {
@@ -355,8 +401,13 @@ func validate(req *request, buf []descriptor) ([]descriptor, error) {
 		case len(es) > quota.MaxDescriptorEntries:
 			return nil, invalidArg(f(".entries"), "at most %d entries, got %d", quota.MaxDescriptorEntries, len(es))
 		}
+		out[i].override = nil
 		if d.hasLimit {
-			return nil, invalidArg(f(".limit"), "a limit override in the request is not supported: the limit comes from the policies")
+			p, err := overridePolicy(d)
+			if err != nil {
+				return nil, invalidArg(f(".limit"+err.field), "%s", err.reason)
+			}
+			out[i].override = p
 		}
 		if d.negative {
 			return nil, invalidArg(f(".is_negative_hits"), "returning hits is not supported")
@@ -410,6 +461,13 @@ func stateName(policy string, entries []quota.DescriptorEntry) string {
 // together.
 func subjectOf(domain string) string { return "rls:" + domain }
 
+// descriptorSubject is the engine subject of one descriptor's states when
+// they are spread (Config.SpreadDescriptors): the domain and the entries,
+// joined as stateName joins them.
+func descriptorSubject(domain string, entries []quota.DescriptorEntry) string {
+	return stateName("rls:"+domain, entries)
+}
+
 // use is one policy applied to one descriptor.
 type use struct {
 	desc    int
@@ -436,8 +494,8 @@ type reply struct {
 	sts     []descStatus
 	one     [1]descStatus
 	onePtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
-	headers [3]*corev3.HeaderValue
-	hvs     [3]corev3.HeaderValue
+	headers [6]*corev3.HeaderValue
+	hvs     [6]corev3.HeaderValue
 }
 
 // descStatus is one descriptor's status and the messages it points to.
@@ -472,8 +530,11 @@ func (r *reply) init(n int) {
 type scratch struct {
 	ms      []quota.DescriptorMatch
 	applied []quota.Applied
-	domain  string
-	subject string
+	// subjects holds each applied check's subject when descriptors are
+	// spread; nil otherwise.
+	subjects []string
+	domain   string
+	subject  string
 }
 
 // subjectOf is subjectOf(domain), remembered for the next call.
@@ -508,7 +569,12 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 	}
 	v := decide.StatesVerdict{Allowed: true}
 	if len(applied) > 0 {
-		if v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied); err != nil {
+		if s.cfg.SpreadDescriptors {
+			v, err = s.decideSpread(ctx, applied, sc.subjects)
+		} else {
+			v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return status.FromContextError(ctx.Err()).Err()
 			}
@@ -523,7 +589,7 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 	if !allowed {
 		r.resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now)
+	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now, s.cfg.Headers)
 	return nil
 }
 
@@ -540,6 +606,12 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 	uses := m.uses[:0]
 	var replaced []string
 	for i, d := range ds {
+		if d.override != nil {
+			// As envoyproxy/ratelimit: the request's limit replaces the
+			// configured ones for this descriptor.
+			uses = append(uses, use{desc: i, policy: d.override, limit: d.override.Limit(), applied: -1})
+			continue
+		}
 		ms = s.cfg.Matcher.AppendMatchDescriptor(ms[:0], domain, d.entries)
 		for _, m := range ms {
 			replaced = append(replaced, m.Policy.Replaces...)
@@ -559,6 +631,8 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 		applied = make([]quota.Applied, 0, len(uses))
 	}
 	sc.applied = applied
+	spread := s.cfg.SpreadDescriptors
+	subjects := sc.subjects[:0]
 	// The uses kept are written over those read, never ahead of them.
 	m.uses = uses[:0]
 	for _, u := range uses {
@@ -575,9 +649,14 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 				m.denied = true
 			}
 		default:
-			name := stateName(u.policy.ID, d.entries)
+			var name, subject string
+			if spread {
+				name, subject = u.policy.ID, descriptorSubject(domain, d.entries)
+			} else {
+				name = stateName(u.policy.ID, d.entries)
+			}
 			for j := range applied {
-				if applied[j].State == name {
+				if applied[j].State == name && (!spread || subjects[j] == subject) {
 					applied[j].Cost += d.hits
 					u.applied = j
 				}
@@ -588,6 +667,9 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 				}
 				u.applied = len(applied)
 				applied = append(applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
+				if spread {
+					subjects = append(subjects, subject)
+				}
 			}
 		}
 		m.uses = append(m.uses, u)
@@ -597,6 +679,7 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 			applied[j].Cost = 0
 		}
 	}
+	sc.subjects = subjects
 	return m, applied, nil
 }
 
@@ -669,16 +752,24 @@ func contains(ids []string, id string) bool {
 
 // addHeaders returns the draft-11 fields of the verdict and, when over the
 // limit, Retry-After, in r's room for them.
-func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now time.Time) []*corev3.HeaderValue {
+func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now time.Time, style HeaderStyle) []*corev3.HeaderValue {
 	out := r.headers[:0]
 	add := func(key, value string) {
 		h := &r.hvs[len(out)]
 		h.Key, h.Value = key, value
 		out = append(out, h)
 	}
-	if v.RateLimitPolicy != "" {
+	if v.RateLimitPolicy != "" && style != HeadersEnvoy {
 		add("RateLimit-Policy", v.RateLimitPolicy)
 		add("RateLimit", v.RateLimit)
+	}
+	if style != HeadersDraft {
+		if st := r.leastRemaining(); st != nil {
+			reset := st.GetDurationUntilReset().AsDuration()
+			add("RateLimit-Limit", strconv.FormatUint(uint64(st.CurrentLimit.RequestsPerUnit), 10))
+			add("RateLimit-Remaining", strconv.FormatUint(uint64(st.LimitRemaining), 10))
+			add("RateLimit-Reset", strconv.FormatInt(int64((reset+time.Second-1)/time.Second), 10))
+		}
 	}
 	if allowed {
 		return out
@@ -696,6 +787,19 @@ func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now
 	}
 	add("Retry-After", retry)
 	return out
+}
+
+// leastRemaining is the status with a current limit and the least
+// remaining, the first of them in a tie, as envoyproxy/ratelimit picks
+// the one its RateLimit-Limit, -Remaining and -Reset headers describe; nil when none has a limit.
+func (r *reply) leastRemaining() *rlsv3.RateLimitResponse_DescriptorStatus {
+	var best *rlsv3.RateLimitResponse_DescriptorStatus
+	for _, st := range r.resp.Statuses {
+		if st.CurrentLimit != nil && (best == nil || st.LimitRemaining < best.LimitRemaining) {
+			best = st
+		}
+	}
+	return best
 }
 
 func windowOf(p *quota.Policy) time.Duration {

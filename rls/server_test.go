@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -35,6 +37,12 @@ func startRLS(t *testing.T, policies []quota.Policy) *grpc.ClientConn {
 // startRLSOn is startRLS on the given decision store.
 func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.ClientConn {
 	t.Helper()
+	return startRLSWith(t, store, policies, func(*Config) {})
+}
+
+// startRLSWith is startRLSOn with the server's Config changed by opt.
+func startRLSWith(t *testing.T, store string, policies []quota.Policy, opt func(*Config)) *grpc.ClientConn {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := region.DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
@@ -53,7 +61,9 @@ func startRLSOn(t *testing.T, store string, policies []quota.Policy) *grpc.Clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Decider: d, Matcher: d.Registry(), ShutdownTimeout: 5 * time.Second})
+	scfg := Config{Decider: d, Matcher: d.Registry(), ShutdownTimeout: 5 * time.Second, SpreadDescriptors: strings.HasPrefix(store, "redis-cluster://")}
+	opt(&scfg)
+	s, err := New(scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,6 +407,12 @@ func TestBadRequests(t *testing.T) {
 		{"huge descriptor hits_addend", &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: desc("k", "v").Entries, HitsAddend: wrapperspb.UInt64(math.MaxUint64)}}}, "descriptors[0].hits_addend: at most"},
 		{"negative hits", &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: desc("k", "v").Entries, IsNegativeHits: true}}}, "descriptors[0].is_negative_hits"},
 		{"limit override", &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: desc("k", "v").Entries, Limit: &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}}, "descriptors[0].limit"},
+		{"limit override without unit", override(1, 0, nil), "descriptors[0].limit.unit: unknown unit 0"},
+		{"limit override of an unknown unit", override(1, 99, nil), "descriptors[0].limit.unit: unknown unit 99"},
+		{"limit override of zero", override(0, typev3.RateLimitUnit_SECOND, nil), "descriptors[0].limit.requests_per_unit: must be at least 1"},
+		{"absurd limit override", override(math.MaxUint32, typev3.RateLimitUnit_SECOND, nil), "descriptors[0].limit.requests_per_unit: at most"},
+		{"unit_multiplier 0", override(5, typev3.RateLimitUnit_SECOND, wrapperspb.UInt32(0)), "descriptors[0].limit.unit_multiplier: must be at least 1"},
+		{"absurd unit_multiplier", override(5, typev3.RateLimitUnit_YEAR, wrapperspb.UInt32(100)), "descriptors[0].limit.unit_multiplier: the window"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -440,5 +456,66 @@ func TestHealthAndReflection(t *testing.T) {
 	stream.CloseSend()
 	if _, err := stream.Recv(); err != nil && !errors.Is(err, context.Canceled) && status.Code(err) != codes.OK && err.Error() != "EOF" {
 		t.Logf("reflection stream end: %v", err)
+	}
+}
+
+// override is a request of one descriptor (k, v) of domain d with a limit
+// override.
+func override(rpu uint32, unit typev3.RateLimitUnit, mult *wrapperspb.UInt32Value) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: desc("k", "v").Entries,
+		Limit: &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit, UnitMultiplier: mult}}}}
+}
+
+// A descriptor's limit override replaces the configured limit, counted
+// apart from it; an unknown domain still limits nothing.
+func TestLimitOverride(t *testing.T) {
+	c := rlsv3.NewRateLimitServiceClient(startRLS(t, []quota.Policy{
+		{ID: "p", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 10, Window: 3600, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "k"}}}},
+	}))
+	ctx := context.Background()
+	for i, want := range []string{"OK OK 1", "OK OK 0", "OVER_LIMIT OVER_LIMIT 0"} {
+		r, err := c.ShouldRateLimit(ctx, override(2, typev3.RateLimitUnit_DAY, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := fmt.Sprintf("%s %d", codesOf(r), r.Statuses[0].LimitRemaining)
+		if got != want {
+			t.Errorf("override call %d = %s, want %s", i, got, want)
+		}
+		if l := r.Statuses[0].CurrentLimit; l.GetRequestsPerUnit() != 2 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY {
+			t.Errorf("override call %d current_limit = %v, want 2 per DAY", i, l)
+		}
+	}
+	// The configured limit counted none of them.
+	if r := ask(t, c, call{domain: "d", ds: []*rlv3.RateLimitDescriptor{desc("k", "v")}}); r.Statuses[0].LimitRemaining != 9 {
+		t.Errorf("configured limit after the overrides: remaining %d, want 9", r.Statuses[0].LimitRemaining)
+	}
+	// unit_multiplier 2 of MINUTE: a window of two minutes.
+	r, err := c.ShouldRateLimit(ctx, override(7, typev3.RateLimitUnit_MINUTE, wrapperspb.UInt32(2)))
+	if err != nil || codesOf(r) != "OK OK" || r.Statuses[0].LimitRemaining != 6 {
+		t.Errorf("override with unit_multiplier = %v %v, want OK with 6 left", r, err)
+	}
+	unknown := override(1, typev3.RateLimitUnit_SECOND, nil)
+	unknown.Domain = "nobody"
+	for range 3 {
+		if r, err := c.ShouldRateLimit(ctx, unknown); err != nil || codesOf(r) != "OK OK" {
+			t.Fatalf("override on an unknown domain = %v %v, want OK", r, err)
+		}
+	}
+}
+
+// Headers: both sends draft-11's fields and envoyproxy/ratelimit's of the
+// descriptor with the least remaining; a bad name is refused.
+func TestHeaderStyles(t *testing.T) {
+	c := rlsv3.NewRateLimitServiceClient(startRLSWith(t, "memory", []quota.Policy{
+		{ID: "wide", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 10, Window: 3600, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "a"}}}},
+		{ID: "tight", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 3, Window: 3600, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "b"}}}},
+	}, func(c *Config) { c.Headers = HeadersBoth }))
+	r := ask(t, c, call{domain: "d", ds: []*rlv3.RateLimitDescriptor{desc("a", "1"), desc("b", "1")}})
+	if header(r, "RateLimit-Policy") == "" || header(r, "RateLimit-Limit") != "3" || header(r, "RateLimit-Remaining") != "2" || header(r, "RateLimit-Reset") == "" {
+		t.Errorf("headers = %v, want draft-11's and RateLimit-Limit 3, -Remaining 2, -Reset", r.ResponseHeadersToAdd)
+	}
+	if _, err := ParseHeaderStyle("x-ratelimit"); err == nil {
+		t.Error("ParseHeaderStyle(x-ratelimit) = nil error")
 	}
 }

@@ -28,6 +28,10 @@ type reqDescriptor struct {
 	negative bool // is_negative_hits
 	hasHits  bool // hits_addend was sent; hits is its value
 	hits     uint64
+	// The limit override, when hasLimit: requests_per_unit, unit (an
+	// envoy.type.v3.RateLimitUnit) and unit_multiplier when hasMult.
+	limitRPU, limitUnit, limitMult uint64
+	hasMult                        bool
 }
 
 func (r *request) reset() {
@@ -45,6 +49,12 @@ func (r *request) fromMessage(m *rlsv3.RateLimitRequest) {
 			r.entries = append(r.entries, quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		rd := reqDescriptor{null: d == nil, hasLimit: d.GetLimit() != nil, negative: d.GetIsNegativeHits()}
+		if l := d.GetLimit(); l != nil {
+			rd.limitRPU, rd.limitUnit = uint64(l.GetRequestsPerUnit()), uint64(uint32(l.GetUnit()))
+			if m := l.GetUnitMultiplier(); m != nil {
+				rd.hasMult, rd.limitMult = true, uint64(m.GetValue())
+			}
+		}
 		if h := d.GetHitsAddend(); h != nil {
 			rd.hasHits, rd.hits = true, h.GetValue()
 		}
@@ -162,6 +172,9 @@ func (r *request) decodeDescriptor(b []byte, s string) (reqDescriptor, error) {
 				return d, errMalformed
 			}
 			d.hasLimit = true
+			if err := decodeOverride(v, &d); err != nil {
+				return d, err
+			}
 			off += n
 		case num == fieldDescriptorHitsAddend && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b[off:])
@@ -245,6 +258,51 @@ func decodeUInt64Value(b []byte, v *uint64) error {
 			return errMalformed
 		}
 		off += n
+	}
+	return nil
+}
+
+// decodeOverride decodes a RateLimitDescriptor.RateLimitOverride, b,
+// into d's limit fields.
+func decodeOverride(b []byte, d *reqDescriptor) error {
+	for off := 0; off < len(b); {
+		num, typ, n := consumeTag(b[off:])
+		if n < 0 {
+			return errMalformed
+		}
+		off += n
+		switch {
+		case (num == 1 || num == 2) && typ == protowire.VarintType:
+			x, n := protowire.ConsumeVarint(b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			// Both are 32-bit fields: a longer varint is truncated, as
+			// proto.Unmarshal truncates it.
+			if num == 1 {
+				d.limitRPU = uint64(uint32(x))
+			} else {
+				d.limitUnit = uint64(uint32(x))
+			}
+			off += n
+		case num == 3 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			d.hasMult = true
+			if err := decodeUInt64Value(v, &d.limitMult); err != nil {
+				return err
+			}
+			d.limitMult = uint64(uint32(d.limitMult))
+			off += n
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b[off:])
+			if n < 0 {
+				return errMalformed
+			}
+			off += n
+		}
 	}
 	return nil
 }

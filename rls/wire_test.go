@@ -22,6 +22,8 @@ func FuzzDecodeRequest(f *testing.F) {
 		{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: desc("k", "v").Entries, HitsAddend: wrapperspb.UInt64(7), IsNegativeHits: true,
 			Limit: &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}}}},
 		{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{}, desc("k", "")}},
+		{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: desc("k", "v").Entries,
+			Limit: &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: 2, UnitMultiplier: wrapperspb.UInt32(3)}}}},
 	} {
 		b, err := proto.Marshal(r)
 		if err != nil {

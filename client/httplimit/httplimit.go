@@ -18,7 +18,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/sluice-rl/sluice/client"
 	"github.com/sluice-rl/sluice/quota"
@@ -50,6 +52,54 @@ type Config struct {
 	// as bad input), and of the fallback cause of a decision made by a
 	// client.FailureMode. Nil ignores them.
 	OnError func(r *http.Request, err error)
+
+	// Charge, when set, is called after the handler returned, with the
+	// response's status and header, and returns what the request cost,
+	// to be charged after the fact to the policies that apply to it (see
+	// POST /v1/charge); false charges nothing. The check before the
+	// handler then spends nothing (it is refused while the requester is
+	// past a limit), or, when Cost gives an estimate, spends the estimate
+	// as a reservation that the charge settles: the real cost less the
+	// estimate is charged, or the difference refunded.
+	Charge func(r *http.Request, status int, h http.Header) (int64, bool)
+	// ChargeHeader, when Charge is nil, names a response header that
+	// holds the request's cost as a decimal integer, read after the
+	// handler returned: a handler may set it after writing the body (it is
+	// then not sent, but still read). A missing or malformed value
+	// charges nothing and is told to OnError.
+	ChargeHeader string
+	// Charger charges; nil is the Checker, which must then charge
+	// (*client.Client and *local.Limiter do).
+	Charger Charger
+	// ReservationTTL bounds the time from the check of an estimate to its
+	// charge; zero is the daemon's default (5 minutes).
+	ReservationTTL time.Duration
+}
+
+// Charger charges after the fact: *client.Client and *local.Limiter.
+type Charger interface {
+	Charge(ctx context.Context, req client.ChargeRequest) (*client.ChargeAnswer, error)
+}
+
+// ChargeStatus is a Config.Charge that charges cost to a request whose
+// response has one of statuses, and nothing to any other: counting failed
+// logins (401) only, so that successful ones never lock anyone out.
+func ChargeStatus(cost int64, statuses ...int) func(*http.Request, int, http.Header) (int64, bool) {
+	return func(_ *http.Request, status int, _ http.Header) (int64, bool) {
+		return cost, slices.Contains(statuses, status)
+	}
+}
+
+// charging reports whether the middleware charges after the handler.
+func (c *Config) charging() bool { return c.Charge != nil || c.ChargeHeader != "" }
+
+// charger is the Charger the middleware uses, nil for none.
+func (c *Config) charger() Charger {
+	if c.Charger != nil {
+		return c.Charger
+	}
+	ch, _ := c.Checker.(Charger)
+	return ch
 }
 
 // Validate reports a Config that cannot work.
@@ -59,6 +109,9 @@ func (c Config) Validate() error {
 	}
 	if c.Subject == nil {
 		return errors.New("httplimit: Subject is required")
+	}
+	if c.charging() && c.charger() == nil {
+		return errors.New("httplimit: Charge or ChargeHeader needs a Charger (the Checker does not charge)")
 	}
 	return nil
 }
@@ -92,6 +145,9 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 			req.Cost = &n
 		}
 	}
+	if c.charging() {
+		c.reserve(&req)
+	}
 	d, err := c.Checker.Check(r.Context(), req)
 	if err != nil {
 		if c.OnError != nil {
@@ -109,7 +165,13 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		h[k] = vs
 	}
 	if d.Status == http.StatusOK || d.Allowed {
-		next.ServeHTTP(w, r)
+		if !c.charging() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		c.chargeAfter(r, &req, d, sw)
 		return
 	}
 	p := client.Problem{Title: http.StatusText(d.Status), Status: d.Status}

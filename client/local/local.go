@@ -52,3 +52,14 @@ func (l *Limiter) Check(ctx context.Context, req client.CheckRequest) (*client.D
 
 // problem is p as package client spells it.
 func problem(p *decide.Problem) *client.Problem { return (*client.Problem)(p) }
+
+// Charge charges req's cost after the fact as a daemon's POST /v1/charge
+// does. Bad input is a *client.Problem (status 400) naming the field, and
+// charges nothing.
+func (l *Limiter) Charge(ctx context.Context, req client.ChargeRequest) (*client.ChargeAnswer, error) {
+	ans, p := l.dec.Charge(ctx, req)
+	if p != nil {
+		return nil, problem(p)
+	}
+	return &ans, nil
+}

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -44,7 +43,7 @@ func newServeCmd() *cobra.Command {
 	def := region.DefaultConfig()
 	var (
 		cfg          = def
-		policiesFile string
+		sf           sourceFlags
 		tokenFile    string
 		trusted      []string
 		configFile   string
@@ -52,7 +51,7 @@ func newServeCmd() *cobra.Command {
 		mr           multiRegionFlags
 		rlsListen    string
 		rlsTransport string
-		envoyConfigs []string
+		rlsHeaders   string
 		hashKeyFile  string
 		tf           tlsFlags
 	)
@@ -94,27 +93,14 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if err := identityFlags(&cfg, trusted); err != nil {
 				return err
 			}
-			if policiesFile != "" {
-				data, err := os.ReadFile(policiesFile)
-				if err != nil {
-					return fmt.Errorf("--policies: %w", err)
-				}
-				ps, err := quota.ParsePolicies(data)
-				if err != nil {
-					return fmt.Errorf("--policies %s: %w", policiesFile, err)
-				}
-				cfg.Policies = ps
+			if err := redisFlags(cfg.Store, cfg.Redis); err != nil {
+				return err
 			}
-			if len(envoyConfigs) > 0 {
-				ps, err := rls.LoadEnvoyConfigs(envoyConfigs)
-				if err != nil {
-					return fmt.Errorf("--envoy-config: %w", err)
-				}
-				if cfg.Policies == nil {
-					cfg.Policies = quota.DefaultPolicies()
-				}
-				cfg.Policies = append(slices.Clip(cfg.Policies), ps...)
+			srcs, err := loadSources(sf)
+			if err != nil {
+				return err
 			}
+			cfg.Policies = srcs.seed()
 			cfg.AdminToken = os.Getenv("SLUICE_ADMIN_TOKEN")
 			if tokenFile != "" {
 				b, err := os.ReadFile(tokenFile)
@@ -153,19 +139,33 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if err != nil {
 				return err
 			}
+			opts := rls.Config{Transport: tr}
+			if rlsListen != "" {
+				hs, err := rls.ParseHeaderStyle(rlsHeaders)
+				if err != nil {
+					return fmt.Errorf("--rls-response-headers: %w", err)
+				}
+				opts.Headers = hs
+			}
 			ls, err := openListeners(plan, reloaders)
 			if err != nil {
 				return err
 			}
-			return serveWithRLS(cmd.Context(), d, cfg, ls, tr, log, reg)
+			serve := func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, ls, opts, log, reg) }
+			return srcs.run(cmd.Context(), d.Registry(), log, reg, serve)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", def.Listen, "address of the check API, /healthz, /readyz, /metrics (and the admin API without --admin-listen)")
 	f.StringVar(&cfg.AdminListen, "admin-listen", "", "serve the admin API on this address instead of --listen")
-	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB] (policies are then shared through it too)")
+	f.StringVar(&cfg.Store, "store", def.Store, "decision store: memory, redis://HOST:PORT[/DB], redis-cluster://H1:P1,H2:P2 or redis-sentinel://MASTER@S1:P1,S2:P2[/DB], or over TLS rediss://, rediss-cluster://, rediss-sentinel:// (policies are then shared through it too)")
+	f.StringVar(&cfg.Redis.TLS.CAFile, "redis-tls-ca", "", "PEM file of the CAs that Redis servers (and Sentinels) are verified against, for a rediss:// store; default: the system's")
+	f.StringVar(&cfg.Redis.TLS.CertFile, "redis-tls-cert", "", "PEM client certificate presented to Redis (with --redis-tls-key), for servers that require one")
+	f.StringVar(&cfg.Redis.TLS.KeyFile, "redis-tls-key", "", "PEM key of --redis-tls-cert")
+	f.StringVar(&cfg.Redis.TLS.ServerName, "redis-tls-server-name", "", "name every Redis server's certificate must carry; default: the host dialled")
+	f.StringVar(&cfg.Redis.SentinelUsername, "redis-sentinel-username", "", "ACL user to authenticate to the Sentinels as (the store URL's credentials are the data nodes')")
+	f.StringVar(&cfg.Redis.SentinelPassword, "redis-sentinel-password", "", "password of the Sentinels (requirepass, or of --redis-sentinel-username); prefer SLUICE_REDIS_SENTINEL_PASSWORD")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", def.StoreTimeout, "deadline of every decision-store call")
-	f.StringVar(&policiesFile, "policies", "", "JSON array of policy documents to seed at start, replacing the built-in defaults ([] = none)")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")
 	f.StringVar(&tokenFile, "admin-token-file", "", "file holding the admin API bearer token (or set SLUICE_ADMIN_TOKEN)")
 	f.StringSliceVar(&trusted, "trusted-proxies", nil, "comma-separated CIDRs or addresses of the gateways whose --client-ip-header, tier and user headers are believed")
@@ -182,7 +182,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&rlsListen, "rls-listen", "", "serve Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) on this address; empty: off")
 	f.StringVar(&rlsTransport, "rls-transport", "h2", "transport of --rls-listen: h2 (the service's own for a proxy's calls) or grpc (grpc-go tuned, for comparing them)")
 	_ = f.MarkHidden("rls-transport")
-	f.StringArrayVar(&envoyConfigs, "envoy-config", nil, "envoyproxy/ratelimit YAML file, or directory of *.yaml files, to load as descriptor policies (repeatable)")
+	f.StringVar(&rlsHeaders, "rls-response-headers", "draft", "rate limit headers of --rls-listen's answers: draft (RateLimit-Policy, RateLimit), envoy (RateLimit-Limit, -Remaining, -Reset, as envoyproxy/ratelimit with LIMIT_RESPONSE_HEADERS_ENABLED) or both")
 	f.StringVar(&cfg.DecisionLog.Path, "decision-log", "", "write sampled decision events as JSON lines to this file (appended), or - for standard output; empty: off")
 	f.Float64Var(&cfg.DecisionLog.RejectRate, "decision-log-reject-rate", def.DecisionLog.RejectRate, "fraction in [0, 1] of rejections and shadow would-rejects written to --decision-log")
 	f.Float64Var(&cfg.DecisionLog.AllowRate, "decision-log-allow-rate", def.DecisionLog.AllowRate, "fraction in [0, 1] of other admissions written to --decision-log")
@@ -190,6 +190,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&hashKeyFile, "decision-log-hash-key-file", "", "file holding the key of the subject hash in --decision-log (the same on every daemon makes hashes comparable); default: a random key per process")
 	f.DurationVar(&cfg.DecisionLog.TopWindow, "top-window", def.DecisionLog.TopWindow, "window of GET /v1/decisions/top, the most limited subjects per policy")
 	mr.register(f)
+	sf.register(f)
 	tf.register(f)
 	return cmd
 }
@@ -210,11 +211,15 @@ func rlsTransportOf(name string) (rls.Transport, error) {
 // stops the rest. On shutdown the rate limit service finishes its
 // in-flight calls first, then the daemon, which closes the store those
 // calls use.
-func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, ls *servingListeners, tr rls.Transport, log *slog.Logger, reg prometheus.Registerer) error {
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, ls *servingListeners, opts rls.Config, log *slog.Logger, reg prometheus.Registerer) error {
 	var s *rls.Server
 	if ls.rls != nil {
+		// On a Cluster one engine call is one slot: each descriptor gets a
+		// subject (a slot) of its own, so a domain spreads over the primaries.
+		spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
 		var err error
-		s, err = rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout, Transport: tr})
+		s, err = rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout,
+			Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread})
 		if err != nil {
 			ls.close()
 			return err
@@ -264,6 +269,35 @@ func decisionLogFlags(c *decisionlog.Config, hashKeyFile string) error {
 		}
 	}
 	return nil
+}
+
+// redisFlagNames maps a redisstore.SettingError's setting to its flag.
+var redisFlagNames = map[string]string{
+	"url": "--store", "tls-ca": "--redis-tls-ca", "tls-cert": "--redis-tls-cert", "tls-key": "--redis-tls-key",
+	"tls-server-name": "--redis-tls-server-name", "sentinel-username": "--redis-sentinel-username",
+	"sentinel-password": "--redis-sentinel-password",
+}
+
+// redisFlags checks the Redis connection flags against --store and reads
+// their files, so that a CA or certificate that cannot be used is a
+// one-line error naming the flag at start, not a store that never answers.
+func redisFlags(store string, rc redisstore.ClientConfig) error {
+	if store == "memory" {
+		if rc != (redisstore.ClientConfig{}) {
+			return errors.New("--store: memory takes no --redis-* settings")
+		}
+		return nil
+	}
+	err := rc.Check(store)
+	var se *redisstore.SettingError
+	if errors.As(err, &se) {
+		name := redisFlagNames[se.Setting]
+		if name == "" {
+			name = "--store"
+		}
+		return fmt.Errorf("%s: %w", name, se.Err)
+	}
+	return err
 }
 
 // identityFlags parses --trusted-proxies into cfg and checks the identity

@@ -128,6 +128,11 @@ type Member struct {
 	// zero and empty until it does.
 	PolicyRevision uint64 `json:"policy_revision,omitempty"`
 	PolicyHash     string `json:"policy_hash,omitempty"`
+	// Relays is set when the node advertises that it forwards messages
+	// sent to it as its region's relay to the region's other nodes (see
+	// coordinator.Relay); a node of an older build does not, and a region
+	// with such a node is sent to node by node.
+	Relays bool `json:"relays,omitempty"`
 
 	// Contact is when this node last sent a ping to the member that was
 	// answered (on this node's clock): the member was reachable at some

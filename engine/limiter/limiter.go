@@ -144,6 +144,9 @@ type Limiter struct {
 	denyHits     atomic.Uint64
 	degraded     atomic.Uint64
 	breakerOpens atomic.Uint64
+
+	chargeErrors   atomic.Uint64
+	chargesDropped atomic.Uint64
 }
 
 // New returns a Limiter over cfg.Store.
@@ -473,6 +476,10 @@ type Stats struct {
 	// StoreBusy counts checks that waited past the store's queue bound
 	// (ErrStoreBusy): decided by the fallback, but not store errors.
 	StoreBusy uint64
+	// ChargeErrors counts charges after the fact that the store could not
+	// apply; ChargesDropped those of them dropped because every policy
+	// fails open.
+	ChargeErrors, ChargesDropped uint64
 	// Breakers maps each store shard to its breaker state: "closed",
 	// "open" or "half-open".
 	Breakers map[string]string
@@ -488,6 +495,9 @@ func (l *Limiter) Stats() Stats {
 		Degraded:      l.degraded.Load(),
 		BreakerOpens:  l.breakerOpens.Load(),
 		Breakers:      map[string]string{},
+
+		ChargeErrors:   l.chargeErrors.Load(),
+		ChargesDropped: l.chargesDropped.Load(),
 	}
 	l.mu.Lock()
 	for name, cb := range l.breakers {

@@ -66,6 +66,7 @@ func Run(t *testing.T, cases ...Case) {
 		{"LargeWindowCountsAreExact", largeWindowCountsAreExact},
 		{"ResetForgetsState", resetForgetsState},
 	}
+	tests = append(tests, chargeTests...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, cases) })
 	}

@@ -63,7 +63,11 @@ type Cluster struct {
 // to its primary. Redis requires primaries >= 3. Nodes()[:primaries] start as
 // the primaries. It skips under -short and fails if redis-server or redis-cli
 // is missing.
-func StartCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
+//
+// WithTLS starts every node on TLS only, its cluster bus included
+// (tls-cluster yes); WithAuth makes them require credentials. WithArgs
+// adds arguments to every node.
+func StartCluster(t testing.TB, primaries, replicasPerPrimary int, opts ...Option) *Cluster {
 	t.Helper()
 	skipShort(t)
 	if primaries < 3 || replicasPerPrimary < 0 {
@@ -74,13 +78,19 @@ func StartCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 	cli := lookPath(t, "redis-cli")
 
 	c := &Cluster{t: t, primaries: primaries, replicas: replicasPerPrimary}
+	cfg := newConfig(opts)
+	args := slices.Clone(clusterArgs)
+	if cfg.tls != nil {
+		args = append(args, "--tls-cluster", "yes")
+	}
+	args = cfg.dataArgs(args...)
 	pp := &portPicker{}
 	for range primaries * (1 + replicasPerPrimary) {
-		c.nodes = append(c.nodes, startServer(t, bin, clusterArgs, func() (int, error) { return pp.pick(true) }))
+		c.nodes = append(c.nodes, startServerWith(t, bin, "", args, &cfg, false, func() (int, error) { return pp.pick(true) }))
 	}
 
 	began := time.Now()
-	c.create(cli)
+	c.create(cli, cliArgs(&cfg))
 	created := time.Now()
 
 	deadline := time.Now().Add(clusterTimeout)
@@ -95,7 +105,7 @@ func StartCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 		<-time.After(pollInterval)
 	}
 	for _, s := range c.nodes {
-		if _, err := doString(s.Addr(), probeTimeout, "CONFIG", "SET", "cluster-node-timeout", runNodeTimeout); err != nil {
+		if _, err := s.doString(probeTimeout, "CONFIG", "SET", "cluster-node-timeout", runNodeTimeout); err != nil {
 			t.Fatalf("redistest: %s: CONFIG SET cluster-node-timeout: %v", s.Addr(), err)
 		}
 		// Restart passes the arguments again; the later value wins.
@@ -111,11 +121,12 @@ func StartCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 // agree; if a handshake is lost (a node stalled past the handshake timeout
 // on a loaded machine) it would wait forever. So once redis-cli is waiting,
 // create repeats the MEET for any node that does not yet know every other.
-func (c *Cluster) create(cli string) {
+func (c *Cluster) create(cli string, conn []string) {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args := append(slices.Clone(conn), "--cluster", "create")
+	args = append(args, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(c.replicas), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
 	var out lockedBuffer
@@ -151,13 +162,29 @@ func (c *Cluster) create(cli string) {
 	}
 }
 
+// cliArgs are redis-cli's arguments to reach servers of cfg: TLS with its
+// CA and certificate, and its credentials.
+func cliArgs(cfg *config) []string {
+	var args []string
+	if cfg.tls != nil {
+		args = append(args, "--tls", "--cacert", cfg.tls.CAFile, "--cert", cfg.tls.CertFile, "--key", cfg.tls.KeyFile)
+	}
+	if cfg.pass != "" {
+		if cfg.user != "" {
+			args = append(args, "--user", cfg.user)
+		}
+		args = append(args, "--pass", cfg.pass, "--no-auth-warning")
+	}
+	return args
+}
+
 // remeet sends CLUSTER MEET for the first node to each node that does not
 // know all the others yet. Errors are ignored: it is only a nudge, and
 // create's caller reports a cluster that never forms.
 func (c *Cluster) remeet() {
 	first := c.nodes[0]
 	for _, s := range c.nodes[1:] {
-		nodes, err := doString(s.Addr(), probeTimeout, "CLUSTER", "NODES")
+		nodes, err := s.doString(probeTimeout, "CLUSTER", "NODES")
 		if err != nil {
 			continue
 		}
@@ -168,7 +195,7 @@ func (c *Cluster) remeet() {
 			}
 		}
 		if known < len(c.nodes) {
-			_, _ = doString(s.Addr(), probeTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(first.port))
+			_, _ = s.doString(probeTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(first.port))
 		}
 	}
 }
@@ -200,7 +227,7 @@ func (c *Cluster) formed() error {
 		if err := clusterOK(s, len(c.nodes)); err != nil {
 			return err
 		}
-		nodes, err := doString(s.Addr(), probeTimeout, "CLUSTER", "NODES")
+		nodes, err := s.doString(probeTimeout, "CLUSTER", "NODES")
 		if err != nil {
 			return fmt.Errorf("%s: CLUSTER NODES: %v", s.Addr(), err)
 		}
@@ -229,7 +256,7 @@ func (c *Cluster) formed() error {
 				return fmt.Errorf("%s sees %d replicas of %s, want %d", s.Addr(), replicasOf[id], id, c.replicas)
 			}
 		}
-		role, err := do(s.Addr(), probeTimeout, "ROLE")
+		role, err := s.do(probeTimeout, "ROLE")
 		if err != nil {
 			return fmt.Errorf("%s: ROLE: %v", s.Addr(), err)
 		}
@@ -243,7 +270,7 @@ func (c *Cluster) formed() error {
 // clusterOK returns nil if s reports cluster_state:ok, all slots assigned
 // and ok, and knows want nodes (0: any number).
 func clusterOK(s *Server, want int) error {
-	info, err := doString(s.Addr(), probeTimeout, "CLUSTER", "INFO")
+	info, err := s.doString(probeTimeout, "CLUSTER", "INFO")
 	if err != nil {
 		return fmt.Errorf("%s: CLUSTER INFO: %v", s.Addr(), err)
 	}
@@ -269,7 +296,7 @@ func clusterOK(s *Server, want int) error {
 func (c *Cluster) describe() string {
 	var b strings.Builder
 	for _, s := range c.nodes {
-		nodes, err := doString(s.Addr(), probeTimeout, "CLUSTER", "NODES")
+		nodes, err := s.doString(probeTimeout, "CLUSTER", "NODES")
 		if err != nil {
 			fmt.Fprintf(&b, "%s: %v\n", s.Addr(), err)
 			continue
@@ -298,7 +325,9 @@ func (c *Cluster) Nodes() []*Server {
 // Client returns a go-redis cluster client seeded with every node's address,
 // closed by t.Cleanup. Like Server.Client it sets ContextTimeoutEnabled.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	o := &redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true, TLSConfig: c.nodes[0].tls}
+	o.Username, o.Password = c.nodes[0].credentials()
+	cc := redis.NewClusterClient(o)
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
 }
@@ -391,7 +420,7 @@ func (c *Cluster) failedOver(slot int, killed *Server) (*Server, error) {
 	if p == nil {
 		return nil, fmt.Errorf("slot %d is served by port %d, which is not in this cluster", slot, owner)
 	}
-	role, err := do(p.Addr(), probeTimeout, "ROLE")
+	role, err := p.do(probeTimeout, "ROLE")
 	if err != nil {
 		return nil, fmt.Errorf("%s: ROLE: %v", p.Addr(), err)
 	}
@@ -420,7 +449,7 @@ func (c *Cluster) byPort(port int) *Server {
 }
 
 func keySlot(s *Server, key string) (int, error) {
-	v, err := do(s.Addr(), probeTimeout, "CLUSTER", "KEYSLOT", key)
+	v, err := s.do(probeTimeout, "CLUSTER", "KEYSLOT", key)
 	if err != nil {
 		return 0, fmt.Errorf("%s: CLUSTER KEYSLOT: %v", s.Addr(), err)
 	}
@@ -434,7 +463,7 @@ func keySlot(s *Server, key string) (int, error) {
 // slotOwner returns the port of the primary that s's CLUSTER SLOTS names for
 // slot. Each entry is [start, end, [ip, port, id, ...], replicas...].
 func slotOwner(s *Server, slot int) (int, error) {
-	v, err := do(s.Addr(), probeTimeout, "CLUSTER", "SLOTS")
+	v, err := s.do(probeTimeout, "CLUSTER", "SLOTS")
 	if err != nil {
 		return 0, fmt.Errorf("%s: CLUSTER SLOTS: %v", s.Addr(), err)
 	}

@@ -21,7 +21,7 @@ func TestRemeetJoinsNodes(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for _, s := range c.nodes {
 		for {
-			nodes, err := doString(s.Addr(), probeTimeout, "CLUSTER", "NODES")
+			nodes, err := s.doString(probeTimeout, "CLUSTER", "NODES")
 			if err == nil && strings.Count(nodes, "connected") == 3 && !strings.Contains(nodes, "handshake") {
 				break
 			}

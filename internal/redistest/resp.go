@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -11,12 +12,20 @@ import (
 	"time"
 )
 
-// do sends one command on a fresh connection and returns its RESP2 reply:
-// a string (simple or bulk), an int64, nil, or a []any of those. A Redis error
-// reply is returned as a respError. The harness talks to servers this way,
-// rather than through go-redis, so its probes never retry, pool, log or shape
-// the connection state the code under test sees.
-func do(addr string, timeout time.Duration, args ...string) (any, error) {
+// do sends one command to s on a fresh connection and returns its RESP2
+// reply: a string (simple or bulk), an int64, nil, or a []any of those. A
+// Redis error reply is returned as a respError. The harness talks to
+// servers this way, rather than through go-redis, so its probes never
+// retry, pool, log or shape the connection state the code under test sees.
+// On a server started with TLS the probe speaks TLS, and on one that
+// requires a password it authenticates first.
+func (s *Server) do(timeout time.Duration, args ...string) (any, error) {
+	return probe(s.Addr(), s.tls, s.auth, timeout, args...)
+}
+
+// probe is do for the server at addr: over TLS when tc is not nil, after
+// AUTH with auth (user and password, or a password alone) when not empty.
+func probe(addr string, tc *tls.Config, auth []string, timeout time.Duration, args ...string) (any, error) {
 	conn, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
@@ -25,28 +34,54 @@ func do(addr string, timeout time.Duration, args ...string) (any, error) {
 	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return nil, err
 	}
+	if tc != nil {
+		if tc.ServerName == "" {
+			tc = tc.Clone()
+			tc.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tconn := tls.Client(conn, tc)
+		if err := tconn.Handshake(); err != nil {
+			return nil, err
+		}
+		conn = tconn
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	writeCommand(&b, args)
+	if len(auth) > 0 {
+		b.Reset()
+		writeCommand(&b, append([]string{"AUTH"}, auth...))
+		writeCommand(&b, args)
 	}
 	if _, err := conn.Write([]byte(b.String())); err != nil {
 		return nil, err
 	}
-	return readReply(bufio.NewReader(conn))
+	r := bufio.NewReader(conn)
+	if len(auth) > 0 {
+		if _, err := readReply(r); err != nil {
+			return nil, fmt.Errorf("AUTH: %w", err)
+		}
+	}
+	return readReply(r)
+}
+
+func writeCommand(b *strings.Builder, args []string) {
+	fmt.Fprintf(b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(b, "$%d\r\n%s\r\n", len(a), a)
+	}
 }
 
 // doString is do for commands whose reply is a simple or bulk string.
-func doString(addr string, timeout time.Duration, args ...string) (string, error) {
-	v, err := do(addr, timeout, args...)
+func (s *Server) doString(timeout time.Duration, args ...string) (string, error) {
+	v, err := s.do(timeout, args...)
 	if err != nil {
 		return "", err
 	}
-	s, ok := v.(string)
+	str, ok := v.(string)
 	if !ok {
 		return "", fmt.Errorf("%s: reply %v is not a string", strings.Join(args, " "), v)
 	}
-	return s, nil
+	return str, nil
 }
 
 // respError is an error reply from Redis, such as "ERR unknown command".

@@ -47,29 +47,33 @@ type Sentinel struct {
 // Nodes()[0] starts as the primary. A killed primary is failed over within a
 // few seconds (down-after-milliseconds 1000). It skips under -short and fails
 // if redis-server is missing.
-func StartSentinel(t testing.TB) *Sentinel {
+//
+// WithTLS starts the data nodes and the Sentinels on TLS only (replication
+// and the Sentinels' connections too); WithAuth makes the data nodes
+// require credentials, which the Sentinels are given, and
+// WithSentinelAuth the Sentinels.
+func StartSentinel(t testing.TB, opts ...Option) *Sentinel {
 	t.Helper()
 	skipShort(t)
 	bin := lookPath(t, "redis-server")
 	pp := &portPicker{}
 	pick := func() (int, error) { return pp.pick(false) }
 	began := time.Now()
+	cfg := newConfig(opts)
 
 	s := &Sentinel{t: t}
-	primary := startServer(t, bin, []string{"--repl-diskless-sync-delay", "0"}, pick)
-	replica := startServer(t, bin, []string{
+	primary := startServerWith(t, bin, "", cfg.dataArgs("--repl-diskless-sync-delay", "0"), &cfg, false, pick)
+	replica := startServerWith(t, bin, "", cfg.dataArgs(
 		"--repl-diskless-sync-delay", "0",
 		"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()),
-	}, pick)
+	), &cfg, false, pick)
 	s.data = []*Server{primary, replica}
 
-	conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d %[3]d\n"+
-		"sentinel down-after-milliseconds %[1]s %[4]s\n"+
-		"sentinel failover-timeout %[1]s %[5]s\n"+
-		"sentinel parallel-syncs %[1]s 1\n",
-		MasterName, primary.Port(), sentinelQuorum, sentinelDownAfter, sentinelFailoverTimeout)
+	conf := sentinelConf(&cfg, primary.Port())
+	args := append([]string{"--sentinel"}, cfg.tlsArgs()...)
+	args = append(args, authArgs(cfg.sentinelUser, cfg.sentinelPass)...)
 	for range sentinelCount {
-		s.sentinels = append(s.sentinels, startServerConf(t, bin, conf, []string{"--sentinel"}, pick))
+		s.sentinels = append(s.sentinels, startServerWith(t, bin, conf, args, &cfg, true, pick))
 	}
 
 	deadline := time.Now().Add(sentinelTimeout)
@@ -86,6 +90,30 @@ func StartSentinel(t testing.TB) *Sentinel {
 	t.Logf("redistest: sentinel deployment (primary %s, replica %s, sentinels %s) ready in %v",
 		primary.Addr(), replica.Addr(), strings.Join(s.Addrs(), ","), time.Since(began).Round(time.Millisecond))
 	return s
+}
+
+// sentinelConf is a Sentinel's configuration file: the primary at port to
+// monitor, with the data nodes' credentials, and the credentials the
+// Sentinels give each other.
+func sentinelConf(cfg *config, port int) string {
+	conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d %[3]d\n"+
+		"sentinel down-after-milliseconds %[1]s %[4]s\n"+
+		"sentinel failover-timeout %[1]s %[5]s\n"+
+		"sentinel parallel-syncs %[1]s 1\n",
+		MasterName, port, sentinelQuorum, sentinelDownAfter, sentinelFailoverTimeout)
+	if cfg.pass != "" {
+		if cfg.user != "" {
+			conf += fmt.Sprintf("sentinel auth-user %s %s\n", MasterName, cfg.user)
+		}
+		conf += fmt.Sprintf("sentinel auth-pass %s %s\n", MasterName, cfg.pass)
+	}
+	if cfg.sentinelPass != "" {
+		if cfg.sentinelUser != "" {
+			conf += "sentinel sentinel-user " + cfg.sentinelUser + "\n"
+		}
+		conf += "sentinel sentinel-pass " + cfg.sentinelPass + "\n"
+	}
+	return conf
 }
 
 // formed returns nil once every Sentinel agrees that primary is the master,
@@ -112,7 +140,7 @@ func (s *Sentinel) formed(primary *Server) error {
 		if d == primary || !d.Running() {
 			continue
 		}
-		role, err := do(d.Addr(), probeTimeout, "ROLE")
+		role, err := d.do(probeTimeout, "ROLE")
 		if err != nil {
 			return fmt.Errorf("%s: ROLE: %v", d.Addr(), err)
 		}
@@ -126,7 +154,7 @@ func (s *Sentinel) formed(primary *Server) error {
 
 // sentinelMaster returns SENTINEL MASTER MasterName from sn as a map.
 func sentinelMaster(sn *Server) (map[string]string, error) {
-	v, err := do(sn.Addr(), probeTimeout, "SENTINEL", "MASTER", MasterName)
+	v, err := sn.do(probeTimeout, "SENTINEL", "MASTER", MasterName)
 	if err != nil {
 		return nil, fmt.Errorf("sentinel %s: SENTINEL MASTER: %v", sn.Addr(), err)
 	}
@@ -142,7 +170,7 @@ func sentinelMaster(sn *Server) (map[string]string, error) {
 
 // masterPort asks sn which port MasterName's master is on.
 func masterPort(sn *Server) (int, error) {
-	v, err := do(sn.Addr(), probeTimeout, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", MasterName)
+	v, err := sn.do(probeTimeout, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", MasterName)
 	if err != nil {
 		return 0, fmt.Errorf("sentinel %s: GET-MASTER-ADDR-BY-NAME: %v", sn.Addr(), err)
 	}
@@ -172,7 +200,7 @@ func (s *Sentinel) describe() string {
 			m["ip"], m["port"], m["flags"], m["num-slaves"], m["num-other-sentinels"])
 	}
 	for _, d := range s.data {
-		role, err := do(d.Addr(), probeTimeout, "ROLE")
+		role, err := d.do(probeTimeout, "ROLE")
 		fmt.Fprintf(&b, "%s: ROLE %v %v\n", d.Addr(), role, err)
 	}
 	return b.String()
@@ -198,9 +226,12 @@ func (s *Sentinel) Sentinels() []*Server { return append([]*Server(nil), s.senti
 // Sentinels, closed by t.Cleanup. Like Server.Client it sets
 // ContextTimeoutEnabled.
 func (s *Sentinel) Client(t testing.TB) *redis.Client {
-	c := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName: MasterName, SentinelAddrs: s.Addrs(), ContextTimeoutEnabled: true,
-	})
+	o := &redis.FailoverOptions{
+		MasterName: MasterName, SentinelAddrs: s.Addrs(), ContextTimeoutEnabled: true, TLSConfig: s.data[0].tls,
+	}
+	o.Username, o.Password = s.data[0].credentials()
+	o.SentinelUsername, o.SentinelPassword = s.sentinels[0].credentials()
+	c := redis.NewFailoverClient(o)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -277,7 +308,7 @@ func (s *Sentinel) failedOver(killed *Server) (*Server, error) {
 	if p == nil {
 		return nil, fmt.Errorf("the sentinels name port %d, which is not in this deployment", owner)
 	}
-	role, err := do(p.Addr(), probeTimeout, "ROLE")
+	role, err := p.do(probeTimeout, "ROLE")
 	if err != nil {
 		return nil, fmt.Errorf("%s: ROLE: %v", p.Addr(), err)
 	}

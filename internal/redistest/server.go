@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -45,6 +46,19 @@ type Option func(*config)
 
 type config struct {
 	args []string
+	tls  *TLS
+	// user and pass are the data nodes' credentials (WithAuth).
+	user, pass string
+	// sentinelUser and sentinelPass are the Sentinels' (WithSentinelAuth).
+	sentinelUser, sentinelPass string
+}
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
 }
 
 // WithArgs appends redis-server command-line arguments, for example
@@ -64,6 +78,11 @@ type Server struct {
 	conf    string   // config file given before every argument, or ""
 	args    []string // arguments after --port
 	port    int
+	tls     *tls.Config // of the harness's probes; nil: plaintext
+	// tlsPort, on a server started with TLS, makes port the TLS port and
+	// turns the plaintext one off.
+	tlsPort bool
+	auth    []string // AUTH arguments of the harness's probes
 
 	mu   sync.Mutex
 	proc *process // nil while not running
@@ -82,11 +101,8 @@ func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	skipShort(t)
 	bin := lookPath(t, "redis-server")
-	var cfg config
-	for _, o := range opts {
-		o(&cfg)
-	}
-	return startServer(t, bin, cfg.args, func() (int, error) {
+	cfg := newConfig(opts)
+	return startServerWith(t, bin, "", cfg.dataArgs(), &cfg, false, func() (int, error) {
 		return (&portPicker{}).pick(false)
 	})
 }
@@ -103,7 +119,18 @@ func startServer(t testing.TB, bin string, args []string, pick func() (int, erro
 // arguments. Redis Sentinel needs one, to record what it learns.
 func startServerConf(t testing.TB, bin, conf string, args []string, pick func() (int, error)) *Server {
 	t.Helper()
+	return startServerWith(t, bin, conf, args, nil, false, pick)
+}
+
+// startServerWith is startServerConf for a server of cfg's TLS and
+// credentials (nil: neither); sentinel picks the Sentinels' credentials
+// for the harness's probes instead of the data nodes'.
+func startServerWith(t testing.TB, bin, conf string, args []string, cfg *config, sentinel bool, pick func() (int, error)) *Server {
+	t.Helper()
 	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: args}
+	if cfg != nil {
+		s.probeAs(cfg, sentinel)
+	}
 	s.logPath = filepath.Join(s.dir, "redis.log")
 	if conf != "" {
 		s.conf = filepath.Join(s.dir, "redis.conf")
@@ -186,8 +213,12 @@ func (s *Server) launch(port int) (*process, error) {
 	if s.conf != "" {
 		args = append(args, s.conf)
 	}
+	portArgs := []string{"--port", strconv.Itoa(port)}
+	if s.tlsPort {
+		portArgs = []string{"--port", "0", "--tls-port", strconv.Itoa(port)}
+	}
+	args = append(args, portArgs...)
 	args = append(args,
-		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
@@ -212,7 +243,7 @@ func (s *Server) launch(port int) (*process, error) {
 	}()
 
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	if err := waitReady(p, addr); err != nil {
+	if err := s.waitReady(p, addr); err != nil {
 		_ = cmd.Process.Kill()
 		<-p.done
 		if logSince(s.logPath, logStart, "Address already in use") {
@@ -226,7 +257,7 @@ func (s *Server) launch(port int) (*process, error) {
 // waitReady polls addr until the process p answers INFO with its own pid.
 // Checking the pid, not just PING, keeps a server that lost the race for the
 // port from mistaking whoever won it for itself.
-func waitReady(p *process, addr string) error {
+func (s *Server) waitReady(p *process, addr string) error {
 	want := "process_id:" + strconv.Itoa(p.cmd.Process.Pid) + "\r\n"
 	deadline := time.Now().Add(readyTimeout)
 	var lastErr error
@@ -236,7 +267,8 @@ func waitReady(p *process, addr string) error {
 			return fmt.Errorf("redis-server exited before it answered: %v", p.err)
 		default:
 		}
-		info, err := doString(addr, probeTimeout, "INFO", "server")
+		v, err := probe(addr, s.tls, s.auth, probeTimeout, "INFO", "server")
+		info, _ := v.(string)
 		switch {
 		case err != nil:
 			lastErr = err
@@ -303,9 +335,23 @@ func (s *Server) Running() bool {
 // sets ContextTimeoutEnabled so that a context deadline bounds each call;
 // build your own client from Addr to test other options.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true})
+	o := &redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true, TLSConfig: s.tls}
+	o.Username, o.Password = s.credentials()
+	c := redis.NewClient(o)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// credentials are the user and password of the harness's probes, empty
+// for a server that requires none.
+func (s *Server) credentials() (user, pass string) {
+	switch len(s.auth) {
+	case 1:
+		return "", s.auth[0]
+	case 2:
+		return s.auth[0], s.auth[1]
+	}
+	return "", ""
 }
 
 // Kill sends SIGKILL and returns once the process has exited, as a crash
@@ -378,7 +424,7 @@ func (s *Server) Pause(d time.Duration) {
 	if ms < 1 {
 		ms = 1
 	}
-	if _, err := doString(s.Addr(), probeTimeout, "CLIENT", "PAUSE", strconv.FormatInt(ms, 10), "ALL"); err != nil {
+	if _, err := s.doString(probeTimeout, "CLIENT", "PAUSE", strconv.FormatInt(ms, 10), "ALL"); err != nil {
 		s.t.Fatalf("redistest: CLIENT PAUSE on %s: %v", s.Addr(), err)
 	}
 }

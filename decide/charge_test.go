@@ -1,0 +1,73 @@
+package decide_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/decide"
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/internal/manualclock"
+	"github.com/sluice-rl/sluice/quota"
+)
+
+func (r *recorder) Charge(ctx context.Context, req engine.ChargeRequest) (engine.Outcome, error) {
+	return r.lim.Charge(ctx, req)
+}
+
+func (r *recorder) Reserve(ctx context.Context, subject, id string, checks []engine.Check, ttl time.Duration) error {
+	return r.lim.Reserve(ctx, subject, id, checks, ttl)
+}
+
+// The check before and the charge after, as a rate limit service would
+// make them for Envoy's apply_on_stream_done: the charge's hits count
+// even over the limit, and the next check is refused.
+func TestChargeStatesCountsHitsOverTheLimit(t *testing.T) {
+	reg := newRegistry(t, quota.Policy{ID: "tokens", Algorithm: "token_bucket", RatePerSec: 1, Burst: 100, Mode: quota.ModeEnforce})
+	clock := manualclock.New()
+	dc := decide.New(decide.Config{Limiter: &recorder{lim: limiter.New(limiter.Config{Clock: clock})}, Registry: reg, Clock: clock})
+	p, _ := reg.Get("tokens")
+	applied := func(cost int64) []quota.Applied {
+		return []quota.Applied{{Policy: &p, Cost: cost, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 100}}}
+	}
+	ctx := context.Background()
+	if v, err := dc.DecideStates(ctx, "s", applied(0)); err != nil || !v.Allowed {
+		t.Fatalf("check before = %+v, %v; want allowed", v, err)
+	}
+	ans, err := dc.ChargeStates(ctx, "s", applied(160))
+	if err != nil || !ans.OverLimit || ans.RetryAfterMS != 60000 {
+		t.Fatalf("charge of 160 into a bucket of 100 = %+v, %v; want over the limit for 60 s", ans, err)
+	}
+	if v, err := dc.DecideStates(ctx, "s", applied(1)); err != nil || v.Allowed || v.RetryAfter != 61*time.Second {
+		t.Fatalf("check after = %+v, %v; want refused for 61 s", v, err)
+	}
+}
+
+// A charge without a cost, or to a sliding window log, is a problem
+// naming the field, and charges nothing.
+func TestChargeProblems(t *testing.T) {
+	reg := newRegistry(t,
+		quota.Policy{ID: "tokens", Algorithm: "token_bucket", RatePerSec: 1, Burst: 100, Mode: quota.ModeEnforce},
+		quota.Policy{ID: "log", Algorithm: "sliding_window_log", Count: 10, Window: 60, Mode: quota.ModeEnforce, Match: quota.Match{Routes: []string{"/logged"}}})
+	dc := decide.New(decide.Config{Limiter: newRecorder(), Registry: reg})
+	ctx := context.Background()
+	five := int64(5)
+	for _, tc := range []struct {
+		in    decide.ChargeRequest
+		field string
+	}{
+		{decide.ChargeRequest{SubjectFields: quota.SubjectFields{User: "u"}, Route: "/v1/orders"}, "cost"},
+		{decide.ChargeRequest{SubjectFields: quota.SubjectFields{User: "u"}, Route: "/logged", Cost: &five}, "route"},
+		{decide.ChargeRequest{SubjectFields: quota.SubjectFields{User: "u"}, Route: "/v1/orders", Cost: &five, Reservation: "none"}, "reservation"},
+	} {
+		if _, p := dc.Charge(ctx, tc.in); p == nil || p.Status != http.StatusBadRequest || len(p.Errors) != 1 || p.Errors[0].Field != tc.field {
+			t.Errorf("Charge(%+v) problem %+v, want 400 on %s", tc.in, p, tc.field)
+		}
+	}
+	a, p := dc.Check(ctx, user("u"))
+	if p != nil || a.Decision.Policies[0].Remaining != 99 {
+		t.Errorf("after refused charges a check of 1 leaves %+v, want 99 (nothing charged)", a.Decision)
+	}
+}

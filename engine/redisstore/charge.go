@@ -1,0 +1,144 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluice-rl/sluice/engine"
+)
+
+// chargeScript charges after the fact and keeps reservations; see its
+// header. It is sent as its own call, never batched with checks.
+//
+//go:embed charge.lua
+var chargeScript string
+
+var chargeSHA = func() string {
+	sum := sha1.Sum([]byte(chargeScript))
+	return hex.EncodeToString(sum[:])
+}()
+
+// reservationKey is where subject's reservation id is kept: beside its
+// states, under the same hash tag, and apart from every policy's key
+// (those continue the tag with ":").
+func (s *Store) reservationKey(subject, id string) string {
+	return s.prefix + "{" + redisSubject(subject) + "}#r:" + id
+}
+
+// MinChargeTimeout is the least time a charge or a reservation is given:
+// a charge comes after the response, where a few milliseconds more cost
+// no request its deadline, and a server's first charge compiles the
+// script.
+const MinChargeTimeout = 100 * time.Millisecond
+
+// evalCharge runs the charge script, loading it when the server does not
+// hold it, within the store's timeout or MinChargeTimeout, the longer.
+func (s *Store) evalCharge(ctx context.Context, keys []string, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, MinChargeTimeout))
+	defer cancel()
+	now, pad := "", "0"
+	if s.clock != nil {
+		now, pad = strconv.FormatInt(s.clock.Now().UnixMicro(), 10), strconv.FormatInt(s.ttlPad, 10)
+	}
+	args = append([]any{now, pad}, args...)
+	v, err := s.c.EvalSha(ctx, chargeSHA, keys, args...).Result()
+	if isNoScript(err) {
+		v, err = s.c.Eval(ctx, chargeScript, keys, args...).Result()
+	}
+	return v, callErr(ctx, err)
+}
+
+// Charge charges a request after the fact (engine.Charger): every policy,
+// past its limit if need be, or, on an error, none.
+func (s *Store) Charge(ctx context.Context, req engine.ChargeRequest) (engine.Decision, error) {
+	if err := req.Validate(); err != nil {
+		return engine.Decision{Decider: -1}, err
+	}
+	if s.cfgErr != nil {
+		return engine.Decision{Decider: -1}, s.cfgErr
+	}
+	n := len(req.Checks)
+	keys := make([]string, 0, n+1)
+	args := make([]any, 0, 3+7*n)
+	settle := "0"
+	for i := range req.Checks {
+		keys = append(keys, s.Key(req.Subject, req.Checks[i].Policy))
+	}
+	if req.Reservation != "" {
+		settle = "1"
+		keys = append(keys, s.reservationKey(req.Subject, req.Reservation))
+	}
+	args = append(args, "c", n, settle)
+	for i := range req.Checks {
+		c := &req.Checks[i]
+		l := c.Effective()
+		p1, p2 := scriptLimit(&l)
+		args = append(args, int(l.Algorithm), p1, p2, l.Window.Microseconds(), c.Cost, c.ScaleFactor(), c.Policy)
+	}
+	v, err := s.evalCharge(ctx, keys, args...)
+	if err != nil {
+		if redis.HasErrorPrefix(err, "unknown reservation") {
+			return engine.Decision{Decider: -1}, fmt.Errorf("%w: %q", engine.ErrUnknownReservation, req.Reservation)
+		}
+		return engine.Decision{Decider: -1}, fmt.Errorf("redis charge for %q: %w", req.Subject, err)
+	}
+	return chargeDecision(req, v)
+}
+
+// chargeDecision reads the charge script's reply: now, then a, b and t of
+// each policy's state as written, which engine.ChargeResult reads as the
+// memory store does.
+func chargeDecision(req engine.ChargeRequest, v any) (engine.Decision, error) {
+	bad := func(why string) (engine.Decision, error) {
+		return engine.Decision{Decider: -1}, fmt.Errorf("redis charge for %q: %s", req.Subject, why)
+	}
+	vals, ok := v.([]any)
+	if !ok || len(vals) != 1+3*len(req.Checks) {
+		return bad(fmt.Sprintf("script returned %T of unexpected shape", v))
+	}
+	now, ok := vals[0].(int64)
+	if !ok {
+		return bad("no time in the reply")
+	}
+	d := engine.Decision{N: len(req.Checks)}
+	for i := range req.Checks {
+		as, _ := vals[1+3*i].(string)
+		bs, _ := vals[2+3*i].(string)
+		t, tok := vals[3+3*i].(int64)
+		a, aerr := strconv.ParseFloat(as, 64)
+		b, berr := strconv.ParseFloat(bs, 64)
+		if aerr != nil || berr != nil || !tok {
+			return bad(fmt.Sprintf("policy %d's state unreadable", i))
+		}
+		d.Results[i] = engine.ChargeResult(time.UnixMicro(now), engine.State{A: a, B: b, T: t}, req.Checks[i].Effective())
+	}
+	d.Finish(nil)
+	return d, nil
+}
+
+// Reserve records subject's estimate under each check's policy, to settle
+// by id within ttl (engine.Reserver), on the server's clock.
+func (s *Store) Reserve(ctx context.Context, subject, id string, checks []engine.Check, ttl time.Duration) error {
+	if err := engine.ValidateReservation(subject, id, checks, ttl); err != nil {
+		return err
+	}
+	costs := make(map[string]int64, len(checks))
+	for i := range checks {
+		costs[checks[i].Policy] = checks[i].Cost
+	}
+	js, err := json.Marshal(costs)
+	if err != nil {
+		return fmt.Errorf("redis reserve: %w", err)
+	}
+	if _, err := s.evalCharge(ctx, []string{s.reservationKey(subject, id)}, "r", ttl.Microseconds(), string(js)); err != nil {
+		return fmt.Errorf("redis reserve for %q: %w", subject, err)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/storetest"
+	"github.com/sluice-rl/sluice/internal/manualclock"
+	"github.com/sluice-rl/sluice/internal/redistest"
+)
+
+// TestRedisClusterCharges holds the Redis store on a Cluster to the
+// charge semantics every store shares: a charge and its reservation live
+// under the subject's hash tag, so one call reaches one node.
+func TestRedisClusterCharges(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	client := cl.Client(t)
+	var n atomic.Int64
+	storetest.RunCharges(t, storetest.Case{Name: "cluster", New: func(t *testing.T, clock engine.Clock) storetest.Checker {
+		s := New(client, Config{Timeout: time.Second, Prefix: fmt.Sprintf("charge%d:", n.Add(1))})
+		setVirtualClock(s, clock)
+		return s
+	}})
+}
+
+// TestRedisChargeConformance drives the memory store and the Redis store
+// through the same random checks, charges, reservations and settlements
+// of several policies of every chargeable algorithm on one virtual clock,
+// and requires the same results and the same errors at every step.
+func TestRedisChargeConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	for seed := range uint64(12) {
+		rng := rand.New(rand.NewPCG(seed, 28))
+		clock := manualclock.New()
+		clock.Advance(time.Duration(rng.Int64N(int64(24 * time.Hour))))
+		mem := engine.NewMemoryStore(engine.MemoryConfig{Clock: clock})
+		red := New(client, Config{Timeout: time.Second, Prefix: fmt.Sprintf("chconf:%d:", seed)})
+		setVirtualClock(red, clock)
+		algs := []engine.Algorithm{engine.TokenBucket, engine.LeakyBucket, engine.FixedWindow, engine.SlidingWindowCounter}
+		checks := make([]engine.Check, 1+rng.IntN(3))
+		for i := range checks {
+			checks[i] = engine.Check{Policy: fmt.Sprint("p", i), Limit: randomLimit(rng, algs[rng.IntN(len(algs))])}
+		}
+		for step := range 200 {
+			clock.Advance(randomStep(rng, checks))
+			for i := range checks {
+				checks[i].Cost = randomCost(rng, checks[i].Limit) * int64(1+rng.IntN(3))
+			}
+			id := fmt.Sprint("r", rng.IntN(3))
+			var dm, dr engine.Decision
+			var em, er error
+			switch rng.IntN(4) {
+			case 0:
+				req := engine.Request{Subject: "s", Checks: checks}
+				for i := range checks {
+					checks[i].Cost = randomCost(rng, checks[i].Limit)
+				}
+				dm, em = mem.Check(ctx, req)
+				dr, er = red.Check(ctx, req)
+			case 1:
+				req := engine.ChargeRequest{Subject: "s", Checks: checks}
+				dm, em = mem.Charge(ctx, req)
+				dr, er = red.Charge(ctx, req)
+			case 2:
+				ttl := time.Duration(1+rng.IntN(2000)) * time.Millisecond
+				held := checks[:1+rng.IntN(len(checks))]
+				em = mem.Reserve(ctx, "s", id, held, ttl)
+				er = red.Reserve(ctx, "s", id, held, ttl)
+			default:
+				req := engine.ChargeRequest{Subject: "s", Checks: checks, Reservation: id}
+				dm, em = mem.Charge(ctx, req)
+				dr, er = red.Charge(ctx, req)
+			}
+			if (em == nil) != (er == nil) || (em != nil && errors.Is(em, engine.ErrUnknownReservation) != errors.Is(er, engine.ErrUnknownReservation)) {
+				t.Fatalf("seed %d step %d: errors differ: memory %v, redis %v", seed, step, em, er)
+			}
+			if dm != dr {
+				t.Fatalf("seed %d step %d: decisions differ\nmemory %+v\nredis  %+v", seed, step, dm, dr)
+			}
+		}
+	}
+}

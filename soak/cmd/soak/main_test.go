@@ -1,0 +1,42 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"-duration", "5m", "-seed", "3"}, ""},
+		{[]string{"-faults", "kill-daemon,partition"}, ""},
+		{[]string{"-seed", "x"}, `-seed "x": not an unsigned integer`},
+		{[]string{"-seed", "-1"}, `-seed "-1": not an unsigned integer`},
+		{[]string{"-duration", "5q"}, `-duration "5q": not a duration`},
+		{[]string{"-duration", "30s"}, "at least 2m"},
+		{[]string{"-faults", "kill-daemon,meteor"}, `unknown fault "meteor"`},
+		{[]string{"-inject", "gremlins"}, `-inject "gremlins"`},
+		{[]string{"-nope"}, "flag provided but not defined"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	}
+	for _, tc := range tests {
+		o, err := parseFlags(tc.args)
+		if tc.wantErr == "" {
+			if err != nil {
+				t.Errorf("parseFlags(%q) = %v, want no error", tc.args, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("parseFlags(%q) error = %v, want one line with %q", tc.args, err, tc.wantErr)
+		}
+		_ = o
+	}
+	o, _ := parseFlags([]string{"-duration", "5m", "-seed", "3"})
+	if o.duration != 5*time.Minute || o.seed != 3 || len(o.kinds) != 6 {
+		t.Errorf("parseFlags(-duration 5m -seed 3) = %+v", o)
+	}
+}
