@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"maps"
@@ -44,6 +45,12 @@ type gatewayUnderTest struct {
 	// start runs the gateway on the substituted configuration and returns
 	// once it accepts connections on listen.
 	start func(t *testing.T, conf, listen string)
+	// flagValues replaces the values of prescribed flags (file paths);
+	// each must be prescribed.
+	flagValues map[string]string
+	// daemonTLS, if set, is the TLS the configuration expects of Sluice:
+	// the stand-ins for a broken daemon serve it too.
+	daemonTLS *tls.Config
 }
 
 func TestGatewayAttackSuite(t *testing.T) {
@@ -89,6 +96,13 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 		conf = strings.ReplaceAll(conf, p[0], p[1])
 	}
 	flags := prescribedFlags(t, gw.config, shipped, daemonAddr)
+	for flag, v := range gw.flagValues {
+		i := slices.Index(flags, flag)
+		if i < 0 || i+1 == len(flags) {
+			t.Fatalf("%s: the prescribed command lacks %s", gw.config, flag)
+		}
+		flags[i+1] = v
+	}
 	t.Logf("sluice serve %s", strings.Join(flags, " "))
 	d := startDaemon(t, bin, flags...)
 	stopDaemon := sync.OnceFunc(func() {
@@ -282,6 +296,9 @@ func runAttackSuite(t *testing.T, bin string, gw gatewayUnderTest) {
 			l, err := net.Listen("tcp", daemonAddr)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if gw.daemonTLS != nil {
+				l = tls.NewListener(l, gw.daemonTLS)
 			}
 			broken := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(tc.status)

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"runtime"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -53,6 +53,7 @@ func newServeCmd() *cobra.Command {
 		rlsTransport string
 		rlsHeaders   string
 		hashKeyFile  string
+		tf           tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -117,25 +118,40 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			if cfg.AdminToken == "" {
 				log.Warn("no admin token: the admin API is disabled (set --admin-token-file or SLUICE_ADMIN_TOKEN)")
 			}
+			var tr rls.Transport
+			if rlsListen != "" {
+				if tr, err = rlsTransportOf(rlsTransport); err != nil {
+					return err
+				}
+			}
+			plan, err := tf.plan(cfg, rlsListen)
+			if err != nil {
+				return err
+			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
+			reloaders, err := loadTLS(time.Now(), plan, log, reg)
+			if err != nil {
+				return err
+			}
+			announceTLS(plan, reloaders, cfg.AdminToken != "", log)
 			d, err := region.New(cmd.Context(), cfg, log, reg, reg)
 			if err != nil {
 				return err
 			}
-			serve := d.Run
+			opts := rls.Config{Transport: tr}
 			if rlsListen != "" {
-				tr, err := rlsTransportOf(rlsTransport)
-				if err != nil {
-					return err
-				}
 				hs, err := rls.ParseHeaderStyle(rlsHeaders)
 				if err != nil {
 					return fmt.Errorf("--rls-response-headers: %w", err)
 				}
-				opts := rls.Config{Transport: tr, Headers: hs}
-				serve = func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, rlsListen, opts, log, reg) }
+				opts.Headers = hs
 			}
+			ls, err := openListeners(plan, reloaders)
+			if err != nil {
+				return err
+			}
+			serve := func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, ls, opts, log, reg) }
 			return srcs.run(cmd.Context(), d.Registry(), log, reg, serve)
 		},
 	}
@@ -175,6 +191,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.DurationVar(&cfg.DecisionLog.TopWindow, "top-window", def.DecisionLog.TopWindow, "window of GET /v1/decisions/top, the most limited subjects per policy")
 	mr.register(f)
 	sf.register(f)
+	tf.register(f)
 	return cmd
 }
 
@@ -189,31 +206,41 @@ func rlsTransportOf(name string) (rls.Transport, error) {
 	return 0, fmt.Errorf("--rls-transport: %q is neither h2 nor grpc", name)
 }
 
-// serveWithRLS runs the daemon and the rate limit service together: either
-// failing stops the other. On shutdown the rate limit service finishes its
+// serveWithRLS runs the daemon on ls and, with ls.rls, the rate limit
+// service together, and reloads their TLS files: either server failing
+// stops the rest. On shutdown the rate limit service finishes its
 // in-flight calls first, then the daemon, which closes the store those
 // calls use.
-func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, addr string, opts rls.Config, log *slog.Logger, reg prometheus.Registerer) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("--rls-listen: %w", err)
-	}
-	// On a Cluster one engine call is one slot: each descriptor gets a
-	// subject (a slot) of its own, so a domain spreads over the primaries.
-	spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
-	s, err := rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout,
-		Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread})
-	if err != nil {
-		ln.Close()
-		return err
+func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, ls *servingListeners, opts rls.Config, log *slog.Logger, reg prometheus.Registerer) error {
+	var s *rls.Server
+	if ls.rls != nil {
+		// On a Cluster one engine call is one slot: each descriptor gets a
+		// subject (a slot) of its own, so a domain spreads over the primaries.
+		spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
+		var err error
+		s, err = rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout,
+			Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread})
+		if err != nil {
+			ls.close()
+			return err
+		}
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	dctx, stopDaemon := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDaemon()
-	g.Go(func() error { return d.Run(dctx) })
+	rctx, stopReload := context.WithCancel(gctx)
+	g.Go(func() error {
+		defer stopReload()
+		return d.Serve(dctx, ls.gateway, ls.admin)
+	})
+	g.Go(func() error { return ls.reload(rctx) })
 	g.Go(func() error {
 		defer stopDaemon()
-		return s.Serve(gctx, ln)
+		if s == nil {
+			<-rctx.Done() // the daemon has stopped, or ctx ended
+			return nil
+		}
+		return s.Serve(gctx, ls.rls)
 	})
 	return g.Wait()
 }
