@@ -3,35 +3,16 @@ package configsource
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/sluice-rl/sluice/quota"
 	"github.com/sluice-rl/sluice/rls"
 )
 
 // Error is configuration that cannot be put in force: the file (or xDS
-// resource), the line when known, the field, and why. Error is one line.
-type Error struct {
-	File   string
-	Line   int
-	Field  string
-	Reason string
-}
-
-func (e *Error) Error() string {
-	var b strings.Builder
-	b.WriteString(e.File)
-	if e.Line > 0 {
-		b.WriteString(":" + strconv.Itoa(e.Line))
-	}
-	b.WriteString(": ")
-	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
-	}
-	b.WriteString(e.Reason)
-	return strings.ReplaceAll(b.String(), "\n", " ")
-}
+// resource), the line when known, the field, and why; Error is one line.
+// It is the Envoy configuration parser's own error type, so that an error
+// of any source reads the same.
+type Error = rls.ConfigError
 
 // asError turns the error of parsing file into an *Error naming the file,
 // the line and the field as far as err knows them.
@@ -39,10 +20,6 @@ func asError(file string, err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
-	}
-	var ce *rls.ConfigError
-	if errors.As(err, &ce) {
-		return &Error{File: ce.File, Line: ce.Line, Field: ce.Field, Reason: ce.Reason}
 	}
 	var ve *quota.ValidationError
 	if errors.As(err, &ve) && len(ve.Problems) > 0 {

@@ -1,19 +1,11 @@
 package redistest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testcerts"
 )
 
 // TLS is a certificate authority a test made and one certificate it
@@ -33,68 +25,18 @@ type TLS struct {
 // a second one is a wrong CA for the first one's servers.
 func NewTLS(t testing.TB) *TLS {
 	t.Helper()
-	now := time.Now()
-	caKey := newKey(t)
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "redistest CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatalf("redistest: make a CA: %v", err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key := newKey(t)
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatalf("redistest: make a certificate: %v", err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatalf("redistest: marshal a key: %v", err)
-	}
+	ca := testcerts.NewCA(t, "redistest CA")
+	pair := ca.Server(t, "localhost", time.Now().Add(24*time.Hour))
 	dir := t.TempDir()
-	c := &TLS{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "cert.pem"), KeyFile: filepath.Join(dir, "key.pem")}
-	writePEM(t, c.CAFile, "CERTIFICATE", caDER)
-	writePEM(t, c.CertFile, "CERTIFICATE", der)
-	writePEM(t, c.KeyFile, "EC PRIVATE KEY", keyDER)
-	pair, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-	if err != nil {
-		t.Fatalf("redistest: load the certificate: %v", err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
-	c.client = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	c := &TLS{CAFile: ca.WriteCA(t, dir, "ca")}
+	c.CertFile, c.KeyFile = pair.Write(t, dir, "server")
+	c.client = &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{pair.TLS(t)}, MinVersion: tls.VersionTLS12}
 	return c
 }
 
 // ClientConfig is a client's TLS configuration for servers started with
 // c: c's CA as the only root, c's certificate presented.
 func (c *TLS) ClientConfig() *tls.Config { return c.client.Clone() }
-
-func newKey(t testing.TB) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatalf("redistest: make a key: %v", err)
-	}
-	return k
-}
-
-func writePEM(t testing.TB, path, kind string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatalf("redistest: write %s: %v", path, err)
-	}
-}
 
 // WithTLS starts servers that accept TLS only, with c's certificate, on
 // the port Addr names (the plaintext port is off), and that require a
