@@ -212,3 +212,19 @@ func TestRedisLaneGathers(t *testing.T) {
 		t.Errorf("%d checks on a busy lane took %d script calls, want one", gatherBatch, calls)
 	}
 }
+
+// TestGatherWindowIsCapped: the gather window is a fifth of the deadline
+// but never more than maxGatherWindow, so a daemon given a long deadline
+// does not make every check of a busy lane wait a fifth of it.
+func TestGatherWindowIsCapped(t *testing.T) {
+	for _, tt := range []struct{ timeout, want time.Duration }{
+		{2 * time.Millisecond, 400 * time.Microsecond},
+		{DefaultTimeout, time.Millisecond},
+		{200 * time.Millisecond, time.Millisecond},
+		{5 * time.Second, time.Millisecond},
+	} {
+		if got := gatherWindow(tt.timeout); got != tt.want {
+			t.Errorf("gatherWindow(%v) = %v, want %v", tt.timeout, got, tt.want)
+		}
+	}
+}

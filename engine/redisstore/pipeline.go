@@ -219,9 +219,19 @@ const gatherBatch = 16
 // window, at the rate they have been coming, to wait for them.
 const gatherGain = 4
 
+// maxGatherWindow caps the gather window whatever the deadline: the wait
+// is latency every check of a busy lane pays, so a longer deadline (a
+// daemon given 200 ms) must not make a lane wait 40 ms per batch at a
+// few hundred checks a second.
+const maxGatherWindow = time.Millisecond
+
+// gatherWindow is how long a busy lane waits for its batch to fill, for a
+// store whose deadline is timeout.
+func gatherWindow(timeout time.Duration) time.Duration { return min(timeout/5, maxGatherWindow) }
+
 // gather waits, before ln's next batch is taken, until gatherBatch
 // checks are queued or the gather window (a fifth of the store's
-// deadline, 1 ms by default) has passed, if at the rate checks have been
+// deadline, at most maxGatherWindow: 1 ms by default) has passed, if at the rate checks have been
 // arriving at least gatherGain more would come within it; otherwise it
 // returns at once, so that a lone check or a lane under light load is
 // sent without delay. A Cluster primary sees only its
@@ -233,7 +243,7 @@ func (s *Store) gather(ln *lane) {
 	ln.mu.Lock()
 	want := min(gatherBatch, ln.size)
 	need := want - len(ln.queue)
-	window := s.timeout / 5
+	window := gatherWindow(s.timeout)
 	if need <= 0 || len(ln.queue) == 0 || ln.rate*window.Seconds() < gatherGain {
 		ln.mu.Unlock()
 		return
