@@ -191,9 +191,12 @@ var knownDifferences = map[string]string{
 // compareAnswers names the first field in which a and b differ, "" when
 // none does: overall_code, then each status's code, current_limit
 // (requests_per_unit and unit), limit_remaining and duration_until_reset
-// within a second, and the RateLimit-Limit, -Remaining and -Reset headers (the reset within a
-// second).
-func compareAnswers(a, b *rlsv3.RateLimitResponse) string {
+// within a second plus elapsed, and the RateLimit-Limit, -Remaining and
+// -Reset headers (the reset within a second). envoyproxy/ratelimit counts
+// a window's reset from its clock in whole seconds, so its figure is up to
+// a second above the exact one; elapsed is the time between sending a's
+// request and receiving b, by which b's exact figure is the smaller.
+func compareAnswers(a, b *rlsv3.RateLimitResponse, elapsed time.Duration) string {
 	if a.GetOverallCode() != b.GetOverallCode() {
 		return fmt.Sprintf("overall_code %v, %v", a.GetOverallCode(), b.GetOverallCode())
 	}
@@ -219,7 +222,7 @@ func compareAnswers(a, b *rlsv3.RateLimitResponse) string {
 			return fmt.Sprintf("statuses[%d].limit_remaining %d, %d", i, sa.GetLimitRemaining(), sb.GetLimitRemaining())
 		}
 		ra, rb := sa.GetDurationUntilReset().AsDuration(), sb.GetDurationUntilReset().AsDuration()
-		if (sa.GetDurationUntilReset() == nil) != (sb.GetDurationUntilReset() == nil) || (ra-rb).Abs() > time.Second {
+		if (sa.GetDurationUntilReset() == nil) != (sb.GetDurationUntilReset() == nil) || (ra-rb).Abs() > time.Second+elapsed {
 			return fmt.Sprintf("statuses[%d].duration_until_reset %v, %v", i, sa.GetDurationUntilReset(), sb.GetDurationUntilReset())
 		}
 	}
@@ -247,6 +250,7 @@ func TestDifferentialAgainstEnvoyRatelimit(t *testing.T) {
 			}
 			for i, s := range steps {
 				req := &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: s.ds, HitsAddend: s.hits}
+				sent := time.Now()
 				a, err := envoy.ShouldRateLimit(ctx, req)
 				if err != nil {
 					t.Fatalf("step %d: envoyproxy/ratelimit: %v", i, err)
@@ -256,7 +260,7 @@ func TestDifferentialAgainstEnvoyRatelimit(t *testing.T) {
 					t.Fatalf("step %d: Sluice: %v", i, err)
 				}
 				key := name + "/" + strconv.Itoa(i)
-				diff := compareAnswers(a, b)
+				diff := compareAnswers(a, b, time.Since(sent))
 				reason, known := knownDifferences[key]
 				switch {
 				case diff != "" && !known:
