@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/rls/internal/h2serve"
 )
 
 // BenchmarkShouldRateLimit is one call in process (no network) on
@@ -49,18 +50,21 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			}
 			wire[i] = append([]byte{0, 0, 0, 0, byte(len(m))}, m...)
 		}
-		// The transport's work on a call: the request's bytes decoded,
-		// decided and the answer encoded, as on a connection it serves.
+		// The own transport's handler on a call: the request's message
+		// decoded, decided and the answer encoded, as the transport has
+		// it answer a call (h2serve.Handler), its room kept.
 		b.Run("transport-"+tt.name, func(b *testing.B) {
 			b.ReportAllocs()
-			st := newStream(1, headerState{method: methodRLS, contentType: true}, 65535)
+			h := h2Calls{s}
+			c := &h2serve.Call{Method: methodRLS}
+			var out []byte
 			i := 0
 			for b.Loop() {
-				st.body = append(st.body[:0], wire[i%n]...)
-				s.answer(context.Background(), st)
-				if st.code != 0 || len(st.out) < 5 {
-					b.Fatalf("answer = %v %s", st.code, st.msg)
+				c.Message, c.Out = wire[i%n][5:], append(out[:0], 0, 0, 0, 0, 0)
+				if err := h.Answer(context.Background(), c); err != nil || len(c.Out) < 6 {
+					b.Fatalf("Answer = %v, %d bytes", err, len(c.Out))
 				}
+				out = c.Out
 				i++
 			}
 		})

@@ -7,10 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testtools"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -31,16 +34,10 @@ const ratelimitVersion = "v1.4.1-0.20260122083618-3fb702589d36"
 // the tools directory with go install from the Go module proxy.
 func ratelimitBin(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(toolsDir(t), "ratelimit@"+ratelimitVersion)
-	p := filepath.Join(dir, "service_cmd")
-	if _, err := os.Stat(p); err == nil {
-		return p
-	}
-	t.Logf("building envoyproxy/ratelimit %s into %s (go install)", ratelimitVersion, dir)
-	cmd := exec.Command("go", "install", "github.com/envoyproxy/ratelimit/src/service_cmd@"+ratelimitVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go install envoyproxy/ratelimit: %v\n%s", err, out)
+	p, err := testtools.Install(t, "ratelimit@"+ratelimitVersion, "github.com/envoyproxy/ratelimit/src/service_cmd", ratelimitVersion,
+		"service_cmd", "GOFLAGS=-buildvcs=false")
+	if err != nil {
+		t.Fatal(err)
 	}
 	return p
 }
@@ -56,9 +53,9 @@ func freePort(t *testing.T) string {
 }
 
 // startRatelimit runs envoyproxy/ratelimit on Redis at redisAddr with the
-// configuration files of dir, in its runtime layout, and returns a client
-// once it answers.
-func startRatelimit(t *testing.T, dir, redisAddr string) rlsv3.RateLimitServiceClient {
+// configuration files of dir, in its runtime layout, and env added to its
+// environment, and returns a client once it answers.
+func startRatelimit(t *testing.T, dir, redisAddr string, env ...string) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	root := t.TempDir()
 	cfg := filepath.Join(root, "ratelimit", "config")
@@ -84,6 +81,7 @@ func startRatelimit(t *testing.T, dir, redisAddr string) rlsv3.RateLimitServiceC
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort, "USE_STATSD=false", "LOG_LEVEL=warn",
 		"RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "LIMIT_RESPONSE_HEADERS_ENABLED=true")
+	cmd.Env = append(cmd.Env, env...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -139,8 +137,9 @@ func repeat(n int, s step) []step {
 	return out
 }
 
-// differentialCases are the request sequences sent to both services;
-// each case uses descriptor values of its own, so the cases count apart.
+// differentialCases are the request sequences sent to both services on
+// testdata/envoy/differential; each case uses descriptor values of its
+// own, so the cases count apart.
 func differentialCases() map[string][]step {
 	d := func(kv ...string) func() *rlv3.RateLimitDescriptor {
 		return func() *rlv3.RateLimitDescriptor { return desc(kv...) }
@@ -170,6 +169,17 @@ func differentialCases() map[string][]step {
 		"limit override": repeat(4, one("shop", func() *rlv3.RateLimitDescriptor {
 			return withLimit(desc("nothing", "o1"), 2, typev3.RateLimitUnit_HOUR)
 		}, 0)),
+		// How a descriptor finds its limit (match.yaml).
+		"first pattern in file order":     repeat(3, one("match", d("path", "/api/x"), 0)),
+		"pattern limiting nothing":        repeat(2, one("match", d("route", "/open/x"), 0)),
+		"pattern after it":                repeat(4, one("match", d("route", "/other"), 0)),
+		"value limiting nothing":          repeat(2, one("match", d("user", "guest"), 0)),
+		"key alone after it":              repeat(5, one("match", d("user", "u1"), 0)),
+		"star in the middle":              repeat(2, one("match", d("file", "/img/a.png"), 0)),
+		"star in the middle, sent":        repeat(3, one("match", d("file", "/img/*.png"), 0)),
+		"nested pattern limiting nothing": repeat(2, one("match", d("team", "t1", "member", "m1"), 0)),
+		"nested key alone":                repeat(3, one("match", d("team", "t1", "member", "x1"), 0)),
+		"key and value joined":            repeat(2, one("match", d("sep", "a"), 0)),
 		"two descriptors, one over": {
 			{domain: "shop", ds: []*rlv3.RateLimitDescriptor{desc("tenant", "t4"), desc("plan", "p4")}, hits: 4},
 			{domain: "shop", ds: []*rlv3.RateLimitDescriptor{desc("tenant", "t4"), desc("plan", "p4")}, hits: 2},
@@ -178,14 +188,113 @@ func differentialCases() map[string][]step {
 	}
 }
 
-// knownDifferences are the answers that differ on purpose, by case and
-// step (0-based), with the reason; docs/api.md lists each.
+// knownDifferences are the answers of differentialCases that differ on
+// purpose, by case and step (0-based), with the reason; docs/api.md lists
+// each.
 var knownDifferences = map[string]string{
 	"hits_addend over/2":          "hits over the limit: envoyproxy/ratelimit counts them, Sluice spends nothing when over",
-	"neither limit nor kids/0":    "a descriptor with neither rate_limit nor children: envoyproxy/ratelimit answers 0 remaining, Sluice treats it as unlimited",
-	"neither limit nor kids/1":    "a descriptor with neither rate_limit nor children: envoyproxy/ratelimit answers 0 remaining, Sluice treats it as unlimited",
+	"key and value joined/0":      "envoyproxy/ratelimit joins a request's key and value with '_' before looking them up, so (sep, a) finds the key sep_a; Sluice keeps keys and values apart",
+	"key and value joined/1":      "envoyproxy/ratelimit joins a request's key and value with '_' before looking them up, so (sep, a) finds the key sep_a; Sluice keeps keys and values apart",
+	"star in the middle/0":        "a '*' inside a value: a pattern in Sluice (and in envoyproxy/ratelimit since March 2026), a literal in the build tested",
+	"star in the middle/1":        "a '*' inside a value: a pattern in Sluice (and in envoyproxy/ratelimit since March 2026), a literal in the build tested",
 	"two descriptors, one over/1": "a request with one descriptor over: envoyproxy/ratelimit counts the others' hits, Sluice (one subject per domain) spends none",
 	"two descriptors, one over/2": "a request with one descriptor over: envoyproxy/ratelimit counts the others' hits, Sluice (one subject per domain) spends none",
+}
+
+// differentialSuite is one directory of configuration files, loaded by
+// both services, and the request sequences sent to both: a case's steps
+// in order, the cases in any order. Known maps "case/step" (step
+// 0-based) to the reason the answers differ there; every other step
+// must agree. A suite runs on a redis-server of its own, so suites whose
+// files share a domain do not share counters. Another file adds suites by
+// calling runDifferential from a test of its own.
+type differentialSuite struct {
+	dir   string
+	cases map[string][]step
+	known map[string]string
+	// second names the cases that count in windows of one second: each
+	// starts at the beginning of a second, so that both services count
+	// it in one window.
+	second []string
+	// sluice adjusts Sluice's rate limit service; nil keeps the defaults
+	// but for envoyproxy/ratelimit's response headers.
+	sluice func(*Config)
+	// env is more of envoyproxy/ratelimit's environment (KEY=value).
+	env []string
+	// sluiceDir, if set, is what Sluice loads instead of dir: the same
+	// files with Sluice's own fields, which envoyproxy/ratelimit refuses.
+	sluiceDir string
+}
+
+// runDifferential runs suite against envoyproxy/ratelimit and Sluice,
+// one subtest per case.
+func runDifferential(t *testing.T, suite differentialSuite) {
+	t.Helper()
+	srv := redistest.Start(t)
+	envoy := startRatelimit(t, suite.dir, srv.Addr(), suite.env...)
+	files := suite.dir
+	if suite.sluiceDir != "" {
+		files = suite.sluiceDir
+	}
+	ps, err := LoadEnvoyConfigs([]string{files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sluice := rlsv3.NewRateLimitServiceClient(startRLSWith(t, "redis://"+srv.Addr()+"/1", ps, func(c *Config) {
+		c.Headers = HeadersEnvoy
+		if suite.sluice != nil {
+			suite.sluice(c)
+		}
+	}))
+	for name, steps := range suite.cases {
+		t.Run(name, func(t *testing.T) {
+			if slices.Contains(suite.second, name) {
+				freshWindow(t, time.Second)
+			}
+			for i, s := range steps {
+				compareStep(t, envoy, sluice, s, i, suite.known[name+"/"+strconv.Itoa(i)])
+			}
+		})
+	}
+}
+
+// compareStep sends step i to both services and compares the answers:
+// they must agree unless reason (non-empty) says why they differ, and
+// then they must differ.
+func compareStep(t *testing.T, envoy, sluice rlsv3.RateLimitServiceClient, s step, i int, reason string) {
+	t.Helper()
+	ctx := context.Background()
+	req := &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: s.ds, HitsAddend: s.hits}
+	sent := time.Now()
+	a, err := envoy.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("step %d: envoyproxy/ratelimit: %v", i, err)
+	}
+	b, err := sluice.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("step %d: Sluice: %v", i, err)
+	}
+	switch diff := compareAnswers(a, b, time.Since(sent)); {
+	case diff != "" && reason == "":
+		t.Errorf("step %d: envoyproxy/ratelimit and Sluice differ in %s\nenvoyproxy/ratelimit: %v\nSluice: %v", i, diff, a, b)
+	case diff != "":
+		t.Logf("step %d: known difference (%s): %s", i, reason, diff)
+	case reason != "":
+		t.Errorf("step %d: listed as differing (%s), but both answer %v", i, reason, a)
+	}
+}
+
+// differentialSuites are the suites of TestDifferentialAgainstEnvoyRatelimit:
+// Sluice's own fixtures and those of envoyproxy/ratelimit's repository
+// (testdata/envoy/upstream, see its README.md).
+func differentialSuites() map[string]differentialSuite {
+	return map[string]differentialSuite{
+		"sluice":                {dir: "testdata/envoy/differential", cases: differentialCases(), known: knownDifferences, second: []string{"second"}},
+		"upstream basic_config": {dir: "testdata/envoy/upstream/basic_config", cases: upstreamBasicCases(), second: []string{"second level key alone", "second level value"}},
+		"upstream shadowmode":   {dir: "testdata/envoy/upstream/shadowmode_config", cases: upstreamShadowCases(), known: upstreamShadowKnown, second: []string{"second level key alone", "shadow second level value"}},
+		"upstream wildcard":     {dir: "testdata/envoy/upstream/wildcard", cases: upstreamWildcardCases(), known: upstreamWildcardKnown},
+		"upstream integration":  {dir: "testdata/envoy/upstream/integration", cases: upstreamIntegrationCases(), second: []string{"basic key1", "basic key1_local"}},
+	}
 }
 
 // compareAnswers names the first field in which a and b differ, "" when
@@ -229,49 +338,11 @@ func compareAnswers(a, b *rlsv3.RateLimitResponse, elapsed time.Duration) string
 	return ""
 }
 
-// Sluice and envoyproxy/ratelimit, on one redis-server and the same
-// configuration files, answer the same request sequences alike, field by
-// field, but for the differences knownDifferences lists.
+// Sluice and envoyproxy/ratelimit, each suite on one redis-server and the
+// same configuration files, answer the same request sequences alike,
+// field by field, but for the differences each suite lists.
 func TestDifferentialAgainstEnvoyRatelimit(t *testing.T) {
-	const dir = "testdata/envoy/differential"
-	srv := redistest.Start(t)
-	envoy := startRatelimit(t, dir, srv.Addr())
-	ps, err := LoadEnvoyConfigs([]string{dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sluice := rlsv3.NewRateLimitServiceClient(startRLSWith(t, "redis://"+srv.Addr()+"/1", ps, func(c *Config) { c.Headers = HeadersEnvoy }))
-	ctx := context.Background()
-	seen := map[string]bool{}
-	for name, steps := range differentialCases() {
-		t.Run(name, func(t *testing.T) {
-			if name == "second" {
-				freshWindow(t, time.Second)
-			}
-			for i, s := range steps {
-				req := &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: s.ds, HitsAddend: s.hits}
-				sent := time.Now()
-				a, err := envoy.ShouldRateLimit(ctx, req)
-				if err != nil {
-					t.Fatalf("step %d: envoyproxy/ratelimit: %v", i, err)
-				}
-				b, err := sluice.ShouldRateLimit(ctx, req)
-				if err != nil {
-					t.Fatalf("step %d: Sluice: %v", i, err)
-				}
-				key := name + "/" + strconv.Itoa(i)
-				diff := compareAnswers(a, b, time.Since(sent))
-				reason, known := knownDifferences[key]
-				switch {
-				case diff != "" && !known:
-					t.Errorf("step %d: envoyproxy/ratelimit and Sluice differ in %s\nenvoyproxy/ratelimit: %v\nSluice: %v", i, diff, a, b)
-				case diff != "":
-					seen[key] = true
-					t.Logf("step %d: known difference (%s): %s", i, reason, diff)
-				case known:
-					t.Errorf("step %d: listed as differing (%s), but both answer %v", i, reason, a)
-				}
-			}
-		})
+	for name, suite := range differentialSuites() {
+		t.Run(name, func(t *testing.T) { runDifferential(t, suite) })
 	}
 }

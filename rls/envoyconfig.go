@@ -122,10 +122,14 @@ type envoyLimit struct {
 	field     string
 	line      int
 	unlimited bool
+	// open is a descriptor with neither a rate_limit nor nested
+	// descriptors: matched, but limiting nothing.
+	open      bool
 	rpu       uint32
 	unit      float64
 	mult      uint32 // unit_multiplier; 0 when not given
 	algorithm string
+	scope     string
 	name      string
 	replaces  []string
 	shadow    bool
@@ -135,6 +139,10 @@ type envoyParser struct {
 	file   string
 	limits []envoyLimit
 	count  int
+	// countOver is the domain's Sluice field count_over_limit.
+	countOver bool
+	// longest is wildcard_precedence: longest.
+	longest bool
 }
 
 func (p *envoyParser) fail(n *yaml.Node, field, format string, args ...any) error {
@@ -147,8 +155,13 @@ func (p *envoyParser) fail(n *yaml.Node, field, format string, args ...any) erro
 
 // ParseEnvoyConfig reads one envoyproxy/ratelimit configuration file into
 // descriptor policies of its domain, one per rate_limit block and one
-// unlimited policy per descriptor with neither a rate_limit nor nested
-// descriptors (envoyproxy/ratelimit lets those through). file names the
+// unlimited shadow policy per descriptor with neither a rate_limit nor
+// nested descriptors (envoyproxy/ratelimit lets those through, answering
+// no limit and 0 remaining). Each policy's match.order is its position in
+// the file, so that of several value patterns the first in file order is
+// taken, as envoyproxy/ratelimit takes it; the Sluice field
+// wildcard_precedence: longest, beside domain, leaves the orders out, so
+// that the pattern with the most literal text is taken. file names the
 // file in errors.
 //
 // A rate_limit of requests_per_unit per unit becomes, by default, a
@@ -159,11 +172,16 @@ func (p *envoyParser) fail(n *yaml.Node, field, format string, args ...any) erro
 // field algorithm in a rate_limit block picks another: token_bucket or
 // leaky_bucket (rate requests_per_unit per unit, burst requests_per_unit),
 // sliding_window_counter or sliding_window_log (limit requests_per_unit
-// per window of one unit). requests_per_unit 0 denies every descriptor
+// per window of one unit). The Sluice field scope, region (the default)
+// or global, makes a global-scope policy: one limit shared by the
+// regions. requests_per_unit 0 denies every descriptor
 // it matches. shadow_mode makes the policy shadow; name and replaces
 // become replaces between the policies of the file; detailed_metric and
 // value_to_metric name metrics in envoyproxy/ratelimit and change no
-// decision, so they are accepted and ignored. Every other field, and
+// decision, so they are accepted and ignored. The Sluice field
+// count_over_limit beside domain (a boolean) counts the hits of every
+// request of the domain even over the limit, as envoyproxy/ratelimit
+// does (quota.Policy.CountOverLimit). Every other field, and
 // quota_mode, share_threshold or metadata, is an error naming it.
 func ParseEnvoyConfig(file string, data []byte) (string, []quota.Policy, error) {
 	p := &envoyParser{file: file}
@@ -184,8 +202,23 @@ func ParseEnvoyConfig(file string, data []byte) (string, []quota.Policy, error) 
 		case "descriptors":
 			descs = v
 			return nil
+		case "count_over_limit":
+			return p.boolean(v, k, &p.countOver)
+		case "wildcard_precedence":
+			var w string
+			if err := p.str(v, k, &w); err != nil {
+				return err
+			}
+			switch w {
+			case "first":
+			case "longest":
+				p.longest = true
+			default:
+				return p.fail(v, k, "%q is neither first nor longest", w)
+			}
+			return nil
 		}
-		return p.fail(v, k, "unknown field (want domain, descriptors)")
+		return p.fail(v, k, "unknown field (want domain, descriptors, count_over_limit, wildcard_precedence)")
 	}); err != nil {
 		return "", nil, err
 	}
@@ -340,8 +373,9 @@ func (p *envoyParser) descriptors(n *yaml.Node, at string, path []quota.Descript
 			}
 			p.limits = append(p.limits, l)
 		} else if !hasNested {
-			// Neither a limit nor nested descriptors: let through.
-			p.limits = append(p.limits, envoyLimit{path: here, field: f, line: d.Line, unlimited: true})
+			// Neither a limit nor nested descriptors: matched, limits
+			// nothing.
+			p.limits = append(p.limits, envoyLimit{path: here, field: f, line: d.Line, unlimited: true, open: true})
 		}
 		if nested != nil {
 			if err := p.descriptors(nested, f+".descriptors", here); err != nil {
@@ -378,6 +412,14 @@ func (p *envoyParser) rateLimit(n *yaml.Node, f string, path []quota.DescriptorE
 			return p.str(v, kf, &l.name)
 		case "algorithm":
 			return p.str(v, kf, &l.algorithm)
+		case "scope":
+			if err := p.str(v, kf, &l.scope); err != nil {
+				return err
+			}
+			if l.scope != quota.ScopeRegion && l.scope != quota.ScopeGlobal {
+				return p.fail(v, kf, "unknown scope %q (want region or global)", l.scope)
+			}
+			return nil
 		case "replaces":
 			if v.Kind != yaml.SequenceNode {
 				return p.fail(v, kf, "want a list of {name: ...}")
@@ -418,6 +460,8 @@ func (p *envoyParser) rateLimit(n *yaml.Node, f string, path []quota.DescriptorE
 		return l, p.fail(n, f+".unit", "must not be given with unlimited")
 	case l.unlimited && l.algorithm != "":
 		return l, p.fail(n, f+".algorithm", "must not be given with unlimited")
+	case l.unlimited && l.scope != "":
+		return l, p.fail(n, f+".scope", "must not be given with unlimited")
 	case l.unlimited:
 	case unit == "":
 		return l, p.fail(n, f+".unit", "required: second, minute, hour, day, week, month or year")
@@ -464,11 +508,24 @@ func (p *envoyParser) policies(domain string) ([]quota.Policy, error) {
 			Class: quota.ClassQuota,
 			Scope: quota.ScopeRegion,
 		}
+		if !p.longest {
+			// Policies in file order: patterns are tried in it.
+			pol.Match.Order = i + 1
+		}
+		if l.scope != "" {
+			pol.Scope = l.scope
+		}
 		desc := fmt.Sprintf("envoyproxy/ratelimit %s %s", filepath.Base(p.file), l.field)
 		if !strings.ContainsFunc(desc, func(r rune) bool { return r == 0xfffd }) && len(desc) <= 1024 {
 			pol.Description = desc
 		}
-		if l.shadow {
+		// An unlimited descriptor is answered unlimited whatever its
+		// shadow_mode, as envoyproxy/ratelimit answers it. A descriptor
+		// that limits nothing is an unlimited shadow policy: a shadow
+		// policy changes no answer, so it is answered as if nothing had
+		// matched, yet it is matched, so no pattern or key-only
+		// descriptor after it applies.
+		if l.shadow && !l.unlimited || l.open {
 			pol.Mode = quota.ModeShadow
 		}
 		for _, name := range l.replaces {
@@ -489,6 +546,7 @@ func (p *envoyParser) policies(domain string) ([]quota.Policy, error) {
 		default:
 			pol.Algorithm, pol.Count, pol.Window = l.algorithm, float64(l.rpu), l.unit
 		}
+		pol.CountOverLimit = p.countOver && !l.unlimited
 		pol = pol.Normalize()
 		if err := pol.Validate(); err != nil {
 			var ve *quota.ValidationError

@@ -3,6 +3,7 @@ package rls
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -67,6 +68,7 @@ func TestParseEnvoyConfigErrors(t *testing.T) {
 		{"metadata", "domain: d\ndescriptors:\n  - key: k\n    metadata: {a: b}\n", "descriptors[0].metadata: not supported"},
 		{"nested unknown", "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        rate_limit: {unit: second, requests_per_unit: 1, burst: 3}\n", "descriptors[0].descriptors[0].rate_limit.burst: unknown field"},
 		{"bad algorithm", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n", "descriptors[0].rate_limit.algorithm"},
+		{"unknown wildcard precedence", "domain: d\nwildcard_precedence: shortest\ndescriptors: []\n", `f.yaml:2: wildcard_precedence: "shortest" is neither first nor longest`},
 		{"not a mapping", "- 1\n", "want a mapping"},
 		{"not yaml", "domain: [\n", "not YAML"},
 	}
@@ -107,7 +109,7 @@ func TestEnvoyAlgorithmField(t *testing.T) {
 }
 
 func FuzzParseEnvoyConfig(f *testing.F) {
-	for _, dir := range []string{"testdata/envoy/readme", "testdata/envoy/other", "testdata/envoy/differential"} {
+	for _, dir := range []string{"testdata/envoy/readme", "testdata/envoy/other", "testdata/envoy/differential", "testdata/envoy/upstream/*"} {
 		fs, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		for _, p := range fs {
 			b, err := os.ReadFile(p)
@@ -118,7 +120,9 @@ func FuzzParseEnvoyConfig(f *testing.F) {
 		}
 	}
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}\n"))
+	f.Add([]byte("domain: d\nwildcard_precedence: longest\ndescriptors:\n  - key: k\n    value: a*b\n  - key: k\n    value: a*\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: yes\n    rate_limit: {unit: minute, unit_multiplier: 3, requests_per_unit: 2}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 9, algorithm: token_bucket, scope: global}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 1<<16 {
 			return
@@ -168,5 +172,62 @@ descriptors:
 	}
 	if p := ps[1]; p.Mode != quota.ModeEnforce || p.RatePerSec != 1.5 || p.Burst != 3 {
 		t.Errorf("j = %+v, want enforce, 1.5/s burst 3", p)
+	}
+}
+
+// A file's value patterns are tried in file order (match.order 1, 2, ...)
+// unless wildcard_precedence is longest; a descriptor with neither
+// rate_limit nor children is an unlimited shadow policy, an explicit
+// unlimited one enforced whatever its shadow_mode.
+func TestParseEnvoyConfigPrecedenceAndOpen(t *testing.T) {
+	const body = `descriptors:
+  - key: path
+    value: /a*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: open
+  - key: vip
+    shadow_mode: true
+    rate_limit: {unlimited: true}
+`
+	for _, tt := range []struct {
+		head string
+		want []int
+	}{
+		{"domain: d\n", []int{1, 2, 3, 4}},
+		{"domain: d\nwildcard_precedence: first\n", []int{1, 2, 3, 4}},
+		{"domain: d\nwildcard_precedence: longest\n", []int{0, 0, 0, 0}},
+	} {
+		_, ps, err := ParseEnvoyConfig("f.yaml", []byte(tt.head+body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int
+		for _, p := range ps {
+			got = append(got, p.Match.Order)
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%q: orders %v, want %v", tt.head, got, tt.want)
+		}
+		r := quota.NewRegistry(quota.RegistryConfig{})
+		if err := r.Seed(t.Context(), "test", ps); err != nil {
+			t.Fatal(err)
+		}
+		m := r.AppendMatchDescriptor(nil, "d", []quota.DescriptorEntry{{Key: "path", Value: "/api/x"}})
+		wantID := "d.path_-a-"
+		if tt.want[0] == 0 {
+			wantID = "d.path_-api--"
+		}
+		if len(m) != 1 || m[0].Policy.ID != wantID {
+			t.Errorf("%q: path=/api/x matches %v, want %s", tt.head, m, wantID)
+		}
+		if p := ps[2]; !p.Unlimited || p.Mode != quota.ModeShadow {
+			t.Errorf("open = %+v, want an unlimited shadow policy", p)
+		}
+		if p := ps[3]; !p.Unlimited || p.Mode != quota.ModeEnforce {
+			t.Errorf("vip = %+v, want an unlimited enforced policy", p)
+		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/mem"
+
+	"github.com/sluice-rl/sluice/rls/internal/h2serve"
 )
 
 // Transport selects how Serve answers its connections.
@@ -19,7 +21,8 @@ type Transport uint8
 
 const (
 	// TransportH2 serves a proxy's connections with the service's own
-	// HTTP/2 transport (h2.go) and every other connection with grpc-go.
+	// HTTP/2 transport (rls/internal/h2serve) and every other connection
+	// with grpc-go.
 	TransportH2 Transport = iota
 	// TransportGRPC serves every connection with grpc-go, tuned for the
 	// proxy's calls: see tunedOptions.
@@ -29,8 +32,8 @@ const (
 // Sizes of grpc-go's buffers and windows on TransportGRPC: those of the
 // service's own transport, so that the two compare on the same terms.
 const (
-	grpcStreamWindow = streamWindow
-	grpcConnWindow   = connWindow
+	grpcStreamWindow = h2serve.StreamWindow
+	grpcConnWindow   = h2serve.ConnWindow
 	grpcBufferSize   = 64 << 10
 )
 
@@ -124,19 +127,31 @@ func (s *Server) serveGRPC(ctx context.Context, gs *grpc.Server, hs *health.Serv
 	}
 	s.stopping.Store(true)
 	hs.Shutdown()
+	drain(s.cfg.ShutdownTimeout, gs.GracefulStop, gs.Stop)
+	return serveError(err)
+}
+
+// drain runs graceful, and if it has not returned within timeout runs
+// hard, which must make it return; drain returns when graceful has.
+func drain(timeout time.Duration, graceful, hard func()) {
 	stopped := make(chan struct{})
 	go func() {
-		gs.GracefulStop()
+		graceful()
 		close(stopped)
 	}()
-	t := time.NewTimer(s.cfg.ShutdownTimeout)
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-stopped:
 	case <-t.C:
-		gs.Stop()
+		hard()
 		<-stopped
 	}
+}
+
+// serveError is what Serve returns for err, the error its listener's serve
+// loop ended with: nil when the loop ended because Serve closed it.
+func serveError(err error) error {
 	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

@@ -8,16 +8,18 @@
 // matches them. By default every descriptor state of a domain shares one
 // engine subject, and a request's descriptors are decided together in one
 // all-or-nothing engine call: either every limited descriptor spends its
-// hits or none does. With Config.SpreadDescriptors each descriptor's
+// hits or none does, unless its policies count hits over the limit
+// (overlimit.go), as envoyproxy/ratelimit does. With Config.SpreadDescriptors each descriptor's
 // states have a subject of their own (the domain and the descriptor's
 // entries), so a domain spreads over a Redis Cluster's slots; a request
 // whose descriptors have different subjects is then decided descriptor by
 // descriptor, as envoyproxy/ratelimit decides it (see decideSpread).
 //
 // Serve answers a proxy's connections (those whose first call is
-// ShouldRateLimit) with a small HTTP/2 transport of its own, h2.go, and
-// every other connection with grpc-go, which also serves health checking
-// and server reflection.
+// ShouldRateLimit) with a small HTTP/2 transport of its own
+// (rls/internal/h2serve, its calls answered in h2calls.go), and every
+// other connection with grpc-go, which also serves health checking and
+// server reflection.
 package rls
 
 import (
@@ -48,6 +50,7 @@ import (
 	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/rls/internal/h2serve"
 )
 
 // Bounds on a request, beyond those of quota on descriptors.
@@ -86,8 +89,8 @@ type Config struct {
 	Decider Decider
 	Matcher Matcher
 	Logger  *slog.Logger
-	// Registerer receives sluice_rls_requests_total; nil registers
-	// nothing.
+	// Registerer receives sluice_rls_requests_total and the own
+	// transport's series (h2serve); nil registers nothing.
 	Registerer prometheus.Registerer
 	Clock      Clock
 	// ShutdownTimeout bounds how long in-flight calls may take to finish
@@ -113,6 +116,37 @@ type Config struct {
 	// servers apply them (grpc.KeepaliveParams).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
+	// MaxConnections bounds the connections served at once on
+	// TransportH2 (those handed to grpc-go included); a connection past
+	// it is closed as soon as it is accepted, counted in
+	// sluice_rls_connections_refused_total. Zero is
+	// DefaultMaxConnections, 10 000.
+	MaxConnections int
+	// MaxConnectionsPerAddress bounds the connections served at once
+	// from one peer IP address on TransportH2 (those handed to grpc-go
+	// included); a connection past it is closed as soon as it is
+	// accepted, counted in
+	// sluice_rls_connections_refused_total{reason="max_connections_per_address"}.
+	// Zero is DefaultMaxConnectionsPerAddress, 1 000; negative is no
+	// bound per address.
+	MaxConnectionsPerAddress int
+	// MaxConnectionAge, when positive, is how long a connection is served
+	// before it is sent a GOAWAY, jittered by ±10%: its calls in flight
+	// are answered, new calls go to a new connection, so that clients
+	// rebalance onto servers added since they connected. Zero is no age.
+	// MaxConnectionAgeGrace, when positive, is how long after that a
+	// connection is closed with calls still in flight; zero waits for
+	// them. Both transports apply them, as grpc-go's
+	// keepalive.ServerParameters (envoyproxy/ratelimit's
+	// GRPC_MAX_CONNECTION_AGE and GRPC_MAX_CONNECTION_AGE_GRACE).
+	MaxConnectionAge      time.Duration
+	MaxConnectionAgeGrace time.Duration
+	// WriteTimeout bounds one write of answers on TransportH2: a peer
+	// that takes in nothing for this long (or KeepaliveTimeout, if
+	// shorter) is closed, counted in
+	// sluice_rls_connections_closed_total{reason="write_timeout"}, and
+	// the worker that wrote is free. Zero is DefaultWriteTimeout, 10 s.
+	WriteTimeout time.Duration
 	// Transport is how connections are served; zero is TransportH2.
 	Transport Transport
 	// SpreadDescriptors gives each descriptor's states a subject of its
@@ -129,6 +163,11 @@ type Config struct {
 	// LIMIT_RESPONSE_HEADERS_ENABLED) or HeadersBoth. Retry-After is sent
 	// when over the limit in every case.
 	Headers HeaderStyle
+	// CountOverLimit counts every request's hits even when it is over the
+	// limit, as envoyproxy/ratelimit does, for every descriptor policy
+	// (see overlimit.go); without it only the policies with
+	// count_over_limit do. It needs a Decider that is a StatesCharger.
+	CountOverLimit bool
 }
 
 // HeaderStyle is which rate limit headers a response carries.
@@ -158,6 +197,14 @@ func ParseHeaderStyle(s string) (HeaderStyle, error) {
 // calls in flight from a proxy's usual connection pools.
 const DefaultStreamWorkers = 128
 
+// Config.MaxConnections, Config.MaxConnectionsPerAddress and
+// Config.WriteTimeout when zero.
+const (
+	DefaultMaxConnections           = h2serve.DefaultMaxConnections
+	DefaultMaxConnectionsPerAddress = h2serve.DefaultMaxConnectionsPerAddress
+	DefaultWriteTimeout             = h2serve.DefaultWriteTimeout
+)
+
 // Server is the rate limit service. Build it with New, serve with Serve.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -165,22 +212,18 @@ type Server struct {
 	log      *slog.Logger
 	requests *prometheus.CounterVec
 	// The series of requests, resolved once.
-	ok, overLimit, invalid prometheus.Counter
+	ok, overLimitCalls, invalid prometheus.Counter
+	// charger charges hits over the limit; nil when the Decider does not.
+	charger   StatesCharger
+	overLimit overLimitMetrics
 
-	// Of Serve: its workers' queue, the calls its transport has in
-	// flight, whether shutdown has begun, and how a connection is handed
-	// to grpc-go.
-	work     chan h2job
-	calls    sync.WaitGroup
+	// Of Serve: the own transport (nil on TransportGRPC), whether
+	// shutdown has begun, and where its connections go to grpc-go.
+	h2       *h2serve.Server
 	stopping atomic.Bool
-	handOver func(net.Conn) error
+	handed   *h2serve.ConnQueue
 	// The room of TransportGRPC's calls (grpcCall).
 	grpcCalls sync.Pool
-	// ownAll makes every connection the own transport's from its
-	// preface on, none handed to grpc-go: for the conformance test,
-	// whose client waits for its SETTINGS to be acknowledged before its
-	// first call.
-	ownAll bool
 }
 
 // New returns a Server; it registers its metrics on cfg.Registerer.
@@ -212,11 +255,33 @@ func New(cfg Config) (*Server, error) {
 		Help: "Rate limit service calls by answer: ok, over_limit or invalid (INVALID_ARGUMENT).",
 	}, []string{"code"})
 	s.ok = s.requests.WithLabelValues("ok")
-	s.overLimit = s.requests.WithLabelValues("over_limit")
+	s.overLimitCalls = s.requests.WithLabelValues("over_limit")
 	s.invalid = s.requests.WithLabelValues("invalid")
+	s.charger, _ = cfg.Decider.(StatesCharger)
+	if cfg.CountOverLimit && s.charger == nil {
+		return nil, errors.New("rls: counting hits over the limit needs a Decider that charges (a StatesCharger)")
+	}
+	s.overLimit = newOverLimitMetrics()
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(s.requests); err != nil {
-			return nil, fmt.Errorf("rls: metrics: %w", err)
+		for _, c := range []prometheus.Collector{s.requests, s.overLimit.vec} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("rls: metrics: %w", err)
+			}
+		}
+	}
+	if cfg.Transport == TransportH2 {
+		var err error
+		s.h2, err = h2serve.New(h2serve.Config{Paths: h2Paths,
+			HandOver:          func(nc net.Conn) error { return s.handed.Put(nc) },
+			Workers:           cfg.StreamWorkers,
+			ConnectionTimeout: cfg.ConnectionTimeout,
+			KeepaliveTime:     cfg.KeepaliveTime, KeepaliveTimeout: cfg.KeepaliveTimeout,
+			WriteTimeout: cfg.WriteTimeout, MaxConnections: cfg.MaxConnections,
+			MaxConnectionsPerAddress: cfg.MaxConnectionsPerAddress,
+			MaxConnectionAge:         cfg.MaxConnectionAge, MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace,
+			Registerer: cfg.Registerer}, h2Calls{s})
+		if err != nil {
+			return nil, fmt.Errorf("rls: %w", err)
 		}
 	}
 	return s, nil
@@ -231,12 +296,14 @@ func (s *Server) now() time.Time {
 
 // Serve answers on ln, with gRPC health checking and server reflection,
 // until ctx is cancelled; then health turns NOT_SERVING, new calls are
-// refused and in-flight ones finish (up to ShutdownTimeout). See h2.go for
-// which connections its own transport serves and which grpc-go does.
+// refused and in-flight ones finish (up to ShutdownTimeout). See
+// rls/internal/h2serve for which connections its own transport serves and
+// which grpc-go does. Call it once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	opts := []grpc.ServerOption{grpc.NumStreamWorkers(uint32(s.cfg.StreamWorkers)),
 		grpc.ConnectionTimeout(s.cfg.ConnectionTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout})}
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.KeepaliveTime, Timeout: s.cfg.KeepaliveTimeout,
+			MaxConnectionAge: s.cfg.MaxConnectionAge, MaxConnectionAgeGrace: s.cfg.MaxConnectionAgeGrace})}
 	if s.cfg.Transport == TransportGRPC {
 		opts = append(opts, tunedOptions()...)
 	}
@@ -253,42 +320,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.cfg.Transport == TransportGRPC {
 		return s.serveGRPC(ctx, gs, hs, ln)
 	}
-	handed := newConnQueue(ln.Addr())
-	s.handOver = handed.put
-	s.work = make(chan h2job)
-	for range s.cfg.StreamWorkers {
-		go func() {
-			for j := range s.work {
-				j.run()
-			}
-		}()
-	}
-	defer close(s.work)
-
+	s.handed = h2serve.NewConnQueue(ln.Addr())
+	handed := s.handed
 	errc := make(chan error, 2)
 	s.log.Info("rate limit service listening", "addr", ln.Addr().String())
 	go func() { errc <- gs.Serve(handed) }()
-	var conns sync.Map // the *h2conn being served
-	var readers sync.WaitGroup
 	connCtx, cancelConns := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelConns()
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				errc <- err
-				return
-			}
-			readers.Add(1)
-			go func() {
-				defer readers.Done()
-				c := s.newConn(connCtx, nc)
-				conns.Store(c, struct{}{})
-				defer conns.Delete(c)
-				c.serve()
-			}()
-		}
-	}()
+	go func() { errc <- s.h2.Serve(connCtx, ln) }()
 	var err error
 	select {
 	case err = <-errc:
@@ -297,28 +336,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.stopping.Store(true)
 	ln.Close()
 	hs.Shutdown()
-	stopped := make(chan struct{})
-	go func() {
-		conns.Range(func(c, _ any) bool { c.(*h2conn).goAway(); return true })
+	drain(s.cfg.ShutdownTimeout, func() {
+		s.h2.GoAway()
 		gs.GracefulStop()
-		readers.Wait()
-		s.calls.Wait()
-		close(stopped)
-	}()
-	t := time.NewTimer(s.cfg.ShutdownTimeout)
-	defer t.Stop()
-	select {
-	case <-stopped:
-	case <-t.C:
+		s.h2.Wait()
+	}, func() {
 		gs.Stop()
 		cancelConns()
-		<-stopped
-	}
+	})
 	handed.Close()
-	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, grpc.ErrServerStopped) {
-		return err
-	}
-	return nil
+	return serveError(err)
 }
 
 // ShouldRateLimit answers one request; see the package documentation and
@@ -342,7 +369,7 @@ func (s *Server) count(r *reply, err error) {
 		s.invalid.Inc()
 	case err != nil:
 	case r.resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
-		s.overLimit.Inc()
+		s.overLimitCalls.Inc()
 	default:
 		s.ok.Inc()
 	}
@@ -572,7 +599,7 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 		if s.cfg.SpreadDescriptors {
 			v, err = s.decideSpread(ctx, applied, sc.subjects)
 		} else {
-			v, err = s.cfg.Decider.DecideStates(ctx, sc.subjectOf(domain), applied)
+			v, err = s.decideStates(ctx, sc.subjectOf(domain), applied)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -597,7 +624,8 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 // applying to any descriptor replaces, and gathers the engine checks: one
 // per policy and distinct entries (a descriptor sent twice spends twice
 // in one state). When a policy of limit 0 denies the request, the checks
-// spend nothing: the engine only reads the other states, for their figures.
+// spend nothing but those of policies that count over the limit: the
+// engine only reads the other states, for their figures.
 // It returns what matched, in the buffers of into.uses and into.unlimited
 // when they are large enough, and the checks.
 func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch) (matched, []quota.Applied, error) {
@@ -642,7 +670,12 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 		d := ds[u.desc]
 		switch {
 		case u.policy.Unlimited:
-			m.unlimited[u.desc] = true
+			// A shadow unlimited policy (a descriptor with neither
+			// rate_limit nor children) changes nothing: answered as
+			// matching no limit, 0 remaining, as envoyproxy/ratelimit.
+			if u.policy.Mode == quota.ModeEnforce {
+				m.unlimited[u.desc] = true
+			}
 			continue
 		case u.policy.DeniesAll():
 			if d.hits > 0 && u.policy.Mode == quota.ModeEnforce {
@@ -676,7 +709,9 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 	}
 	if m.denied {
 		for j := range applied {
-			applied[j].Cost = 0
+			if !s.countsOver(applied[j]) {
+				applied[j].Cost = 0
+			}
 		}
 	}
 	sc.subjects = subjects
@@ -789,13 +824,18 @@ func (r *reply) addHeaders(v decide.StatesVerdict, allowed bool, uses []use, now
 	return out
 }
 
-// leastRemaining is the status with a current limit and the least
-// remaining, the first of them in a tie, as envoyproxy/ratelimit picks
-// the one its RateLimit-Limit, -Remaining and -Reset headers describe; nil when none has a limit.
+// leastRemaining is the status its RateLimit-Limit, -Remaining and
+// -Reset headers describe, picked as envoyproxy/ratelimit picks it: the
+// last status over the limit, else the one with a current limit and the
+// least remaining, the first of them in a tie; nil when none has a limit.
 func (r *reply) leastRemaining() *rlsv3.RateLimitResponse_DescriptorStatus {
 	var best *rlsv3.RateLimitResponse_DescriptorStatus
+	over := false
 	for _, st := range r.resp.Statuses {
-		if st.CurrentLimit != nil && (best == nil || st.LimitRemaining < best.LimitRemaining) {
+		switch {
+		case st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && st.CurrentLimit != nil:
+			best, over = st, true
+		case !over && st.CurrentLimit != nil && (best == nil || st.LimitRemaining < best.LimitRemaining):
 			best = st
 		}
 	}

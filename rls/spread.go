@@ -28,7 +28,7 @@ func (s *Server) decideSpread(ctx context.Context, applied []quota.Applied, subj
 		}
 	}
 	if one {
-		return s.cfg.Decider.DecideStates(ctx, first, applied)
+		return s.decideStates(ctx, first, applied)
 	}
 	out := decide.StatesVerdict{Allowed: true, Source: "none", Results: make([]decide.PolicyResult, len(applied))}
 	done := make([]bool, len(applied))
@@ -47,7 +47,7 @@ func (s *Server) decideSpread(ctx context.Context, applied []quota.Applied, subj
 				idx = append(idx, j)
 			}
 		}
-		v, err := s.cfg.Decider.DecideStates(ctx, subjects[i], group)
+		v, err := s.decideStates(ctx, subjects[i], group)
 		if err != nil {
 			return decide.StatesVerdict{}, err
 		}

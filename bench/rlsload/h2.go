@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,7 +21,7 @@ import (
 )
 
 // h2conn is a gRPC client connection of its own (-client h2): HTTP/2
-// without TLS, the requests encoded once, a call's HEADERS and DATA
+// (over TLS or not), the requests encoded once, a call's HEADERS and DATA
 // frames written together, and the calls of all senders written in one
 // write when they meet. It does per call little more than a proxy does,
 // so that on a machine the servers share with it the generator takes less
@@ -69,10 +70,27 @@ const (
 	clientConnWindow   = 1 << 30
 )
 
-func dialH2(addr string, timeout time.Duration, reqs []*rlsv3.RateLimitRequest) (*h2conn, error) {
+// dialH2 opens an HTTP/2 connection to addr, over TLS when tc is set (its
+// handshake done before the preface is sent).
+func dialH2(addr string, tc *tls.Config, timeout time.Duration, reqs []*rlsv3.RateLimitRequest) (*h2conn, error) {
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	scheme := "http"
+	if tc != nil {
+		t := tls.Client(nc, tc)
+		nc.SetDeadline(time.Now().Add(timeout))
+		if err := t.Handshake(); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("TLS handshake: %w", err)
+		}
+		nc.SetDeadline(time.Time{})
+		if p := t.ConnectionState().NegotiatedProtocol; p != "h2" {
+			t.Close()
+			return nil, fmt.Errorf("TLS: the server did not agree to h2 by ALPN (got %q)", p)
+		}
+		nc, scheme = t, "https"
 	}
 	c := &h2conn{nc: nc, nextID: 1, calls: make(map[uint32]*h2call), sendWin: 65535}
 	c.winWait = sync.NewCond(&c.mu)
@@ -88,7 +106,7 @@ func dialH2(addr string, timeout time.Duration, reqs []*rlsv3.RateLimitRequest) 
 	c.enc = hpack.NewEncoder(&c.encBuf)
 	c.fields = []hpack.HeaderField{
 		{Name: ":method", Value: "POST"},
-		{Name: ":scheme", Value: "http"},
+		{Name: ":scheme", Value: scheme},
 		{Name: ":path", Value: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
 		{Name: ":authority", Value: addr},
 		{Name: "content-type", Value: "application/grpc"},

@@ -13,6 +13,10 @@
 // placeholder {user}, replaced by u0 .. u(N-1) in turn so that the load
 // spreads over -users subjects.
 //
+// With -tls (or any -tls-* flag) the calls go over TLS with ALPN h2, the
+// server verified against -tls-ca, presenting -tls-cert and -tls-key to a
+// server that requires a client certificate.
+//
 // In open-loop mode request i is due at start + i/rate and its latency is
 // measured from that due time, as bench/loadgen does (see its
 // documentation): a server that stalls is charged for every call held back
@@ -34,9 +38,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -47,8 +53,10 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluice-rl/sluice/bench/internal/clienttls"
 	"github.com/sluice-rl/sluice/bench/internal/latency"
 )
 
@@ -64,6 +72,9 @@ type config struct {
 	streams  int
 	timeout  time.Duration
 	client   string
+	// tls is the client configuration of a TLS service, nil for
+	// plaintext gRPC.
+	tls *tls.Config
 }
 
 // entry is one descriptor entry; {user} in Value is replaced.
@@ -80,8 +91,12 @@ func run() error {
 	var (
 		cfg     config
 		entries string
+		tlsf    clienttls.Flags
+		useTLS  bool
 	)
-	flag.StringVar(&cfg.addr, "addr", "", "the rate limit service, host:port (plaintext gRPC)")
+	tlsf.Register(flag.CommandLine)
+	flag.BoolVar(&useTLS, "tls", false, "call over TLS (implied by any -tls-* flag)")
+	flag.StringVar(&cfg.addr, "addr", "", "the rate limit service, host:port (plaintext gRPC unless -tls)")
 	flag.StringVar(&cfg.domain, "domain", "bench", "domain of every request")
 	flag.StringVar(&entries, "entries", "user={user}", "the descriptor's entries, key=value[,key=value...]; {user} in a value is replaced")
 	flag.IntVar(&cfg.users, "users", 10000, "distinct values of {user}, used in turn")
@@ -114,6 +129,15 @@ func run() error {
 		return errors.New("-duration: must be positive")
 	case cfg.client != "h2" && cfg.client != "grpc":
 		return fmt.Errorf("-client: h2 or grpc, got %q", cfg.client)
+	}
+	if useTLS || tlsf.Set() {
+		host, _, err := net.SplitHostPort(cfg.addr)
+		if err != nil {
+			return fmt.Errorf("-addr: %w", err)
+		}
+		if cfg.tls, err = tlsf.Config(host, "h2"); err != nil {
+			return err
+		}
 	}
 	reqs := buildRequests(cfg)
 	conns := make([]conn, cfg.conns)
@@ -218,13 +242,17 @@ type sender interface {
 
 func dial(cfg config, reqs []*rlsv3.RateLimitRequest) (conn, error) {
 	if cfg.client == "h2" {
-		c, err := dialH2(cfg.addr, cfg.timeout, reqs)
+		c, err := dialH2(cfg.addr, cfg.tls, cfg.timeout, reqs)
 		if err != nil {
 			return nil, err
 		}
 		return h2Conn{c, cfg.timeout}, nil
 	}
-	cc, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if cfg.tls != nil {
+		creds = credentials.NewTLS(cfg.tls)
+	}
+	cc, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package rls
+package h2serve
 
 import (
 	"bytes"
@@ -14,72 +14,13 @@ import (
 	"testing"
 	"time"
 
-	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-rl/sluice/internal/testwait"
-	"github.com/sluice-rl/sluice/quota"
-	"github.com/sluice-rl/sluice/region"
 )
-
-// TestTransport drives a connection whose first call is ShouldRateLimit,
-// which the service's own transport then serves: rate limit calls, large
-// ones over several frames among them, health checks, and nothing else.
-func TestTransport(t *testing.T) {
-	conn := startRLS(t, []quota.Policy{
-		{ID: "p", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 2, Window: 60, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "k"}}}},
-	})
-	c := rlsv3.NewRateLimitServiceClient(conn)
-	for i, want := range []string{"OK OK", "OK OK", "OVER_LIMIT OVER_LIMIT"} {
-		if r := ask(t, c, call{domain: "d", ds: []*rlv3.RateLimitDescriptor{desc("k", "v")}}); codesOf(r) != want {
-			t.Errorf("call %d = %s, want %s", i+1, codesOf(r), want)
-		}
-	}
-	// 8 descriptors of 8 entries of 1 KiB: a message over the default
-	// stream window of 64 KiB, in many DATA frames.
-	big := make([]*rlv3.RateLimitDescriptor, MaxDescriptors)
-	for i := range big {
-		var kv []string
-		for j := range quota.MaxDescriptorEntries {
-			kv = append(kv, "k"+strconv.Itoa(j), strings.Repeat("v", quota.MaxDescriptorValueBytes))
-		}
-		big[i] = desc(kv...)
-	}
-	if r := ask(t, c, call{domain: "d", ds: big}); r.OverallCode != rlsv3.RateLimitResponse_OK || len(r.Statuses) != len(big) {
-		t.Errorf("a large request = %s, want OK with %d statuses", codesOf(r), len(big))
-	}
-	_, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d"})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Errorf("no descriptors = %v, want INVALID_ARGUMENT", err)
-	}
-	hc := healthpb.NewHealthClient(conn)
-	for _, svc := range []string{"", ServiceName} {
-		if h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
-			t.Errorf("health(%q) = %v, %v, want SERVING", svc, h, err)
-		}
-	}
-	if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "nope"}); status.Code(err) != codes.NotFound {
-		t.Errorf("health(nope) = %v, want NOT_FOUND", err)
-	}
-	stream, err := reflectpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
-	if err == nil {
-		// A Send that fails has io.EOF; Recv then has the status.
-		_ = stream.Send(&reflectpb.ServerReflectionRequest{MessageRequest: &reflectpb.ServerReflectionRequest_ListServices{}})
-		_, err = stream.Recv()
-	}
-	if status.Code(err) != codes.Unimplemented {
-		t.Errorf("reflection after ShouldRateLimit on one connection = %v, want UNIMPLEMENTED", err)
-	}
-}
 
 func TestParseTimeout(t *testing.T) {
 	for _, tt := range []struct {
@@ -91,73 +32,6 @@ func TestParseTimeout(t *testing.T) {
 		if got.String() != tt.want || ok != tt.ok {
 			t.Errorf("parseTimeout(%q) = %v, %v, want %s, %v", tt.in, got, ok, tt.want, tt.ok)
 		}
-	}
-}
-
-// heldDecider holds every decision until release is closed.
-type heldDecider struct {
-	Decider
-	started chan struct{}
-	release chan struct{}
-}
-
-func (h heldDecider) DecideStates(ctx context.Context, subject string, applied []quota.Applied) (region.StatesVerdict, error) {
-	h.started <- struct{}{}
-	<-h.release
-	return h.Decider.DecideStates(ctx, subject, applied)
-}
-
-// TestTransportShutdown cancels Serve with a call in flight on a
-// connection the transport serves: the call is answered, then Serve
-// returns and the connection is gone.
-func TestTransportShutdown(t *testing.T) {
-	cfg := region.DefaultConfig()
-	cfg.Policies = []quota.Policy{{ID: "p", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 10, Window: 60, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "k"}}}}}
-	d, err := region.New(context.Background(), cfg, nil, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := heldDecider{Decider: d, started: make(chan struct{}, 1), release: make(chan struct{})}
-	s, err := New(Config{Decider: held, Matcher: d.Registry(), ShutdownTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, ln) }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	answered := make(chan error, 1)
-	go func() {
-		r, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(),
-			&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{desc("k", "v")}})
-		if err == nil && r.OverallCode != rlsv3.RateLimitResponse_OK {
-			err = fmt.Errorf("overall_code %v", r.OverallCode)
-		}
-		answered <- err
-	}()
-	<-held.started
-	cancel()
-	select {
-	case err := <-served:
-		t.Fatalf("Serve returned %v with a call in flight", err)
-	case err := <-answered:
-		t.Fatalf("the call in flight was answered %v before it was decided", err)
-	case <-time.After(100 * time.Millisecond): // neither may happen; waiting a while checks it
-	}
-	close(held.release)
-	if err := <-answered; err != nil {
-		t.Errorf("the call in flight at shutdown = %v, want OK", err)
-	}
-	if err := <-served; err != nil {
-		t.Errorf("Serve = %v, want nil", err)
 	}
 }
 
@@ -212,29 +86,59 @@ func TestHPACKTable(t *testing.T) {
 // The transport against hostile and broken peers: each test drives one
 // connection with a raw HTTP/2 framer and checks a bound.
 
-// testPolicies limit domain "d", descriptor key "k".
-var testPolicies = []quota.Policy{{ID: "p", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 1e9, Window: 60, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "k"}}}}}
+// The paths the test servers serve, those of the rate limit service.
+const (
+	pathShouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	pathHealthCheck     = "/grpc.health.v1.Health/Check"
+)
 
-// transportServer is a Server whose connections the test serves itself,
-// with newConn; its handovers to grpc-go are counted and closed.
-func transportServer(t testing.TB, cfg Config, wrap func(Decider) Decider) (*Server, *atomic.Int32) {
+// testHandler answers every call with a message of size bytes (5 when
+// zero), each held until release is closed when release is set; it
+// counts the calls it holds.
+type testHandler struct {
+	release      chan struct{}
+	size         int
+	now, highest atomic.Int64
+}
+
+func (h *testHandler) Answer(ctx context.Context, c *Call) error {
+	if len(c.Message) == 0 && c.Method == 0 {
+		return status.Error(codes.Internal, "an empty request")
+	}
+	if h.release != nil {
+		n := h.now.Add(1)
+		for {
+			m := h.highest.Load()
+			if n <= m || h.highest.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		<-h.release
+		defer h.now.Add(-1)
+	}
+	size := h.size
+	if size == 0 {
+		size = 5
+	}
+	c.Out = append(c.Out, bytes.Repeat([]byte{'a'}, size)...)
+	return nil
+}
+
+// transportServer is a Server of the test paths whose connections the
+// test serves itself, with newConn; its handovers are counted and closed.
+// A nil h answers at once.
+func transportServer(t testing.TB, cfg Config, h *testHandler) (*Server, *atomic.Int32) {
 	t.Helper()
-	rcfg := region.DefaultConfig()
-	rcfg.Policies = testPolicies
-	d, err := region.New(context.Background(), rcfg, nil, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Decider, cfg.Matcher = d, d.Registry()
-	if wrap != nil {
-		cfg.Decider = wrap(d)
-	}
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
+	if h == nil {
+		h = &testHandler{}
 	}
 	var handed atomic.Int32
-	s.handOver = func(nc net.Conn) error { handed.Add(1); return nc.Close() }
+	cfg.Paths = []string{pathShouldRateLimit, pathHealthCheck}
+	cfg.HandOver = func(nc net.Conn) error { handed.Add(1); return nc.Close() }
+	s, err := New(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return s, &handed
 }
 
@@ -256,7 +160,7 @@ type peer struct {
 	enc    *hpack.Encoder
 	hbuf   bytes.Buffer
 	frames chan frame // closed when the connection ends
-	c      *h2conn
+	c      *conn
 	done   chan struct{} // closed when serve returns
 	next   uint32        // the next stream id
 }
@@ -383,13 +287,9 @@ func (p *peer) block(path string, extra ...string) []byte {
 	return append([]byte(nil), p.hbuf.Bytes()...)
 }
 
-// rlsMessage is a gRPC message of a ShouldRateLimit request on the test
-// policies.
+// rlsMessage is a gRPC message of a request, with its length prefix.
 func rlsMessage(t testing.TB) []byte {
-	b, err := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{desc("k", "v")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := []byte("\x0a\x01d\x12\x08\x0a\x06\x0a\x01k\x12\x01v") // a RateLimitRequest
 	return append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(b))), b...)
 }
 
@@ -415,34 +315,13 @@ func (p *peer) trailersOf(id uint32) frame {
 	})
 }
 
-// flightDecider counts the decisions in flight and holds each until
-// release is closed.
-type flightDecider struct {
-	Decider
-	release      chan struct{}
-	now, highest atomic.Int64
-}
-
-func (d *flightDecider) DecideStates(ctx context.Context, subject string, applied []quota.Applied) (region.StatesVerdict, error) {
-	n := d.now.Add(1)
-	for {
-		h := d.highest.Load()
-		if n <= h || d.highest.CompareAndSwap(h, n) {
-			break
-		}
-	}
-	<-d.release
-	defer d.now.Add(-1)
-	return d.Decider.DecideStates(ctx, subject, applied)
-}
-
 // TestTransportRapidReset opens and at once resets many more streams than
 // maxStreams, each a complete call whose decision is held: the calls in
 // flight never pass maxStreams, the streams beyond are refused, and once
 // the decisions end the connection serves calls again.
 func TestTransportRapidReset(t *testing.T) {
-	fd := &flightDecider{release: make(chan struct{})}
-	s, _ := transportServer(t, Config{}, func(d Decider) Decider { fd.Decider = d; return fd })
+	fd := &testHandler{release: make(chan struct{})}
+	s, _ := transportServer(t, Config{}, fd)
 	p := startPeer(t, s, nil)
 	first := p.call()
 	const opened = 4 * maxStreams
@@ -530,8 +409,8 @@ func TestTransportUnreadAnswers(t *testing.T) {
 		}, func(f frame) bool { return f.typ == http2.FrameHeaders && f.fields["grpc-status"] == "12" }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			fd := &flightDecider{release: make(chan struct{})}
-			s, _ := transportServer(t, Config{}, func(d Decider) Decider { fd.Decider = d; return fd })
+			fd := &testHandler{release: make(chan struct{})}
+			s, _ := transportServer(t, Config{}, fd)
 			g := &gatedConn{gate: make(chan struct{})}
 			p := startPeer(t, s, func(nc net.Conn) net.Conn { g.Conn = nc; return g })
 			p.trailersOf(func() uint32 { close(fd.release); return p.call() }())
@@ -976,4 +855,60 @@ func FuzzTransport(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestTransportStreamStates sends frames that no stream state allows
+// (RFC 9113 5.1, 5.3.1, 8.4): each is the stream or connection error
+// the RFC names, and a stream error leaves the connection serving.
+func TestTransportStreamStates(t *testing.T) {
+	s, _ := transportServer(t, Config{}, nil)
+	for _, tt := range []struct {
+		name string
+		send func(p *peer, answered uint32) error
+		// conn is the GOAWAY's code of a connection error; stream the
+		// RST_STREAM's of a stream error.
+		conn, stream http2.ErrCode
+	}{
+		{"DATA on an idle stream", func(p *peer, _ uint32) error { return p.fr.WriteData(p.next+8, true, []byte("x")) }, http2.ErrCodeProtocol, 0},
+		{"RST_STREAM on an idle stream", func(p *peer, _ uint32) error { return p.fr.WriteRSTStream(p.next+8, http2.ErrCodeCancel) }, http2.ErrCodeProtocol, 0},
+		{"WINDOW_UPDATE on a server's stream", func(p *peer, _ uint32) error { return p.fr.WriteWindowUpdate(2, 1) }, http2.ErrCodeProtocol, 0},
+		{"PUSH_PROMISE", func(p *peer, a uint32) error {
+			return p.fr.WritePushPromise(http2.PushPromiseParam{StreamID: a, PromiseID: 2, BlockFragment: p.block(pathShouldRateLimit), EndHeaders: true})
+		}, http2.ErrCodeProtocol, 0},
+		{"HEADERS on a closed stream", func(p *peer, a uint32) error {
+			return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: a, BlockFragment: p.block(pathShouldRateLimit), EndHeaders: true})
+		}, http2.ErrCodeStreamClosed, 0},
+		{"DATA on a closed stream", func(p *peer, a uint32) error { return p.fr.WriteData(a, true, []byte("x")) }, 0, http2.ErrCodeStreamClosed},
+		{"PRIORITY on itself", func(p *peer, a uint32) error {
+			return p.fr.WritePriority(a, http2.PriorityParam{StreamDep: a})
+		}, 0, http2.ErrCodeProtocol},
+		{"HEADERS on itself", func(p *peer, _ uint32) error {
+			id := p.next
+			p.next += 2
+			return p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: p.block(pathShouldRateLimit), EndHeaders: true, EndStream: true,
+				Priority: http2.PriorityParam{StreamDep: id, Weight: 15}})
+		}, 0, http2.ErrCodeProtocol},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startPeer(t, s, nil)
+			answered := p.call()
+			p.trailersOf(answered)
+			if err := tt.send(p, answered); err != nil {
+				t.Fatal(err)
+			}
+			if tt.conn != 0 {
+				if code := p.goAwayOf(); code != tt.conn {
+					t.Errorf("GOAWAY %v, want %v", code, tt.conn)
+				}
+				return
+			}
+			f := p.await("a RST_STREAM", func(f frame) bool { return f.typ == http2.FrameRSTStream })
+			if f.code != tt.stream {
+				t.Errorf("RST_STREAM %v, want %v", f.code, tt.stream)
+			}
+			if g := p.trailersOf(p.call()); g.fields["grpc-status"] != "0" {
+				t.Errorf("a call after = %v, want grpc-status 0", g.fields)
+			}
+		})
+	}
 }

@@ -1,4 +1,4 @@
-package rls
+package h2serve
 
 import (
 	"bufio"
@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"runtime"
@@ -14,20 +15,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// The service's own HTTP/2 transport answers the unary calls a proxy
-// makes, ShouldRateLimit and Health/Check, on connections whose first call
-// is one of them; a connection that starts with any other call (server
-// reflection, Health/Watch, a misspelt method) is handed, with the bytes
-// read so far, to a grpc-go server that serves every method. A proxy's
-// connections thus skip grpc-go's per-call goroutines, buffers and
-// message reflection, while tools such as grpcurl find the full service.
+// The transport answers the unary calls a proxy makes (Config.Paths) on
+// connections whose first call is Paths[0]; a connection that starts with
+// any other call (in the rate limit service: server reflection,
+// Health/Watch, a misspelt method) is handed, with the bytes read so far,
+// to Config.HandOver, a grpc-go server that serves every method. A
+// proxy's connections thus skip grpc-go's per-call goroutines, buffers
+// and message reflection, while tools such as grpcurl find the full
+// service.
 //
 // The transport is HTTP/2 without TLS (prior knowledge, as grpc-go's
 // plaintext servers are): the client's preface, frames read with
@@ -38,7 +40,10 @@ import (
 // bounded:
 //   - calls in flight: maxStreams streams open, a call counting until it
 //     is answered even if the peer resets its stream (a peer that opens
-//     and resets streams in a loop is refused, REFUSED_STREAM, past it);
+//     and resets streams in a loop is refused, REFUSED_STREAM, past it),
+//     and a connection that has had maxRefused streams refused more than
+//     it had calls answered is closed (GOAWAY ENHANCE_YOUR_CALM): the
+//     "rapid reset" of CVE-2023-44487 costs one call per stream held;
 //   - requests' bytes: connWindow for the connection, flow control
 //     returning a request's bytes once its call is answered, and
 //     streamWindow and maxDataFrames for one request;
@@ -46,22 +51,26 @@ import (
 //     counted with their frame headers), maxHeaderList bytes as decoded,
 //     and ConnectionTimeout from a block's first frame to its last;
 //   - answers and control frames (PING and SETTINGS acks, RST_STREAM)
-//     waiting on a peer that does not read: maxWriteBuffer bytes, and
-//     those of the calls in flight, before the connection stops reading
-//     from the peer; a write blocked for KeepaliveTimeout ends it;
+//     waiting on a peer that does not read: maxWriteBuffer bytes before
+//     the connection stops reading from the peer, and maxQueued bytes,
+//     the answers of the calls in flight counted as they are added,
+//     before it is closed; a write blocked for WriteTimeout ends it too,
+//     freeing the worker that wrote;
 //   - time: ConnectionTimeout for the preface and first SETTINGS, and,
 //     as grpc-go does, a ping after KeepaliveTime of silence and the end
 //     after KeepaliveTimeout more; a connection silent before its first
-//     call is handed to grpc-go instead;
+//     call is handed to grpc-go instead; and, when set, MaxConnectionAge
+//     (jittered) before a GOAWAY, then MaxConnectionAgeGrace before the
+//     connection is closed with its calls still in flight;
 //   - flow control: a window taken past 2^31-1 is a FLOW_CONTROL_ERROR,
 //     of the connection or of the stream, as RFC 9113 6.9 says.
 //
-// A connection error ends the connection with a GOAWAY of its code.
-
-const (
-	pathShouldRateLimit = "/" + ServiceName + "/ShouldRateLimit"
-	pathHealthCheck     = "/grpc.health.v1.Health/Check"
-)
+// A connection error ends the connection with a GOAWAY of its code. A
+// connection that ends, on the peer's GOAWAY or the server's, is closed
+// lingering: its write side shut first, then what the peer still sends
+// read and discarded, for at most lingerTime and lingerBytes, so that
+// unread bytes (a PING after a GOAWAY) do not turn the close into a
+// reset that loses what was written last.
 
 // Limits of the transport.
 const (
@@ -79,6 +88,15 @@ const (
 	// yet answered, whether or not the peer reset its stream. A stream
 	// beyond it is refused (REFUSED_STREAM).
 	maxStreams = 1000
+	// maxRefused bounds the streams a connection may have refused
+	// (REFUSED_STREAM) beyond the calls answered on it: each answer
+	// forgives one refusal, and past the bound the connection ends
+	// (GOAWAY ENHANCE_YOUR_CALM). A client that keeps to maxStreams is
+	// refused only while it races a GOAWAY, or while the calls of streams
+	// it reset run on; one that opens and resets streams in a loop is
+	// closed after this many, as golang.org/x/net/http2's server closes
+	// a connection of more than 4 x its limit of streams waiting.
+	maxRefused = 4 * maxStreams
 	// maxHeaderBlock bounds one request's header block, in bytes as sent,
 	// each frame's 9-byte header included; beyond it the connection
 	// closes (GOAWAY ENHANCE_YOUR_CALM).
@@ -92,6 +110,17 @@ const (
 	// while a write is blocked on the peer before the connection stops
 	// reading from it.
 	maxWriteBuffer = 64 << 10
+	// maxQueued bounds the bytes of frames one connection has waiting to
+	// be written, answers waiting for flow control window included: the
+	// answers of calls in flight are added whatever the reader does, and
+	// past it the connection is closed, as one whose peer reads nothing.
+	// It is the connection's receive window (connWindow): a peer may make
+	// the transport hold as much of its answers as of its requests.
+	maxQueued = connWindow
+	// lingerTime and lingerBytes bound the reads of a closing connection
+	// (see the lingering close above).
+	lingerTime  = time.Second
+	lingerBytes = 64 << 10
 	// maxDataFrames bounds the DATA frames of one request, so that a
 	// stream of empty frames ends.
 	maxDataFrames = 4096
@@ -102,23 +131,22 @@ const (
 	maxMessageText = 1024
 )
 
-type method uint8
+// methodOther is headerState.method of a path not in Config.Paths.
+const methodOther = -1
 
-const (
-	methodOther method = iota
-	methodRLS
-	methodHealth
-)
-
-// h2conn is one connection served by the transport. Its reader goroutine
+// conn is one connection served by the transport. Its reader goroutine
 // (serve) owns the frame reader and the header decoder; the fields under
 // mu are shared with the calls that answer on it.
-type h2conn struct {
-	s   *Server
-	nc  net.Conn
-	rec *recorder
-	fr  *http2.Framer
-	dec *hpack.Decoder
+type conn struct {
+	s  *Server
+	nc net.Conn
+	// release, when set, is called once the connection is closed.
+	release func()
+	// shutting is set by shut: the reader stops at its next read.
+	shutting atomic.Bool
+	rec      *recorder
+	fr       *http2.Framer
+	dec      *hpack.Decoder
 	// ctx is cancelled when the connection ends, and with it every call.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -139,18 +167,29 @@ type h2conn struct {
 	idle                          bool // no call came before KeepaliveTime
 
 	mu       sync.Mutex
-	streams  map[uint32]*h2stream
+	streams  map[uint32]*stream
 	wbuf     []byte // frames waiting to be written
 	spare    []byte
 	writing  bool // a goroutine is writing wbuf out
+	inWrite  int  // bytes of the write under way
 	werr     error
 	sendWin  int64 // connection send window
 	initWin  int64 // peer's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame int   // peer's SETTINGS_MAX_FRAME_SIZE
-	pending  []*h2stream
-	draining bool // a GOAWAY was sent: no new streams
-	active   int  // calls dispatched and not yet answered
-	table    hpackTable
+	pending  []*stream
+	// pendingBytes are the bytes of the answers in pending not yet sent.
+	pendingBytes int
+	draining     bool // a GOAWAY was sent: no new streams
+	active       int  // calls dispatched and not yet answered
+	// refused is the streams refused not yet forgiven by an answer.
+	refused int
+	// born is when the connection was accepted; ageTimer sends its
+	// MaxConnectionAge GOAWAY and graceTimer closes it after the grace;
+	// ended stops them, once the connection ends.
+	born                 time.Time
+	ageTimer, graceTimer *time.Timer
+	ended                bool
+	table                hpackTable
 	// recvWin is what is left of the window the peer may send DATA in;
 	// recvFree the bytes of requests done with and not yet returned to
 	// it.
@@ -163,19 +202,20 @@ type h2conn struct {
 
 // headerState is what a request's header block said, as it is decoded.
 type headerState struct {
-	method      method
+	method      int  // index in Config.Paths; methodOther when none
 	contentType bool // application/grpc or one of its subtypes
 	compressed  bool // a grpc-encoding other than identity
 	timeout     time.Duration
 	size        int  // bytes of the header block so far, frame headers included
 	listSize    int  // bytes of the header list decoded so far
 	tooLarge    bool // the header list passed maxHeaderList
+	selfDep     bool // the stream depends on itself (RFC 9113 5.3.1)
 	endStream   bool // the request ends with its headers: no message
 }
 
-// h2stream is one call: its request, answer and flow control. Streams are
+// stream is one call: its request, answer and flow control. Streams are
 // pooled with the buffers they grew.
-type h2stream struct {
+type stream struct {
 	id         uint32
 	hdr        headerState
 	body       []byte
@@ -189,20 +229,16 @@ type h2stream struct {
 	// it did not say.
 	deadline time.Time
 
-	req     request
-	rep     reply
-	scratch scratch
-	out     []byte // the answer's gRPC message: prefix and protobuf
-	off     int    // bytes of out sent
+	call Call   // the Handler's view of it
+	out  []byte // the answer's gRPC message: prefix and protobuf
+	off  int    // bytes of out sent
 	// code and msg are the answer's gRPC status.
 	code codes.Code
 	msg  string
 }
 
-var streamPool = sync.Pool{New: func() any { return new(h2stream) }}
-
-func newStream(id uint32, hdr headerState, win int64) *h2stream {
-	st := streamPool.Get().(*h2stream)
+func (s *Server) newStream(id uint32, hdr headerState, win int64) *stream {
+	st := s.streams.Get().(*stream)
 	st.id, st.hdr, st.sendWin = id, hdr, win
 	st.body, st.out, st.off = st.body[:0], st.out[:0], 0
 	st.recvd, st.frames = 0, 0
@@ -211,21 +247,20 @@ func newStream(id uint32, hdr headerState, win int64) *h2stream {
 	return st
 }
 
-func releaseStream(st *h2stream) {
+func (s *Server) releaseStream(st *stream) {
 	st.deadline = time.Time{}
 	if cap(st.body) > 64<<10 {
 		st.body = nil
 	}
-	st.req.reset()
-	clear(st.scratch.applied[:cap(st.scratch.applied)]) // keeps no policy alive in the pool
-	streamPool.Put(st)
+	st.call.Message, st.call.Out = nil, nil
+	s.streams.Put(st)
 }
 
 // recorder reads the connection for its reader, under the read
 // deadlines, and keeps what is read until the first call is known, for a
 // handover to grpc-go.
 type recorder struct {
-	c    *h2conn
+	c    *conn
 	buf  []byte
 	keep bool
 }
@@ -234,6 +269,11 @@ func (r *recorder) Read(p []byte) (int, error) {
 	c := r.c
 	for {
 		c.nc.SetReadDeadline(c.readDeadline(time.Now()))
+		// After the deadline is set: shut's deadline in the past then
+		// either came after it or finds the flag set here.
+		if c.shutting.Load() {
+			return 0, errShut
+		}
 		n, err := c.nc.Read(p)
 		if r.keep {
 			r.buf = append(r.buf, p[:n]...)
@@ -241,6 +281,9 @@ func (r *recorder) Read(p []byte) (int, error) {
 		if n > 0 {
 			c.pingDue = time.Time{}
 			return n, err
+		}
+		if c.shutting.Load() {
+			return 0, errShut
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) || !c.keepalive(time.Now()) {
 			return n, err
@@ -251,7 +294,7 @@ func (r *recorder) Read(p []byte) (int, error) {
 // readDeadline is when the read under way fails: the preface's or the
 // header block's deadline, else KeepaliveTime from now, or the end of the
 // wait for the keepalive ping's answer.
-func (c *h2conn) readDeadline(now time.Time) time.Time {
+func (c *conn) readDeadline(now time.Time) time.Time {
 	dl := now.Add(c.s.cfg.KeepaliveTime)
 	switch {
 	case !c.prefaceDue.IsZero():
@@ -270,7 +313,7 @@ func (c *h2conn) readDeadline(now time.Time) time.Time {
 // one not yet known to be a proxy's goes to grpc-go, which keeps it alive
 // as it does its own. A preface, a header block or a ping overdue ends
 // the connection.
-func (c *h2conn) keepalive(now time.Time) bool {
+func (c *conn) keepalive(now time.Time) bool {
 	switch {
 	case !c.prefaceDue.IsZero(), !c.blockDue.IsZero() && !now.Before(c.blockDue), !c.pingDue.IsZero():
 		return false
@@ -288,10 +331,20 @@ func (c *h2conn) keepalive(now time.Time) bool {
 }
 
 // replayConn is a connection handed over: its reads return the recorded
-// bytes first.
+// bytes first; release, when set, is called on its first Close.
 type replayConn struct {
 	net.Conn
-	replay []byte
+	replay  []byte
+	release func()
+	closed  sync.Once
+}
+
+func (c *replayConn) Close() error {
+	err := c.Conn.Close()
+	if c.release != nil {
+		c.closed.Do(c.release)
+	}
+	return err
 }
 
 func (c *replayConn) Read(p []byte) (int, error) {
@@ -306,6 +359,13 @@ func (c *replayConn) Read(p []byte) (int, error) {
 // errHandedOver ends a connection's reader once grpc-go has it.
 var errHandedOver = errors.New("handed over to grpc-go")
 
+// errShut ends a connection's reader once shut is called.
+var errShut = errors.New("the connection is closing")
+
+// errOverBound is a connection's write error once more than maxQueued
+// bytes wait to be written.
+var errOverBound = errors.New("more than maxQueued bytes wait to be written")
+
 // connError is an error of the connection (RFC 9113 5.4.1): the
 // connection ends with a GOAWAY of its code.
 type connError struct {
@@ -317,8 +377,8 @@ func (e connError) Error() string { return "http2: " + e.code.String() + ": " + 
 
 // newConn is the transport's state for an accepted connection; serve
 // serves it. The connection closes when ctx ends.
-func (s *Server) newConn(ctx context.Context, nc net.Conn) *h2conn {
-	c := &h2conn{s: s, nc: nc, streams: make(map[uint32]*h2stream), sendWin: 65535, initWin: 65535, maxFrame: 16384, recvWin: 65535}
+func (s *Server) newConn(ctx context.Context, nc net.Conn) *conn {
+	c := &conn{s: s, nc: nc, streams: make(map[uint32]*stream), sendWin: 65535, initWin: 65535, maxFrame: 16384, recvWin: 65535, born: time.Now()}
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	c.rec = &recorder{c: c, keep: true}
 	c.drained.L = &c.mu
@@ -326,12 +386,12 @@ func (s *Server) newConn(ctx context.Context, nc net.Conn) *h2conn {
 }
 
 // serve serves the connection until it closes or is handed over.
-func (c *h2conn) serve() {
+func (c *conn) serve() {
 	stop := context.AfterFunc(c.ctx, func() { c.nc.Close() })
 	defer stop()
 	defer c.cancel()
 	if c.s.stopping.Load() {
-		c.goAway()
+		c.goAway(nil)
 	}
 	br := bufio.NewReaderSize(c.rec, 32<<10)
 	c.fr = http2.NewFramer(io.Discard, br)
@@ -350,10 +410,17 @@ func (c *h2conn) serve() {
 	c.mu.Unlock()
 
 	err := c.read(br)
+	// From here the connection closes here, lingering, or is grpc-go's.
+	stop()
 	if errors.Is(err, errHandedOver) {
-		stop()
 		return
 	}
+	c.end(err)
+}
+
+// end ends the connection after its reader's error err: a GOAWAY of err's
+// code, if it has one, the calls cancelled, and a lingering close.
+func (c *conn) end(err error) {
 	c.mu.Lock()
 	var ce connError
 	var he http2.ConnectionError
@@ -367,7 +434,7 @@ func (c *h2conn) serve() {
 	}
 	if ce.code != 0 {
 		// Said after the write under way, which a peer that reads
-		// nothing holds up to KeepaliveTimeout.
+		// nothing holds up to the write deadline.
 		for c.writing && c.werr == nil {
 			c.drained.Wait()
 		}
@@ -378,18 +445,119 @@ func (c *h2conn) serve() {
 	c.cancel()
 	c.mu.Lock()
 	c.draining = true
+	c.stopTimersLocked()
 	for _, st := range c.streams {
 		if !st.dispatched {
-			releaseStream(st)
+			c.s.releaseStream(st)
 		}
 	}
 	clear(c.streams)
 	c.mu.Unlock()
+	c.linger()
 	c.nc.Close()
+	if c.release != nil {
+		c.release()
+	}
+}
+
+// startAge starts the MaxConnectionAge timer of a connection that is
+// the transport's, if it has an age: jittered, from its accept.
+func (c *conn) startAge() {
+	age := c.s.cfg.MaxConnectionAge
+	if age <= 0 {
+		return
+	}
+	d := jitterAge(age, rand.Int64N) - time.Since(c.born)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		c.ageTimer = time.AfterFunc(d, c.ageOut)
+	}
+}
+
+// jitterAge is age moved by up to ±10%, as grpc-go moves its
+// MaxConnectionAge: by n(2r+1)-r, r being a tenth of age, n returning a
+// number in [0, its argument).
+func jitterAge(age time.Duration, n func(int64) int64) time.Duration {
+	r := int64(age / 10)
+	if r <= 0 {
+		return age
+	}
+	return age + time.Duration(n(2*r+1)-r)
+}
+
+// ageOut is the connection's MaxConnectionAge: a GOAWAY, and the close
+// MaxConnectionAgeGrace later of a connection whose calls have not all
+// been answered by then.
+func (c *conn) ageOut() {
+	if !c.goAway(c.s.metrics.aged) {
+		return // closing already: on shutdown, or after an error
+	}
+	grace := c.s.cfg.MaxConnectionAgeGrace
+	if grace <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		c.graceTimer = time.AfterFunc(grace, func() {
+			c.mu.Lock()
+			ended := c.ended
+			c.mu.Unlock()
+			if !ended && c.ctx.Err() == nil {
+				c.s.metrics.agedGrace.Inc()
+				c.cancel() // the connection closes, and its calls' answers are dropped
+			}
+		})
+	}
+}
+
+// stopTimersLocked stops the age timers of a connection that ends.
+func (c *conn) stopTimersLocked() {
+	c.ended = true
+	for _, t := range []*time.Timer{c.ageTimer, c.graceTimer} {
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// linger shuts the connection's write side, once the write under way is
+// done, and reads what the peer still sends until it closes its side,
+// for at most lingerTime and lingerBytes: closed with unread bytes
+// waiting, a TCP connection would be reset, and the peer might lose the
+// last frames written (a GOAWAY). Answers of calls still in flight are
+// dropped from here on. A connection whose writes failed, or that cannot
+// shut its write side alone (CloseWrite), is not lingered on.
+func (c *conn) linger() {
+	c.mu.Lock()
+	for c.writing && c.werr == nil {
+		c.drained.Wait()
+	}
+	ok := c.werr == nil
+	if ok {
+		c.werr = net.ErrClosed
+	}
+	c.mu.Unlock()
+	cw, can := c.nc.(interface{ CloseWrite() error })
+	if !ok || !can || cw.CloseWrite() != nil {
+		return
+	}
+	c.nc.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, c.nc, lingerBytes)
+}
+
+// shut ends the connection from any goroutine: its reader stops at its
+// next read, or at once if it is reading, and the connection closes as a
+// reader's error closes it (end). A connection whose ctx is cancelled is
+// closed at once instead.
+func (c *conn) shut() {
+	c.shutting.Store(true)
+	c.nc.SetReadDeadline(time.Unix(1, 0))
 }
 
 // read reads frames until the connection fails or is handed over.
-func (c *h2conn) read(br *bufio.Reader) error {
+func (c *conn) read(br *bufio.Reader) error {
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(br, preface[:]); err != nil {
 		return err
@@ -397,13 +565,10 @@ func (c *h2conn) read(br *bufio.Reader) error {
 	if string(preface[:]) != http2.ClientPreface {
 		return errors.New("not an HTTP/2 client preface")
 	}
-	if c.s.ownAll {
+	if c.s.cfg.OwnAll {
 		c.take(0, nil)
 	}
-	// Until the first call is known, answers to the peer's frames wait
-	// here: a connection handed over must not have had them.
-	var settingsAcks int
-	var pings [][8]byte
+	var early earlyFrames
 	for {
 		f, err := c.fr.ReadFrame()
 		if err != nil {
@@ -433,65 +598,77 @@ func (c *h2conn) read(br *bufio.Reader) error {
 			// takes it from here.
 			return c.handOver(br)
 		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				if err := c.applySettings(f); err != nil {
-					return err
-				}
-				settingsAcks++
-			}
+		first, err := c.onEarlyFrame(f, &early)
+		switch {
+		case err != nil:
+			return err
+		case !first:
 			continue
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				pings = append(pings, f.Data)
-			}
-			continue
-		case *http2.WindowUpdateFrame:
-			if f.StreamID == 0 {
-				if c.sendWin+int64(f.Increment) > maxWindow {
-					return connError{http2.ErrCodeFlowControl, "the connection's send window passed 2^31-1"}
-				}
-				c.sendWin += int64(f.Increment)
-			}
-			continue
-		case *http2.HeadersFrame:
-			if err := c.onHeaders(f); err != nil {
-				return err
-			}
-			if !f.HeadersEnded() {
-				continue
-			}
-		case *http2.ContinuationFrame:
-			if err := c.onContinuation(f); err != nil {
-				return err
-			}
-			if !f.HeadersEnded() {
-				continue
-			}
-		case *http2.GoAwayFrame:
-			return io.EOF
-		default:
-			// PRIORITY or an extension's: kept for grpc-go, ignored
-			// here.
-			continue
-		}
-		// The first header block is complete: a connection whose first
-		// call is not ShouldRateLimit is no proxy's.
-		if c.hdr.method != methodRLS {
+		case c.hdr.method != 0:
+			// The first header block is complete: a connection whose
+			// first call is not Paths[0] is no proxy's.
 			return c.handOver(br)
 		}
-		c.take(settingsAcks, pings)
-		c.endHeaders()
+		c.take(early.settingsAcks, early.pings)
+		if err := c.endHeaders(); err != nil {
+			return err
+		}
 	}
+}
+
+// earlyFrames are the answers to the peer's frames before its first call
+// is known, which wait: a connection handed over must not have had them.
+type earlyFrames struct {
+	settingsAcks int
+	pings        [][8]byte
+}
+
+// onEarlyFrame handles a frame before the first call is known, and
+// reports whether it ended the first call's header block.
+func (c *conn) onEarlyFrame(f http2.Frame, early *earlyFrames) (bool, error) {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			if err := c.applySettings(f); err != nil {
+				return false, err
+			}
+			early.settingsAcks++
+		}
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			early.pings = append(early.pings, f.Data)
+		}
+	case *http2.WindowUpdateFrame:
+		if f.StreamID == 0 {
+			if c.sendWin+int64(f.Increment) > maxWindow {
+				return false, connError{http2.ErrCodeFlowControl, "the connection's send window passed 2^31-1"}
+			}
+			c.sendWin += int64(f.Increment)
+		}
+	case *http2.HeadersFrame:
+		if err := c.onHeaders(f); err != nil {
+			return false, err
+		}
+		return f.HeadersEnded(), nil
+	case *http2.ContinuationFrame:
+		if err := c.onContinuation(f); err != nil {
+			return false, err
+		}
+		return f.HeadersEnded(), nil
+	case *http2.GoAwayFrame:
+		return false, io.EOF
+	}
+	// PRIORITY or an extension's: kept for grpc-go, ignored here.
+	return false, nil
 }
 
 // take makes the connection the transport's: the answers to the peer's
 // frames held until now (settingsAcks SETTINGS, pings) are written, then
 // the transport's settings and connection window.
-func (c *h2conn) take(settingsAcks int, pings [][8]byte) {
+func (c *conn) take(settingsAcks int, pings [][8]byte) {
 	c.decided = true
 	c.rec.keep, c.rec.buf = false, nil
+	c.startAge()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for range settingsAcks {
@@ -510,14 +687,15 @@ func (c *h2conn) take(settingsAcks int, pings [][8]byte) {
 }
 
 // throttle stops reading from the peer while maxWriteBuffer bytes wait
-// for a write under way: a peer that sends but does not read gets no
-// more answers buffered than that, and those of the calls in flight.
-func (c *h2conn) throttle() error {
+// for a write under way (or for window): a peer that sends but does not
+// read gets no more answers buffered than that, and those of the calls
+// in flight, which maxQueued bounds.
+func (c *conn) throttle() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.writing && len(c.wbuf) > maxWriteBuffer && c.werr == nil {
+	if c.writing && len(c.wbuf)+c.pendingBytes > maxWriteBuffer && c.werr == nil {
 		c.stalls++
-		for c.writing && len(c.wbuf) > maxWriteBuffer && c.werr == nil {
+		for c.writing && len(c.wbuf)+c.pendingBytes > maxWriteBuffer && c.werr == nil {
 			c.drained.Wait()
 		}
 	}
@@ -526,15 +704,20 @@ func (c *h2conn) throttle() error {
 
 // handOver gives the connection, and every byte read from it, to the
 // grpc-go server.
-func (c *h2conn) handOver(br *bufio.Reader) error {
+func (c *conn) handOver(br *bufio.Reader) error {
 	c.nc.SetDeadline(time.Time{}) // grpc-go sets its own
-	if err := c.s.handOver(&replayConn{Conn: c.nc, replay: c.rec.buf}); err != nil {
+	rc := &replayConn{Conn: c.nc, replay: c.rec.buf, release: c.release}
+	if c.s.cfg.HandOver == nil {
+		return errors.New("no handover for a connection that is not a proxy's")
+	}
+	if err := c.s.cfg.HandOver(rc); err != nil {
 		return err
 	}
+	c.release = nil // rc's Close calls it
 	return errHandedOver
 }
 
-func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
+func (c *conn) applySettings(f *http2.SettingsFrame) error {
 	initWin := int64(-1)
 	err := f.ForeachSetting(func(s http2.Setting) error {
 		if err := s.Valid(); err != nil {
@@ -569,21 +752,24 @@ func (c *h2conn) applySettings(f *http2.SettingsFrame) error {
 }
 
 // onFrame handles one frame once the connection is ours.
-func (c *h2conn) onFrame(f http2.Frame) error {
+func (c *conn) onFrame(f http2.Frame) error {
+	if err := c.checkStream(f); err != nil {
+		return err
+	}
 	switch f := f.(type) {
 	case *http2.HeadersFrame:
 		if err := c.onHeaders(f); err != nil {
 			return err
 		}
 		if f.HeadersEnded() {
-			c.endHeaders()
+			return c.endHeaders()
 		}
 	case *http2.ContinuationFrame:
 		if err := c.onContinuation(f); err != nil {
 			return err
 		}
 		if f.HeadersEnded() {
-			c.endHeaders()
+			return c.endHeaders()
 		}
 	case *http2.DataFrame:
 		return c.onData(f)
@@ -598,6 +784,7 @@ func (c *h2conn) onFrame(f http2.Frame) error {
 		c.wbuf = appendFrameHeader(c.wbuf, 0, http2.FrameSettings, http2.FlagSettingsAck, 0)
 		c.drainPendingLocked()
 		c.flushLocked()
+		c.shutIfDoneLocked()
 		c.mu.Unlock()
 	case *http2.PingFrame:
 		if f.IsAck() {
@@ -609,32 +796,25 @@ func (c *h2conn) onFrame(f http2.Frame) error {
 		c.flushLocked()
 		c.mu.Unlock()
 	case *http2.WindowUpdateFrame:
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		inc := int64(f.Increment)
-		if f.StreamID == 0 {
-			if c.sendWin+inc > maxWindow {
-				return connError{http2.ErrCodeFlowControl, "the connection's send window passed 2^31-1"}
-			}
-			c.sendWin += inc
-		} else if st := c.streams[f.StreamID]; st != nil && !st.reset {
-			if st.sendWin+inc > maxWindow {
-				// A stream error (RFC 9113 6.9.1): the stream alone ends.
-				c.resetLocked(st)
-				c.wbuf = appendRST(c.wbuf, f.StreamID, http2.ErrCodeFlowControl)
-			} else {
-				st.sendWin += inc
-			}
-		}
-		c.drainPendingLocked()
-		c.flushLocked()
+		return c.onWindowUpdate(f)
 	case *http2.RSTStreamFrame:
 		c.mu.Lock()
 		if st := c.streams[f.StreamID]; st != nil && !st.reset {
 			c.resetLocked(st)
 			c.flushLocked() // the window it returned, if any
+			c.shutIfDoneLocked()
 		}
 		c.mu.Unlock()
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID { // a stream error (RFC 9113 5.3.1)
+			c.mu.Lock()
+			if st := c.streams[f.StreamID]; st != nil && !st.reset {
+				c.resetLocked(st)
+			}
+			c.wbuf = appendRST(c.wbuf, f.StreamID, http2.ErrCodeProtocol)
+			c.flushLocked()
+			c.mu.Unlock()
+		}
 	case *http2.GoAwayFrame:
 		c.mu.Lock()
 		c.draining = true
@@ -647,11 +827,54 @@ func (c *h2conn) onFrame(f http2.Frame) error {
 	return nil
 }
 
+// onWindowUpdate takes a WINDOW_UPDATE once the connection is ours.
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	inc := int64(f.Increment)
+	if f.StreamID == 0 {
+		if c.sendWin+inc > maxWindow {
+			return connError{http2.ErrCodeFlowControl, "the connection's send window passed 2^31-1"}
+		}
+		c.sendWin += inc
+	} else if st := c.streams[f.StreamID]; st != nil && !st.reset {
+		if st.sendWin+inc > maxWindow {
+			// A stream error (RFC 9113 6.9.1): the stream alone ends.
+			c.resetLocked(st)
+			c.wbuf = appendRST(c.wbuf, f.StreamID, http2.ErrCodeFlowControl)
+		} else {
+			st.sendWin += inc
+		}
+	}
+	c.drainPendingLocked()
+	c.flushLocked()
+	c.shutIfDoneLocked()
+	return nil
+}
+
+// checkStream is the connection error (RFC 9113 5.1, 8.4) of a frame
+// that no stream state allows: DATA, RST_STREAM or WINDOW_UPDATE on an
+// idle stream (one the peer has not opened, or one only a server would
+// open), and PUSH_PROMISE, which a client never sends. Frames on closed
+// streams are discarded instead (see onData).
+func (c *conn) checkStream(f http2.Frame) error {
+	h := f.Header()
+	switch h.Type {
+	case http2.FrameData, http2.FrameRSTStream, http2.FrameWindowUpdate:
+		if id := h.StreamID; id != 0 && (id%2 == 0 || id > c.lastStream.Load()) {
+			return connError{http2.ErrCodeProtocol, h.Type.String() + " on an idle stream"}
+		}
+	case http2.FramePushPromise:
+		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
+	}
+	return nil
+}
+
 // resetLocked ends a stream that the peer reset. A stream whose call
 // runs stays counted among the streams until the call ends, so that
 // maxStreams bounds the calls in flight however fast the peer opens and
 // resets streams; its answer is then dropped.
-func (c *h2conn) resetLocked(st *h2stream) {
+func (c *conn) resetLocked(st *stream) {
 	st.reset = true
 	switch {
 	case !st.dispatched:
@@ -660,6 +883,7 @@ func (c *h2conn) resetLocked(st *h2stream) {
 	case st.answered: // waiting for window, in c.pending
 		for i, p := range c.pending {
 			if p == st {
+				c.pendingBytes -= len(st.out) - st.off
 				c.pending = append(c.pending[:i], c.pending[i+1:]...)
 				c.pending = c.pending[:len(c.pending):cap(c.pending)]
 				break
@@ -671,7 +895,7 @@ func (c *h2conn) resetLocked(st *h2stream) {
 
 // creditLocked returns n bytes of requests done with to the peer's
 // connection window, once half the window is due.
-func (c *h2conn) creditLocked(n int64) {
+func (c *conn) creditLocked(n int64) {
 	c.recvFree += n
 	if c.recvFree >= connWindow/2 {
 		c.wbuf = appendWindowUpdate(c.wbuf, 0, uint32(c.recvFree))
@@ -681,14 +905,23 @@ func (c *h2conn) creditLocked(n int64) {
 }
 
 // onHeaders starts a header block: a new stream's request headers.
-func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
+func (c *conn) onHeaders(f *http2.HeadersFrame) error {
 	if f.StreamID%2 == 0 || f.StreamID <= c.lastStream.Load() {
 		// Trailers from the client, or a reused id: gRPC clients send
-		// neither.
+		// neither. On a stream the peer has ended or reset it is
+		// STREAM_CLOSED (RFC 9113 5.1).
+		c.mu.Lock()
+		st := c.streams[f.StreamID]
+		open := st != nil && !st.dispatched && !st.reset
+		c.mu.Unlock()
+		if f.StreamID%2 == 1 && !open {
+			return connError{http2.ErrCodeStreamClosed, "headers on a closed stream"}
+		}
 		return connError{http2.ErrCodeProtocol, "headers on a stream that is not new"}
 	}
 	c.lastStream.Store(f.StreamID)
-	c.hdr = headerState{size: 9 + len(f.HeaderBlockFragment()), endStream: f.StreamEnded()}
+	c.hdr = headerState{method: methodOther, size: 9 + len(f.HeaderBlockFragment()), endStream: f.StreamEnded(),
+		selfDep: f.HasPriority() && f.Priority.StreamDep == f.StreamID}
 	c.headersOf = f.StreamID
 	c.dec.SetEmitEnabled(true)
 	if _, err := c.dec.Write(f.HeaderBlockFragment()); err != nil {
@@ -704,7 +937,7 @@ func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
 	return nil
 }
 
-func (c *h2conn) onContinuation(f *http2.ContinuationFrame) error {
+func (c *conn) onContinuation(f *http2.ContinuationFrame) error {
 	c.hdr.size += 9 + len(f.HeaderBlockFragment())
 	if c.hdr.size > maxHeaderBlock {
 		return connError{http2.ErrCodeEnhanceYourCalm, "header block too long"}
@@ -723,7 +956,7 @@ func (c *h2conn) onContinuation(f *http2.ContinuationFrame) error {
 }
 
 // onField takes one request header field.
-func (c *h2conn) onField(f hpack.HeaderField) {
+func (c *conn) onField(f hpack.HeaderField) {
 	c.hdr.listSize += len(f.Name) + len(f.Value) + 32
 	if c.hdr.listSize > maxHeaderList {
 		// The decoder reads on, to keep its table as the peer's, but
@@ -734,11 +967,11 @@ func (c *h2conn) onField(f hpack.HeaderField) {
 	}
 	switch f.Name {
 	case ":path":
-		switch f.Value {
-		case pathShouldRateLimit:
-			c.hdr.method = methodRLS
-		case pathHealthCheck:
-			c.hdr.method = methodHealth
+		for i, p := range c.s.cfg.Paths {
+			if f.Value == p {
+				c.hdr.method = i
+				break
+			}
 		}
 	case "content-type":
 		v := f.Value
@@ -752,26 +985,37 @@ func (c *h2conn) onField(f hpack.HeaderField) {
 	}
 }
 
-// endHeaders opens the stream whose header block just ended.
-func (c *h2conn) endHeaders() {
+// endHeaders opens the stream whose header block just ended; a stream
+// refused past maxRefused ends the connection (ENHANCE_YOUR_CALM).
+func (c *conn) endHeaders() error {
 	id, hdr := c.headersOf, c.hdr
 	c.headersOf = 0
 	endStream := hdr.endStream
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.draining || len(c.streams) >= maxStreams {
-		c.wbuf = appendRST(c.wbuf, id, http2.ErrCodeRefusedStream)
+	if c.draining || len(c.streams) >= maxStreams || hdr.selfDep {
+		code := http2.ErrCodeRefusedStream
+		if hdr.selfDep { // a stream error: PRIORITY is otherwise ignored
+			code = http2.ErrCodeProtocol
+		}
+		c.wbuf = appendRST(c.wbuf, id, code)
 		c.flushLocked()
-		return
+		if code == http2.ErrCodeRefusedStream {
+			if c.refused++; c.refused > maxRefused {
+				c.s.metrics.refusedStreams.Inc()
+				return connError{http2.ErrCodeEnhanceYourCalm, "streams refused past maxRefused"}
+			}
+		}
+		return nil
 	}
-	st := newStream(id, hdr, c.initWin)
+	st := c.s.newStream(id, hdr, c.initWin)
 	c.streams[id] = st
 	if hdr.method == methodOther || hdr.tooLarge {
 		// Answered at once, whether or not the request goes on (a stream
 		// of server reflection would wait for an answer).
 		st.dispatched = true
 		c.active++
-		st.code, st.msg = codes.Unimplemented, "unknown method: this connection serves "+pathShouldRateLimit+" and "+pathHealthCheck
+		st.code, st.msg = codes.Unimplemented, c.s.unimplem
 		if hdr.tooLarge {
 			st.code, st.msg = codes.ResourceExhausted, "header list larger than "+strconv.Itoa(maxHeaderList)+" bytes"
 		}
@@ -780,14 +1024,15 @@ func (c *h2conn) endHeaders() {
 			c.wbuf = appendRST(c.wbuf, id, http2.ErrCodeNo)
 		}
 		c.flushLocked()
-		return
+		return nil
 	}
 	if endStream {
 		c.dispatchLocked(st)
 	}
+	return nil
 }
 
-func (c *h2conn) onData(f *http2.DataFrame) error {
+func (c *conn) onData(f *http2.DataFrame) error {
 	n := int64(f.Length) // padding included, as flow control counts it
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -797,9 +1042,15 @@ func (c *h2conn) onData(f *http2.DataFrame) error {
 	}
 	st := c.streams[f.StreamID]
 	if st == nil || st.dispatched {
-		// Reset, refused or answered already: discarded, and its room
-		// given back.
+		// Half-closed (remote) or closed: reset, refused or answered
+		// already. Discarded, its room given back, and a stream error
+		// (RFC 9113 5.1): a peer that sent it after a reset of the
+		// server's ignores the RST_STREAM.
 		c.creditLocked(n)
+		if st != nil && !st.reset {
+			c.resetLocked(st)
+		}
+		c.wbuf = appendRST(c.wbuf, f.StreamID, http2.ErrCodeStreamClosed)
 		c.flushLocked()
 		return nil
 	}
@@ -819,51 +1070,50 @@ func (c *h2conn) onData(f *http2.DataFrame) error {
 }
 
 // dispatchLocked hands a complete request to a worker.
-func (c *h2conn) dispatchLocked(st *h2stream) {
+func (c *conn) dispatchLocked(st *stream) {
 	st.dispatched = true
 	c.active++
 	c.s.calls.Add(1)
 	if st.hdr.timeout > 0 {
 		st.deadline = time.Now().Add(st.hdr.timeout)
 	}
-	job := h2job{c: c, st: st}
+	j := job{c: c, st: st}
 	select {
-	case c.s.work <- job:
+	case c.s.work <- j:
 	default:
-		go job.run()
+		go j.run()
 	}
 }
 
-// h2job is one call for a worker.
-type h2job struct {
-	c  *h2conn
-	st *h2stream
+// job is one call for a worker.
+type job struct {
+	c  *conn
+	st *stream
 }
 
-func (j h2job) run() {
+func (j job) run() {
 	j.c.s.answer(j.c.ctx, j.st)
 	j.c.respond(j.st)
 	j.c.s.calls.Done()
 }
 
-// answer decides a call and leaves its answer in st. The decision runs
-// in ctx, the connection's, not in a context of the call's own with a
-// timer: the decision store's timeout already bounds every decision, so a
-// call the peer resets or gives up on runs at most that long, and its
-// answer is dropped. The call's deadline keeps a call that waited past it
-// from being decided at all.
-func (s *Server) answer(ctx context.Context, st *h2stream) {
+// answer has the Handler answer a call and leaves its answer in st. The
+// call runs in ctx, the connection's, not in a context of the call's own
+// with a timer: the rate limit service's decision store bounds every
+// decision with its own timeout, so a call the peer resets or gives up on
+// runs at most that long, and its answer is dropped. The call's deadline
+// keeps a call that waited past it from being answered at all.
+func (s *Server) answer(ctx context.Context, st *stream) {
 	msg, err := grpcMessage(st)
 	if err == nil && !st.deadline.IsZero() && !time.Now().Before(st.deadline) {
 		err = status.Error(codes.DeadlineExceeded, "the call's deadline passed before it was decided")
 	}
 	if err == nil {
-		switch st.hdr.method {
-		case methodRLS:
-			err = s.decodeAndDecide(ctx, msg, st)
-		case methodHealth:
-			err = s.health(msg, st)
-		}
+		c := &st.call
+		c.Method, c.Message, c.Out = st.hdr.method, msg, append(st.out[:0], 0, 0, 0, 0, 0)
+		err = s.h.Answer(ctx, c)
+		st.out, c.Message = c.Out, nil
+		binary.BigEndian.PutUint32(st.out[1:5], uint32(len(st.out)-5))
 	}
 	if err != nil {
 		s := status.Convert(err)
@@ -872,7 +1122,7 @@ func (s *Server) answer(ctx context.Context, st *h2stream) {
 }
 
 // grpcMessage is a unary request's one message, uncompressed.
-func grpcMessage(st *h2stream) ([]byte, error) {
+func grpcMessage(st *stream) ([]byte, error) {
 	switch {
 	case !st.hdr.contentType:
 		return nil, status.Error(codes.Internal, "content-type is not application/grpc")
@@ -892,70 +1142,10 @@ func grpcMessage(st *h2stream) ([]byte, error) {
 	return b[5:], nil
 }
 
-func (s *Server) decodeAndDecide(ctx context.Context, msg []byte, st *h2stream) error {
-	if err := decodeRequest(msg, &st.req); err != nil {
-		return status.Error(codes.Internal, "grpc: error unmarshalling request: "+err.Error())
-	}
-	err := s.decide(ctx, &st.req, &st.rep, &st.scratch)
-	s.count(&st.rep, err)
-	if err != nil {
-		return err
-	}
-	out := appendResponse(append(st.out[:0], 0, 0, 0, 0, 0), &st.rep.resp)
-	binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-5))
-	st.out = out
-	return nil
-}
-
-// health answers grpc.health.v1.Health/Check for the service and for ""
-// (the server): SERVING until shutdown begins, then NOT_SERVING.
-func (s *Server) health(msg []byte, st *h2stream) error {
-	service, err := decodeHealthRequest(msg)
-	if err != nil {
-		return status.Error(codes.Internal, "grpc: error unmarshalling request: "+err.Error())
-	}
-	if service != "" && service != ServiceName {
-		return status.Error(codes.NotFound, "unknown service")
-	}
-	const serving, notServing = 1, 2
-	v := uint64(serving)
-	if s.stopping.Load() {
-		v = notServing
-	}
-	st.out = append(st.out[:0], 0, 0, 0, 0, 2, 1<<3|0, byte(v)) // status (1): varint
-	return nil
-}
-
-// decodeHealthRequest reads HealthCheckRequest.service (field 1).
-func decodeHealthRequest(b []byte) (string, error) {
-	var service string
-	for off := 0; off < len(b); {
-		num, typ, n := consumeTag(b[off:])
-		if n < 0 {
-			return "", errMalformed
-		}
-		off += n
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 {
-				return "", errMalformed
-			}
-			service = string(v)
-			off += n
-			continue
-		}
-		if n = protowire.ConsumeFieldValue(num, typ, b[off:]); n < 0 {
-			return "", errMalformed
-		}
-		off += n
-	}
-	return service, nil
-}
-
 // respond writes a call's answer: the response headers, its message as
 // flow control allows, then the trailers; or the trailers alone for an
 // error.
-func (c *h2conn) respond(st *h2stream) {
+func (c *conn) respond(st *stream) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.respondLocked(st)
@@ -970,13 +1160,23 @@ func (c *h2conn) respond(st *h2stream) {
 		c.writing = false
 	}
 	c.flushLocked()
-	if c.draining && c.active == 0 && len(c.pending) == 0 {
-		c.nc.Close()
+	c.shutIfDoneLocked()
+}
+
+// shutIfDoneLocked ends a connection that sent its GOAWAY once it has no
+// stream left: every call answered, every answer handed to TCP, and no
+// stream waiting for the rest of its request. The GOAWAY promised to
+// serve each stream up to its last stream id, those whose DATA has not
+// all arrived too; closing on them would fail their calls.
+func (c *conn) shutIfDoneLocked() {
+	if c.draining && len(c.streams) == 0 {
+		c.shut()
 	}
 }
 
-func (c *h2conn) respondLocked(st *h2stream) {
+func (c *conn) respondLocked(st *stream) {
 	c.active--
+	c.refused = max(c.refused-1, 0) // an answer forgives a refusal
 	st.answered = true
 	c.creditLocked(st.recvd)
 	if st.reset {
@@ -993,23 +1193,26 @@ func (c *h2conn) respondLocked(st *h2stream) {
 			b = append(c.table.begin(b), hdrStatus200...)
 			return c.table.appendField(b, fieldContentType)
 		})
-		if !c.sendLocked(st) {
+		if done, _ := c.sendLocked(st); !done {
 			c.pending = append(c.pending, st)
+			c.pendingBytes += len(st.out) - st.off
 		}
 	}
 }
 
 // sendLocked writes as much of st's message as the windows allow and,
-// once all of it is out, the trailers; it reports whether st is done.
-func (c *h2conn) sendLocked(st *h2stream) bool {
+// once all of it is out, the trailers; it reports whether st is done. It
+// returns how many bytes of the message it wrote.
+func (c *conn) sendLocked(st *stream) (done bool, sent int) {
 	for st.off < len(st.out) {
 		n := min(int64(len(st.out)-st.off), c.sendWin, st.sendWin, int64(c.maxFrame))
 		if n <= 0 {
-			return false
+			return false, sent
 		}
 		c.wbuf = appendFrameHeader(c.wbuf, int(n), http2.FrameData, 0, st.id)
 		c.wbuf = append(c.wbuf, st.out[st.off:st.off+int(n)]...)
 		st.off += int(n)
+		sent += int(n)
 		c.sendWin -= n
 		st.sendWin -= n
 	}
@@ -1017,20 +1220,22 @@ func (c *h2conn) sendLocked(st *h2stream) bool {
 		return c.table.appendField(c.table.begin(b), fieldGRPCStatusOK)
 	})
 	c.closeLocked(st)
-	return true
+	return true, sent
 }
 
 // closeLocked forgets an answered stream.
-func (c *h2conn) closeLocked(st *h2stream) {
+func (c *conn) closeLocked(st *stream) {
 	delete(c.streams, st.id)
-	releaseStream(st)
+	c.s.releaseStream(st)
 }
 
 // drainPendingLocked sends the answers that waited for window.
-func (c *h2conn) drainPendingLocked() {
+func (c *conn) drainPendingLocked() {
 	kept := c.pending[:0]
 	for _, st := range c.pending { // reset ones are gone: see resetLocked
-		if !c.sendLocked(st) {
+		done, sent := c.sendLocked(st)
+		c.pendingBytes -= sent
+		if !done {
 			kept = append(kept, st)
 		}
 	}
@@ -1038,29 +1243,46 @@ func (c *h2conn) drainPendingLocked() {
 	c.pending = kept
 }
 
+// queuedLocked is how many bytes wait to be written: in wbuf, in the
+// write under way and in the answers that wait for window.
+func (c *conn) queuedLocked() int { return len(c.wbuf) + c.inWrite + c.pendingBytes }
+
 // flushLocked writes wbuf out, unless another goroutine is doing so: it
-// then writes what was added meanwhile too. Called with mu held; mu is
-// released during the write.
-func (c *h2conn) flushLocked() {
+// then writes what was added meanwhile too. Past maxQueued bytes waiting
+// the connection is closed instead. Called with mu held; mu is released
+// during the write.
+func (c *conn) flushLocked() {
+	if c.werr == nil && c.queuedLocked() > maxQueued {
+		c.werr = errOverBound
+		c.s.metrics.overBound.Inc()
+		c.nc.Close() // and the reader's read fails, and the write under way
+		c.drained.Broadcast()
+	}
 	if c.writing {
 		return
 	}
 	c.writing = true
+	// A peer that takes in nothing for this long is as dead as one that
+	// leaves a keepalive ping unanswered, and holds the goroutine that
+	// writes (a worker, as often as not).
+	timeout := min(c.s.cfg.WriteTimeout, c.s.cfg.KeepaliveTimeout)
 	for len(c.wbuf) > 0 && c.werr == nil {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
+		c.inWrite = len(buf)
 		c.mu.Unlock()
-		// A peer that takes in nothing for this long is as dead as one
-		// that leaves a keepalive ping unanswered.
-		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.KeepaliveTimeout))
+		c.nc.SetWriteDeadline(time.Now().Add(timeout))
 		_, err := c.nc.Write(buf)
 		if err != nil {
 			c.nc.Close() // and the reader's read fails
 		}
 		c.mu.Lock()
-		c.spare = buf[:0]
-		if err != nil {
+		c.spare, c.inWrite = buf[:0], 0
+		if err != nil && c.werr == nil {
 			c.werr = err
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.s.metrics.timeouts.Inc()
+			}
 		}
 		c.drained.Broadcast()
 	}
@@ -1072,20 +1294,25 @@ func (c *h2conn) flushLocked() {
 }
 
 // goAway starts a graceful close: no new streams; the connection closes
-// once its calls are answered.
-func (c *h2conn) goAway() {
+// once the streams it has are answered, those whose requests are still
+// arriving included. It reports whether it started the close (false when
+// the connection was closing already); when it does, it counts it in
+// counted, if set, before the GOAWAY is written.
+func (c *conn) goAway(counted prometheus.Counter) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.draining {
-		return
+		return false
+	}
+	if counted != nil {
+		counted.Inc()
 	}
 	lastStream := c.lastStream.Load()
 	c.draining = true
 	c.wbuf = appendGoAway(c.wbuf, lastStream, http2.ErrCodeNo)
 	c.flushLocked()
-	if c.active == 0 {
-		c.nc.Close()
-	}
+	c.shutIfDoneLocked()
+	return true
 }
 
 // parseTimeout reads grpc-timeout: up to 8 digits and a unit.
@@ -1318,41 +1545,3 @@ func percentEncode(s string) string {
 	}
 	return string(out)
 }
-
-// connQueue is a net.Listener whose connections are those handed to it.
-type connQueue struct {
-	addr   net.Addr
-	conns  chan net.Conn
-	done   chan struct{}
-	closed sync.Once
-}
-
-func newConnQueue(addr net.Addr) *connQueue {
-	return &connQueue{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-// put hands c to Accept; it fails once the queue is closed.
-func (q *connQueue) put(c net.Conn) error {
-	select {
-	case q.conns <- c:
-		return nil
-	case <-q.done:
-		return net.ErrClosed
-	}
-}
-
-func (q *connQueue) Accept() (net.Conn, error) {
-	select {
-	case c := <-q.conns:
-		return c, nil
-	case <-q.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (q *connQueue) Close() error {
-	q.closed.Do(func() { close(q.done) })
-	return nil
-}
-
-func (q *connQueue) Addr() net.Addr { return q.addr }
