@@ -150,13 +150,6 @@ func ceilUs(v float64) int64 {
 	return int64(math.Ceil(v))
 }
 
-func floorUnits(v float64) int64 {
-	if !(v > 0) {
-		return 0
-	}
-	return int64(math.Floor(v))
-}
-
 func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	rate, burst := l.Rate, l.Burst
 	tokens := burst
@@ -172,7 +165,7 @@ func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 			tokens = burst
 		}
 	}
-	r.Limit = floorUnits(burst)
+	r.Limit = quant.Units(burst)
 	if cost <= tokens {
 		r.Allowed = true
 		tokens = tokens - cost
@@ -187,7 +180,7 @@ func tokenBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 		}
 		r.RetryAfter = usToDuration(retry)
 	}
-	r.Remaining = floorUnits(tokens)
+	r.Remaining = quant.Units(tokens)
 	r.ResetAfter = usToDuration(ceilUs((burst - tokens) * usPerSec / rate))
 	st.a, st.t = quant.Down(tokens), t
 }
@@ -206,7 +199,7 @@ func leakyBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 			t = now
 		}
 	}
-	r.Limit = floorUnits(burst)
+	r.Limit = quant.Units(burst)
 	if level+cost <= burst {
 		r.Allowed = true
 		level = level + cost
@@ -217,7 +210,7 @@ func leakyBucket(now int64, st *counters, l *Limit, cost float64, r *Result) {
 		}
 		r.RetryAfter = usToDuration(retry)
 	}
-	r.Remaining = floorUnits(burst - level)
+	r.Remaining = quant.Units(burst - level)
 	r.ResetAfter = usToDuration(ceilUs(level * usPerSec / rate))
 	st.a, st.t = quant.UpTo(level, burst), t
 }
@@ -233,7 +226,7 @@ func fixedWindow(now int64, st *counters, l *Limit, cost float64, r *Result) {
 		count, t = 0, start
 	}
 	end := t + w
-	r.Limit, r.ResetAfter = floorUnits(l.Count), usToDuration(end-now)
+	r.Limit, r.ResetAfter = quant.Units(l.Count), usToDuration(end-now)
 	if count+cost <= l.Count {
 		r.Allowed = true
 		count = count + cost
@@ -242,7 +235,7 @@ func fixedWindow(now int64, st *counters, l *Limit, cost float64, r *Result) {
 	} else {
 		r.RetryAfter = usToDuration(end - now + w)
 	}
-	r.Remaining = floorUnits(l.Count - count)
+	r.Remaining = quant.Units(l.Count - count)
 	st.a, st.t = quant.StoredCount(count), t
 }
 
@@ -263,7 +256,7 @@ func slidingCounter(now int64, st *counters, l *Limit, cost float64, r *Result) 
 	}
 	e := max(now-t, 0)
 	est := estimate(cur, prev, w, e)
-	r.Limit = floorUnits(l.Count)
+	r.Limit = quant.Units(l.Count)
 	if est+cost <= l.Count {
 		r.Allowed = true
 		cur = cur + cost
@@ -271,7 +264,7 @@ func slidingCounter(now int64, st *counters, l *Limit, cost float64, r *Result) 
 	} else {
 		r.RetryAfter = usToDuration(slidingRetry(cur, prev, w, e, l.Count, cost))
 	}
-	r.Remaining = floorUnits(l.Count - est)
+	r.Remaining = quant.Units(l.Count - est)
 	switch {
 	case cur > 0:
 		r.ResetAfter = usToDuration(t + 2*w - now)
@@ -330,7 +323,7 @@ func decideLog(now int64, log []int64, l *Limit, cost float64) (Result, int) {
 		k := int(n + cost - capacity) // timestamps that must expire first
 		r.RetryAfter = usToDuration(live[k-1] + w - now)
 	}
-	r.Remaining = floorUnits(capacity - n)
+	r.Remaining = quant.Units(capacity - n)
 	switch {
 	case r.Allowed && cost > 0:
 		r.ResetAfter = usToDuration(w)

@@ -59,6 +59,12 @@ type ChargeRequest struct {
 	Subject     string
 	Checks      []Check
 	Reservation string
+	// Held, when as long as Checks, receives from a store that settles
+	// Reservation each policy's estimate the reservation held (zero for a
+	// policy it did not hold), so that the caller knows what the
+	// settlement charged: Cost less Held. A store writes nothing there
+	// on an error or without a Reservation.
+	Held []int64
 }
 
 // Charger is a store that charges after the fact. Charge applies every

@@ -59,6 +59,12 @@ type Check struct {
 	// request's only check, of a token bucket, with a positive cost, and
 	// is never tracked or answered from the deny cache.
 	Deposit bool
+	// Lease, when positive, lets the Limiter serve this policy from a
+	// local lease of at most Lease tokens taken from the store's bucket in
+	// one call (see engine/limiter's lease.go) when the request has no
+	// other check. Zero sends every check to the store. Only a token
+	// bucket leases. Stores ignore it.
+	Lease int64
 }
 
 // Request asks whether Subject may spend under every one of Checks.
@@ -116,6 +122,9 @@ func (r *Request) Validate() error {
 		}
 		if c.Deposit && (len(r.Checks) != 1 || c.Limit.Algorithm != TokenBucket || c.Cost == 0 || c.Track) {
 			return fmt.Errorf("%w: policy %q: a deposit is the only check of its request, of a token bucket, untracked, with a positive cost", ErrBadRequest, c.Policy)
+		}
+		if c.Lease != 0 && (c.Lease < 0 || c.Limit.Algorithm != TokenBucket || c.Deposit) {
+			return fmt.Errorf("%w: policy %q: a lease is of a token bucket, positive, and not a deposit", ErrBadRequest, c.Policy)
 		}
 		for j := 0; j < i; j++ {
 			if r.Checks[j].Policy == c.Policy {

@@ -16,6 +16,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/sluice-rl/sluice/engine/internal/quant"
 )
 
 // Algorithm names one of the five decision algorithms.
@@ -201,4 +203,4 @@ func (l Limit) Scale(f float64) Limit {
 
 // CapacityUnits is Capacity in whole units, rounded down, as the
 // algorithms report Remaining.
-func (l Limit) CapacityUnits() int64 { return floorUnits(l.Capacity()) }
+func (l Limit) CapacityUnits() int64 { return quant.Units(l.Capacity()) }

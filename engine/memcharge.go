@@ -54,6 +54,9 @@ func (s *MemoryStore) Charge(_ context.Context, req ChargeRequest) (Decision, er
 			st = State{A: e.a, B: e.b, T: e.t}
 		}
 		next, r := Charge(time.UnixMicro(now), st, q.lim, c.Cost-held[c.Policy], at)
+		if held != nil && len(req.Held) == len(req.Checks) {
+			req.Held[i] = held[c.Policy]
+		}
 		if e.meta>>algShift == uint32(SlidingWindowLog) {
 			delete(sh.logs, q.key)
 		}

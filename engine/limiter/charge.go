@@ -21,8 +21,9 @@ var ErrChargeNotSupported = errors.New("the store does not charge after the fact
 // the store refuses (a bad request, an unknown or expired reservation) is
 // an error and charges nothing. A charge ends the subject's remembered
 // rejections, as a settlement may refund. Tracked policies count a
-// charge's cost as demand and as admitted usage; a settlement is not
-// counted, its estimate was.
+// charge's cost as demand and as admitted usage, and a settlement what it
+// charged beyond the estimate (whose check counted the estimate); a
+// refund is not taken back, as a global quota's counter only grows.
 func (l *Limiter) Charge(ctx context.Context, req engine.ChargeRequest) (Outcome, error) {
 	if err := req.Validate(); err != nil {
 		return Outcome{Decision: engine.Decision{Decider: -1}}, err
@@ -30,6 +31,9 @@ func (l *Limiter) Charge(ctx context.Context, req engine.ChargeRequest) (Outcome
 	c, ok := l.store.(engine.Charger)
 	if !ok {
 		return Outcome{Decision: engine.Decision{Decider: -1}}, ErrChargeNotSupported
+	}
+	if req.Reservation != "" && tracked(req.Checks) {
+		req.Held = make([]int64, len(req.Checks))
 	}
 	call := func() (engine.Decision, error) { return c.Charge(ctx, req) }
 	var d engine.Decision
@@ -56,14 +60,7 @@ func (l *Limiter) Charge(ctx context.Context, req engine.ChargeRequest) (Outcome
 	if l.deny != nil {
 		l.deny.forget(req.Subject)
 	}
-	if req.Reservation == "" {
-		now := l.clock.Now()
-		for i := range req.Checks {
-			if ch := &req.Checks[i]; ch.Track {
-				l.usage.add(req.Subject, ch.Policy, ch.Cost, true, d.Results[i].Remaining, now)
-			}
-		}
-	}
+	l.trackCharge(req, d)
 	return Outcome{Decision: d, Source: engine.FromStore}, nil
 }
 
@@ -75,4 +72,37 @@ func (l *Limiter) Reserve(ctx context.Context, subject, id string, checks []engi
 		return ErrChargeNotSupported
 	}
 	return r.Reserve(ctx, subject, id, checks, ttl)
+}
+
+func tracked(checks []engine.Check) bool {
+	for i := range checks {
+		if checks[i].Track {
+			return true
+		}
+	}
+	return false
+}
+
+// trackCharge counts what an applied charge spent under its tracked
+// policies: the whole cost, or for a settlement the cost beyond the
+// estimate its reservation held (the store reports it in req.Held).
+func (l *Limiter) trackCharge(req engine.ChargeRequest, d engine.Decision) {
+	var now time.Time
+	for i := range req.Checks {
+		ch := &req.Checks[i]
+		if !ch.Track {
+			continue
+		}
+		units := ch.Cost
+		if req.Reservation != "" {
+			if len(req.Held) != len(req.Checks) {
+				continue
+			}
+			units -= req.Held[i]
+		}
+		if now.IsZero() {
+			now = l.clock.Now()
+		}
+		l.usage.add(req.Subject, ch.Policy, max(units, 0), true, d.Results[i].Remaining, now)
+	}
 }

@@ -56,7 +56,8 @@ func TestChargeThatCannotReachTheStore(t *testing.T) {
 
 // TestChargeIsTrackedUsage: a tracked policy's charge counts as demand and
 // as admitted usage, as the global shares and quotas drain it, even past
-// the limit; a settlement is not counted (its estimate was, by the check).
+// the limit; a settlement counts what it charged beyond its estimate
+// (which the check counted), and a refund takes nothing back.
 func TestChargeIsTrackedUsage(t *testing.T) {
 	lim := New(Config{Clock: manualclock.New()})
 	ctx := context.Background()
@@ -65,8 +66,30 @@ func TestChargeIsTrackedUsage(t *testing.T) {
 	if _, err := lim.Charge(ctx, engine.ChargeRequest{Subject: "s", Checks: []engine.Check{c}}); err != nil {
 		t.Fatal(err)
 	}
-	u := lim.DrainUsage()[engine.UsageKey{Subject: "s", Policy: "daily"}]
+	key := engine.UsageKey{Subject: "s", Policy: "daily"}
+	u := lim.DrainUsage()[key]
 	if u.Demand != 250 || u.Admitted != 250 {
 		t.Errorf("usage after a charge of 250 = %+v, want demand and admitted 250", u)
+	}
+	settle := func(estimate, real int64) engine.Usage {
+		t.Helper()
+		c := engine.Check{Policy: "daily", Limit: engine.Limit{Algorithm: engine.FixedWindow, Count: 1000, Window: time.Hour}, Cost: estimate, Track: true}
+		if o, err := lim.Check(ctx, engine.Request{Subject: "s", Checks: []engine.Check{c}}); err != nil || !o.Allowed {
+			t.Fatalf("check of the estimate = %+v, %v", o, err)
+		}
+		if err := lim.Reserve(ctx, "s", "r", []engine.Check{c}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		c.Cost = real
+		if _, err := lim.Charge(ctx, engine.ChargeRequest{Subject: "s", Checks: []engine.Check{c}, Reservation: "r"}); err != nil {
+			t.Fatal(err)
+		}
+		return lim.DrainUsage()[key]
+	}
+	if u := settle(40, 100); u.Demand != 100 || u.Admitted != 100 {
+		t.Errorf("estimate 40 settled at 100: usage %+v, want demand and admitted 100 (40 by the check, 60 by the settlement)", u)
+	}
+	if u := settle(40, 10); u.Demand != 40 || u.Admitted != 40 {
+		t.Errorf("estimate 40 settled at 10: usage %+v, want 40 (a refund takes nothing back)", u)
 	}
 }

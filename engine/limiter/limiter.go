@@ -147,6 +147,10 @@ type Limiter struct {
 
 	chargeErrors   atomic.Uint64
 	chargesDropped atomic.Uint64
+
+	// leases is nil for a store in process, which a lease would only slow.
+	leases *leaseTable
+	lc     leaseCounters
 }
 
 // New returns a Limiter over cfg.Store.
@@ -184,6 +188,7 @@ func New(cfg Config) *Limiter {
 		if cfg.DenyCacheSize > 0 {
 			l.deny = newDenyCache(cfg.DenyCacheSize)
 		}
+		l.leases = &leaseTable{m: make(map[leaseKey]*lease)}
 	}
 	return l
 }
@@ -201,6 +206,25 @@ func (l *Limiter) Check(ctx context.Context, req engine.Request) (Outcome, error
 	if req.Checks[0].Deposit {
 		return l.deposit(ctx, req)
 	}
+	if req.Checks[0].Lease > 0 && len(req.Checks) == 1 && l.leases != nil {
+		return l.checkLeased(ctx, req, now)
+	}
+	return l.direct(ctx, req, now)
+}
+
+// storeFailed answers req whose store call failed with err: the caller's
+// own error if it left, else req's policies' answer without the store.
+func (l *Limiter) storeFailed(ctx context.Context, req engine.Request, err error) (Outcome, error) {
+	if ctx.Err() != nil {
+		return Outcome{Decision: engine.Decision{Decider: -1}}, ctx.Err()
+	}
+	out := l.degrade(ctx, req, err)
+	l.track(req, out.Decision)
+	return out, nil
+}
+
+// direct decides req through the deny cache and the store.
+func (l *Limiter) direct(ctx context.Context, req engine.Request, now time.Time) (Outcome, error) {
 	var fp uint64
 	if l.deny != nil {
 		fp = l.fingerprint(req)
@@ -212,12 +236,7 @@ func (l *Limiter) Check(ctx context.Context, req engine.Request) (Outcome, error
 	}
 	d, err := l.callStore(ctx, req)
 	if err != nil {
-		if ctx.Err() != nil {
-			return Outcome{Decision: engine.Decision{Decider: -1}}, ctx.Err()
-		}
-		out := l.degrade(ctx, req, err)
-		l.track(req, out.Decision)
-		return out, nil
+		return l.storeFailed(ctx, req, err)
 	}
 	if !d.Allowed && l.deny != nil {
 		if retry := d.RetryAfter(); retry > 0 {
@@ -483,6 +502,8 @@ type Stats struct {
 	// Breakers maps each store shard to its breaker state: "closed",
 	// "open" or "half-open".
 	Breakers map[string]string
+	// Leases counts what leases did (Check.Lease).
+	Leases LeaseStats
 }
 
 // Stats reads the counters; it is cheap enough for every scrape.
@@ -498,6 +519,7 @@ func (l *Limiter) Stats() Stats {
 
 		ChargeErrors:   l.chargeErrors.Load(),
 		ChargesDropped: l.chargesDropped.Load(),
+		Leases:         l.lc.stats(),
 	}
 	l.mu.Lock()
 	for name, cb := range l.breakers {
@@ -549,6 +571,7 @@ func (l *Limiter) Reset(ctx context.Context, subject string, policies []string) 
 	if l.deny != nil {
 		l.deny.forget(subject)
 	}
+	l.dropLeases(subject, policies)
 	if err := r.Reset(ctx, subject, policies); err != nil {
 		return fmt.Errorf("reset %q: %w", subject, err)
 	}

@@ -8,17 +8,47 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluice-rl/sluice/engine"
 )
 
-// chargeScript charges after the fact and keeps reservations; see its
-// header. It is sent as its own call, never batched with checks.
+// chargeLua is charge.lua as written: its "-- <shared: NAME>" lines stand
+// for parts of redis.lua.
 //
 //go:embed charge.lua
-var chargeScript string
+var chargeLua string
+
+// chargeScript charges after the fact and keeps reservations; see its
+// header. It is sent as its own call, never batched with checks.
+var chargeScript = spliceShared(chargeLua, redisScript)
+
+// spliceShared replaces each line "-- <shared: NAME>" of script by the
+// lines of from between "-- <shared: NAME>" and "-- </shared: NAME>", so
+// that two scripts run one text of the state layout they share. A part
+// from does not have is a programming error, caught by every test that
+// loads the package.
+func spliceShared(script, from string) string {
+	var b strings.Builder
+	for line := range strings.Lines(script) {
+		name, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "-- <shared: ")
+		name, ok2 := strings.CutSuffix(name, ">")
+		if !ok || !ok2 {
+			b.WriteString(line)
+			continue
+		}
+		open, end := "-- <shared: "+name+">\n", "-- </shared: "+name+">\n"
+		_, rest, found := strings.Cut(from, open)
+		part, _, closed := strings.Cut(rest, end)
+		if !found || !closed {
+			panic("redisstore: redis.lua has no shared part " + name)
+		}
+		b.WriteString(part)
+	}
+	return b.String()
+}
 
 var chargeSHA = func() string {
 	sum := sha1.Sum([]byte(chargeScript))
@@ -94,13 +124,14 @@ func (s *Store) Charge(ctx context.Context, req engine.ChargeRequest) (engine.De
 
 // chargeDecision reads the charge script's reply: now, then a, b and t of
 // each policy's state as written, which engine.ChargeResult reads as the
-// memory store does.
+// memory store does, and the estimate the settled reservation held for
+// it (into req.Held when as long as the checks).
 func chargeDecision(req engine.ChargeRequest, v any) (engine.Decision, error) {
 	bad := func(why string) (engine.Decision, error) {
 		return engine.Decision{Decider: -1}, fmt.Errorf("redis charge for %q: %s", req.Subject, why)
 	}
 	vals, ok := v.([]any)
-	if !ok || len(vals) != 1+3*len(req.Checks) {
+	if !ok || len(vals) != 1+4*len(req.Checks) {
 		return bad(fmt.Sprintf("script returned %T of unexpected shape", v))
 	}
 	now, ok := vals[0].(int64)
@@ -109,13 +140,17 @@ func chargeDecision(req engine.ChargeRequest, v any) (engine.Decision, error) {
 	}
 	d := engine.Decision{N: len(req.Checks)}
 	for i := range req.Checks {
-		as, _ := vals[1+3*i].(string)
-		bs, _ := vals[2+3*i].(string)
-		t, tok := vals[3+3*i].(int64)
+		as, _ := vals[1+4*i].(string)
+		bs, _ := vals[2+4*i].(string)
+		t, tok := vals[3+4*i].(int64)
+		est, eok := vals[4+4*i].(int64)
 		a, aerr := strconv.ParseFloat(as, 64)
 		b, berr := strconv.ParseFloat(bs, 64)
-		if aerr != nil || berr != nil || !tok {
+		if aerr != nil || berr != nil || !tok || !eok {
 			return bad(fmt.Sprintf("policy %d's state unreadable", i))
+		}
+		if req.Reservation != "" && len(req.Held) == len(req.Checks) {
+			req.Held[i] = est
 		}
 		d.Results[i] = engine.ChargeResult(time.UnixMicro(now), engine.State{A: a, B: b, T: t}, req.Checks[i].Effective())
 	}

@@ -3,9 +3,11 @@
 --
 -- This is charge.go's chargeCounters in Lua, in the same order on the same
 -- doubles, so that the Redis store charges bit for bit as the memory store
--- does; the state it reads and writes is redis.lua's (see its header for
--- the layout), and its TTLs are redis.lua's. Change them together;
--- storetest's charge tests check that the stores agree. It is a script of
+-- does; storetest's charge tests check that the stores agree. The state it
+-- reads and writes, and its TTLs, are redis.lua's: each "-- <shared: NAME>"
+-- line below is replaced by that part of redis.lua (see chargeScript in
+-- charge.go), which defines US, now, q29, ceil_us, stored_count, load,
+-- encode and ttl. It is a script of
 -- its own: a charge is never on a request's critical path, so it is sent
 -- on its own, never batched with checks.
 --
@@ -20,7 +22,8 @@
 -- count, burst, window in microseconds, cost, the scale (for the TTL),
 -- and the policy's name (to find its estimate in the reservation).
 -- Returns now, then per policy the state written: a and b as exact
--- decimal strings, t as an integer. An unknown or expired reservation
+-- decimal strings, t as an integer, and the estimate the settled
+-- reservation held for the policy (0 when none). An unknown or expired reservation
 -- fails the call with "unknown reservation", before anything is written.
 --
 -- Reserve: KEYS[1] is the reservation; ARGV[4] its TTL in microseconds;
@@ -28,17 +31,7 @@
 -- It is stored as "at exp json", at and exp in Unix microseconds, and
 -- expires at exp (a settlement at or after exp finds none).
 
-local US = 1000000
-local P21, P32 = 2097152, 4294967296
-local MAX_COUNT = 1099511627775
-
-local now
-if ARGV[1] ~= '' then
-  now = ARGV[1] + 0
-else
-  local t = redis.call('TIME')
-  now = t[1] * US + t[2]
-end
+-- <shared: clock>
 
 if ARGV[3] == 'r' then
   local ttl = ARGV[4] + 0
@@ -47,62 +40,9 @@ if ARGV[3] == 'r' then
   return 1
 end
 
-local function q29(x, round)
-  local _, e = math.frexp(x)
-  if e < -1021 then e = -1021 end
-  return math.ldexp(round(math.ldexp(x, 29 - e)), e - 29)
-end
-
-local function ceil_us(v)
-  if not (v > 0) then return 0 end
-  if v > 1e15 then return 1e15 end
-  return math.ceil(v)
-end
-
-local function stored_count(x)
-  if not (x < MAX_COUNT) then return MAX_COUNT end
-  if not (x > 0) then return 0 end
-  return math.ceil(x)
-end
-
-local function header(alg, t)
-  return struct.pack('<I4I3', math.fmod(t, P32), math.floor(t / P32) + alg * P21)
-end
-
--- load reads key's state for alg as redis.lua's load does: a, b, t, with
--- t = 0 for none (another length or algorithm reads as none).
-local function load(key, alg)
-  local s = redis.call('GET', key)
-  if s and ((alg == 5 and #s == 17) or (alg ~= 5 and #s == 12)) then
-    local lo, hi = struct.unpack('<I4I3', s)
-    if math.floor(hi / P21) == alg then
-      local t = math.fmod(hi, P21) * P32 + lo
-      if alg == 1 or alg == 2 then
-        return (struct.unpack('<d', '\0\0\0' .. string.sub(s, 8, 12))), 0, t
-      end
-      if alg == 5 then
-        local cur, prev = struct.unpack('<I5I5', s, 8)
-        return cur, prev, t
-      end
-      return (struct.unpack('<I5', s, 8)), 0, t
-    end
-  end
-  return 0, 0, 0
-end
-
-local function encode(alg, a, b, t)
-  if alg == 5 then return header(5, t) .. struct.pack('<I5I5', a, b) end
-  if alg == 3 then return header(3, t) .. struct.pack('<I5', a) end
-  return header(alg, t) .. string.sub(struct.pack('<d', a), 4)
-end
-
--- ttl is redis.lua's ttl for the algorithms a charge applies to.
-local function ttl(alg, a, t, p1, p2, w, f)
-  if alg == 1 then return ceil_us((p2 / f - a) * US / (p1 / f)) + US end
-  if alg == 2 then return ceil_us(a * US / p1) + US end
-  if alg == 3 then return t + w - now + US end
-  return t + 2 * w - now + US
-end
+-- <shared: buckets>
+-- <shared: counts>
+-- <shared: codec>
 
 -- charge is chargeCounters: the state brought to now, plus units.
 local function charge(alg, a, b, t, p1, p2, w, units, at)
@@ -178,12 +118,13 @@ for i = 1, n do
   local v = 6 + 7 * (i - 1)
   local alg = ARGV[v] + 0
   local p1, p2, w = ARGV[v + 1] + 0, ARGV[v + 2] + 0, ARGV[v + 3] + 0
-  local units = ARGV[v + 4] - (tonumber(held[ARGV[v + 6]]) or 0)
+  local est = tonumber(held[ARGV[v + 6]]) or 0
+  local units = ARGV[v + 4] - est
   local a, b, t = load(KEYS[i], alg)
   a, b, t = charge(alg, a, b, t, p1, p2, w, units, at)
   local us = ttl(alg, a, t, p1, p2, w, ARGV[v + 5] + 0)
   redis.call('SET', KEYS[i], encode(alg, a, b, t), 'PX', math.ceil(us / 1000) + ARGV[2])
   local o = #out
-  out[o + 1], out[o + 2], out[o + 3] = string.format('%.17g', a), string.format('%.17g', b), t
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = string.format('%.17g', a), string.format('%.17g', b), t, est
 end
 return out

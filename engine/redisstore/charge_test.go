@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,6 +86,32 @@ func TestRedisChargeConformance(t *testing.T) {
 			if dm != dr {
 				t.Fatalf("seed %d step %d: decisions differ\nmemory %+v\nredis  %+v", seed, step, dm, dr)
 			}
+		}
+	}
+}
+
+// TestChargeScriptSplicesRedisParts checks that the charge script runs
+// redis.lua's own text of the state layout: every marker is replaced, and
+// each shared part appears once, as redis.lua has it.
+func TestChargeScriptSplicesRedisParts(t *testing.T) {
+	for line := range strings.Lines(chargeScript) {
+		if strings.HasPrefix(line, "-- <shared:") {
+			t.Fatalf("chargeScript still holds the marker %q", line)
+		}
+	}
+	for _, name := range []string{"clock", "buckets", "counts", "codec"} {
+		_, rest, _ := strings.Cut(redisScript, "-- <shared: "+name+">\n")
+		part, _, ok := strings.Cut(rest, "-- </shared: "+name+">\n")
+		if !ok || part == "" {
+			t.Fatalf("redis.lua has no shared part %q", name)
+		}
+		if n := strings.Count(chargeScript, part); n != 1 {
+			t.Errorf("chargeScript holds redis.lua's %q part %d times, want 1", name, n)
+		}
+	}
+	for _, fn := range []string{"local function load(", "local function encode(", "local function ttl(", "local function stored_count("} {
+		if n := strings.Count(chargeScript, fn); n != 1 {
+			t.Errorf("chargeScript defines %q %d times, want 1", fn, n)
 		}
 	}
 }

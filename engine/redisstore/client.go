@@ -1,10 +1,12 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/internal/tlsconfig"
 )
 
 // NewClient connects to the Redis named by url:
@@ -65,8 +69,16 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A client whose TLS files are given re-reads them (tlsreload.go):
+	// its dialer takes the last good set for each new connection.
+	var dial func(context.Context, string, string) (net.Conn, error)
+	if !strings.HasPrefix(url, "rediss://") {
+		if dial, err = cc.dialer(time.Now(), tlsConf); err != nil {
+			return nil, err
+		}
+	}
 	if rest, ok := cutScheme(url, "redis-cluster"); ok {
-		return newClusterClient(url, rest, tlsConf)
+		return newClusterClient(url, rest, tlsConf, dial)
 	}
 	var opt *redis.Options
 	if _, ok := cutScheme(url, "redis-sentinel"); ok {
@@ -74,7 +86,7 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
-		fo.TLSConfig = tlsConf
+		fo.TLSConfig, fo.Dialer = tlsConf, dial
 		fo.SentinelUsername, fo.SentinelPassword = cc.SentinelUsername, cc.SentinelPassword
 		t := tuningOf()
 		fo.ContextTimeoutEnabled, fo.DialerRetries, fo.MaxRetries = true, 1, t.maxRetries
@@ -99,6 +111,10 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 		}
 		tlsConf.InsecureSkipVerify = skip
 		opt.TLSConfig = tlsConf
+		if dial, err = cc.dialer(time.Now(), tlsConf); err != nil {
+			return nil, err
+		}
+		opt.Dialer = dial
 	}
 	t := tuningOf()
 	opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries = true, 1, t.maxRetries
@@ -129,7 +145,7 @@ func tuningOf() tuning {
 
 // newClusterClient is NewClientWith for a Cluster URL, rest the part
 // after its scheme.
-func newClusterClient(url, rest string, tlsConf *tls.Config) (redis.UniversalClient, error) {
+func newClusterClient(url, rest string, tlsConf *tls.Config, dial func(context.Context, string, string) (net.Conn, error)) (redis.UniversalClient, error) {
 	var user, pass string
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
 		user, pass, _ = strings.Cut(rest[:at], ":")
@@ -152,6 +168,7 @@ func newClusterClient(url, rest string, tlsConf *tls.Config) (redis.UniversalCli
 		// prompts a reload (the default is a minute).
 		ClusterStateReloadInterval: 5 * time.Second,
 		TLSConfig:                  tlsConf,
+		Dialer:                     dial,
 		Username:                   user,
 		Password:                   pass,
 		ContextTimeoutEnabled:      true,
@@ -243,6 +260,36 @@ type ClientConfig struct {
 	// or an ACL user with an empty password meaning the default user); the
 	// URL's credentials are the data nodes'. Empty asks without any.
 	SentinelUsername, SentinelPassword string
+	// Logger and TLSMetrics, if set, log and count the TLS files read again
+	// (TLSReloadEvery) under the name redis.
+	Logger     *slog.Logger
+	TLSMetrics *tlsconfig.Metrics
+	// KeyPrefix starts every key a daemon writes in Redis (limiter state,
+	// shared policies, saved shares) and its policy channel, so that two
+	// deployments sharing one Redis share no state; empty adds nothing.
+	// It sits before the hash tag, never inside it: see ValidKeyPrefix.
+	KeyPrefix string
+}
+
+// MaxKeyPrefixBytes bounds ClientConfig.KeyPrefix.
+const MaxKeyPrefixBytes = 64
+
+// ValidKeyPrefix reports why p cannot start Redis keys, or nil: at most
+// MaxKeyPrefixBytes of ASCII letters, digits and '.', '_', '-', ':', '/'.
+// A brace would move a key's hash tag off its subject (so a subject's
+// keys could land in different Cluster slots); a space or control
+// character would make keys that redis-cli and logs cannot show plainly.
+func ValidKeyPrefix(p string) error {
+	if len(p) > MaxKeyPrefixBytes {
+		return fmt.Errorf("%d bytes, at most %d", len(p), MaxKeyPrefixBytes)
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._-:/", c) >= 0) {
+			return fmt.Errorf("%q has %q at byte %d: only letters, digits and . _ - : / may start a key", p, c, i)
+		}
+	}
+	return nil
 }
 
 // TLSFiles are the files and names of a TLS connection to Redis. The zero
@@ -269,7 +316,8 @@ func (f TLSFiles) set() bool {
 
 // SettingError is a ClientConfig setting that cannot be used: Setting names
 // it ("tls-ca", "tls-cert", "tls-key", "tls-server-name",
-// "sentinel-username", "sentinel-password", or "url" for the URL itself),
+// "sentinel-username", "sentinel-password", "key-prefix", or "url" for the
+// URL itself),
 // so that a caller can name its own flag.
 type SettingError struct {
 	Setting string
@@ -309,6 +357,9 @@ func secureURL(url string) bool {
 // no file; the files are read when the client is made.
 func (c ClientConfig) Validate(url string) error {
 	f := c.TLS
+	if err := ValidKeyPrefix(c.KeyPrefix); err != nil {
+		return &SettingError{Setting: "key-prefix", Err: err}
+	}
 	switch {
 	case f.set() && !secureURL(url):
 		return settingErr("url", "TLS settings are given but the store URL is plaintext: write rediss://, rediss-cluster:// or rediss-sentinel://")
@@ -378,6 +429,10 @@ func (c ClientConfig) Check(url string) error {
 	if err := c.Validate(url); err != nil {
 		return err
 	}
-	_, err := c.TLS.config(url)
+	conf, err := c.TLS.config(url)
+	if err != nil || conf == nil {
+		return err
+	}
+	_, err = ClientConfig{TLS: c.TLS}.reloader(time.Now())
 	return err
 }

@@ -131,3 +131,24 @@ func TestNewClientWithTLS(t *testing.T) {
 		})
 	}
 }
+
+// A key prefix that could move a key's hash tag, or that logs cannot show
+// plainly, is refused as the key-prefix setting.
+func TestKeyPrefixValidate(t *testing.T) {
+	for _, tt := range []struct {
+		prefix string
+		ok     bool
+	}{
+		{"", true}, {"prod:", true}, {"team-a/eu_1.v2:", true},
+		{"a{b", false}, {"}", false}, {"a b", false}, {"a\nb", false}, {"é", false}, {strings.Repeat("a", MaxKeyPrefixBytes+1), false},
+	} {
+		err := ClientConfig{KeyPrefix: tt.prefix}.Validate("redis://127.0.0.1:6379")
+		var se *SettingError
+		switch {
+		case tt.ok && err != nil:
+			t.Errorf("Validate(prefix %q) = %v, want nil", tt.prefix, err)
+		case !tt.ok && (!errors.As(err, &se) || se.Setting != "key-prefix"):
+			t.Errorf("Validate(prefix %q) = %v, want a key-prefix SettingError", tt.prefix, err)
+		}
+	}
+}

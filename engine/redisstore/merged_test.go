@@ -179,27 +179,40 @@ func TestRedisMergedCallAfterScriptFlush(t *testing.T) {
 // TestRedisLaneGathers shows a busy lane waiting for its batch to fill:
 // with checks arriving fast, a flush waits until gatherBatch checks are
 // queued and sends them in one script call; on a lane that has seen no
-// load a lone check goes out at once, without waiting for the window
-// (here twelve seconds: a fifth of a one-minute deadline).
+// load a lone check goes out at once, without waiting for the window.
+// The window is lengthened from its 1 ms to twelve seconds (a fifth of a
+// one-minute deadline), so that the sixteen goroutines of the test, which
+// a loaded machine may start over more than a millisecond, all join it.
 func TestRedisLaneGathers(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	s := New(daemonClient(t, srv), Config{Timeout: time.Minute})
+	s.gatherCap = time.Minute
 	ctx := context.Background()
 	if err := s.Warm(ctx); err != nil {
 		t.Fatal(err)
 	}
 	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
 
+	// The flush that sent Warm's last check keeps the rate it measured, one
+	// check per round trip, until it finds its queue empty. On a loaded
+	// machine the lone check can come first, and over a twelve-second
+	// window that rate is a load worth waiting for; a lane idle since
+	// Warm has none.
+	ln := s.lane(ctx, "lone")
+	ln.mu.Lock()
+	ln.rate = 0
+	ln.mu.Unlock()
 	start := time.Now()
 	storetest.MustCheck(t, s, storetest.One("lone", "p", l, 1))
 	if took := time.Since(start); took >= s.timeout/5 {
 		t.Fatalf("a lone check on an idle lane took %v, want it sent at once, not after the %v window", took, s.timeout/5)
 	}
 
-	ln := s.lane(ctx, "busy")
+	ln = s.lane(ctx, "busy")
 	ln.mu.Lock()
-	ln.rate = 1e6 // a million checks a second: a batch fills at once
+	ln.rate = 1e6                // a million checks a second: a batch fills at once
+	ln.lastArrived = gatherBatch // from as many callers
 	ln.takenAt = time.Now()
 	ln.mu.Unlock()
 	calls0 := nodeScriptCalls(t, admin)
@@ -213,6 +226,32 @@ func TestRedisLaneGathers(t *testing.T) {
 	}
 }
 
+// TestRedisLaneWaitsOnlyForItsCallers shows a lane that checks arrive at
+// fast, but from one caller that waits for each answer before it sends
+// again: a batch can never hold more than that one check, so the flush
+// sends it at once instead of waiting out the window (lengthened here to
+// twelve seconds) for checks that cannot come.
+func TestRedisLaneWaitsOnlyForItsCallers(t *testing.T) {
+	srv := redistest.Start(t)
+	s := New(daemonClient(t, srv), Config{Timeout: time.Minute})
+	s.gatherCap = time.Minute
+	ctx := context.Background()
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+	ln := s.lane(ctx, "loop")
+	ln.mu.Lock()
+	ln.rate = 1e6 // as fast as a caller in a loop on loopback, and more
+	ln.lastArrived = 1
+	ln.mu.Unlock()
+	start := time.Now()
+	storetest.MustCheck(t, s, storetest.One("loop", "p", l, 1))
+	if took := time.Since(start); took >= s.timeout/5 {
+		t.Fatalf("the check of a lone caller in a loop took %v, want it sent at once, not after the %v window", took, s.timeout/5)
+	}
+}
+
 // TestGatherWindowIsCapped: the gather window is a fifth of the deadline
 // but never more than maxGatherWindow, so a daemon given a long deadline
 // does not make every check of a busy lane wait a fifth of it.
@@ -223,7 +262,7 @@ func TestGatherWindowIsCapped(t *testing.T) {
 		{200 * time.Millisecond, time.Millisecond},
 		{5 * time.Second, time.Millisecond},
 	} {
-		if got := gatherWindow(tt.timeout); got != tt.want {
+		if got := gatherWindow(tt.timeout, maxGatherWindow); got != tt.want {
 			t.Errorf("gatherWindow(%v) = %v, want %v", tt.timeout, got, tt.want)
 		}
 	}

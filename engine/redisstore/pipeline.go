@@ -112,6 +112,13 @@ type lane struct {
 	arrived int
 	takenAt time.Time
 	rate    float64
+	// lastArrived is arrived at the last take: the most callers the next
+	// batch can expect. Callers that wait for their answer before they
+	// send again (one client checking in a loop) never fill a batch
+	// larger than their number, however fast they come.
+	lastArrived int
+	// want is the batch a gathering flush waits for.
+	want int
 	// gathering is set while a flush waits for its batch to fill; the
 	// check that fills it wakes the flush through full.
 	gathering bool
@@ -169,7 +176,7 @@ func (s *Store) roundTrip(ctx context.Context, subject string, p *queuedCheck) (
 	ln.arrived++
 	start := false
 	switch {
-	case ln.gathering && len(ln.queue) >= min(gatherBatch, ln.size):
+	case ln.gathering && len(ln.queue) >= ln.want:
 		ln.gathering = false
 		select {
 		case ln.full <- struct{}{}:
@@ -226,29 +233,30 @@ const gatherGain = 4
 const maxGatherWindow = time.Millisecond
 
 // gatherWindow is how long a busy lane waits for its batch to fill, for a
-// store whose deadline is timeout.
-func gatherWindow(timeout time.Duration) time.Duration { return min(timeout/5, maxGatherWindow) }
+// store whose deadline is timeout, at most limit (maxGatherWindow).
+func gatherWindow(timeout, limit time.Duration) time.Duration { return min(timeout/5, limit) }
 
 // gather waits, before ln's next batch is taken, until gatherBatch
-// checks are queued or the gather window (a fifth of the store's
-// deadline, at most maxGatherWindow: 1 ms by default) has passed, if at the rate checks have been
-// arriving at least gatherGain more would come within it; otherwise it
-// returns at once, so that a lone check or a lane under light load is
-// sent without delay. A Cluster primary sees only its
+// checks are queued, or as many as arrived between the last two takes if
+// fewer, or the gather window (a fifth of the store's deadline, at most
+// maxGatherWindow: 1 ms by default) has passed, if at the rate checks have
+// been arriving at least gatherGain more would come within it; otherwise it
+// returns at once, so that a lone check, a lane under light load or a
+// single caller checking in a loop is sent without delay. A Cluster primary sees only its
 // share of the checks: without waiting, its batches would be a fraction
 // of a single server's, and each check would carry a larger part of a
 // call's cost. The wait is queue time, not the deadline's: it is bounded
 // by Config.QueueWait like any other.
 func (s *Store) gather(ln *lane) {
 	ln.mu.Lock()
-	want := min(gatherBatch, ln.size)
+	want := min(gatherBatch, ln.size, ln.lastArrived)
 	need := want - len(ln.queue)
-	window := gatherWindow(s.timeout)
+	window := gatherWindow(s.timeout, s.gatherCap)
 	if need <= 0 || len(ln.queue) == 0 || ln.rate*window.Seconds() < gatherGain {
 		ln.mu.Unlock()
 		return
 	}
-	ln.gathering = true
+	ln.gathering, ln.want = true, want
 	ln.mu.Unlock()
 	t := time.NewTimer(window)
 	select {
@@ -308,7 +316,7 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	if dt := now.Sub(ln.takenAt); dt > 0 {
 		ln.rate = float64(ln.arrived) / dt.Seconds()
 	}
-	ln.arrived, ln.takenAt = 0, now
+	ln.lastArrived, ln.arrived, ln.takenAt = ln.arrived, 0, now
 	if len(batch) == 0 {
 		ln.running--
 	}

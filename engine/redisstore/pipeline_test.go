@@ -41,7 +41,7 @@ func heldLane(t *testing.T, srv *redistest.Server, s *Store) (ln *lane, release 
 	t.Cleanup(release)
 	go s.Check(ctx, storetest.One("first", "p", engine.Limit{Algorithm: engine.TokenBucket, Rate: 1, Burst: 1}, 1))
 	ln = s.lane(ctx, "first")
-	testwait.For(t, 5*time.Second, "the first check sent", func() bool {
+	testwait.For(t, 30*time.Second, "the first check sent", func() bool {
 		ln.mu.Lock()
 		defer ln.mu.Unlock()
 		return ln.running == 1 && len(ln.queue) == 0
@@ -97,7 +97,7 @@ func TestRedisPipelineFailsOnlyBadChecks(t *testing.T) {
 			outs[i], errs[i] = lim.Check(ctx, req)
 		})
 	}
-	testwait.For(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == len(tests) })
+	testwait.For(t, 30*time.Second, "every check queued", func() bool { return queued(ln) == len(tests) })
 	release() // the queued checks go out together
 	wg.Wait()
 
@@ -157,7 +157,7 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 			outs[i], _ = lim.Check(ctx, storetest.One(fmt.Sprint("s", i), "p", l, 1))
 		})
 	}
-	testwait.For(t, 5*time.Second, "every check queued", func() bool { return queued(ln) == n })
+	testwait.For(t, 30*time.Second, "every check queued", func() bool { return queued(ln) == n })
 	release()
 	wg.Wait()
 

@@ -134,6 +134,7 @@ type Store struct {
 	queueWait time.Duration
 	pipelines int
 	maxBatch  int
+	gatherCap time.Duration // maxGatherWindow; a test that must not race the window lengthens it
 	prefix    string
 	cfgErr    error
 	sha       string
@@ -162,7 +163,7 @@ type Store struct {
 // New returns a store that keeps its state through c. A config
 // that fails Validate makes every Check fail with that error.
 func New(c Scripter, cfg Config) *Store {
-	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines,
+	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines, gatherCap: maxGatherWindow,
 		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
 	_, s.cluster = c.(masterForKeyer)
 	if u := (&unreadConns{conns: map[*watchedConn]struct{}{}}); u.hookConns(c) {

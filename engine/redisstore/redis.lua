@@ -59,12 +59,14 @@
 -- limit, remaining, reset-after µs, retry-after µs. A call of one check
 -- fails as a whole if that check fails; in a call of several, a failed
 -- check's five integers per policy are replaced by one error reply.
+--
+-- The parts between "-- <shared: NAME>" and "-- </shared: NAME>" (the
+-- clock, the bucket and count encodings, load, encode and ttl) are
+-- charge.lua's too: charge.go splices them into it, so both scripts read
+-- and write one state layout. Change them knowing both run them.
 
+-- <shared: clock>
 local US = 1000000
-
--- K holds the keys: KEYS, or, in a call that declares none, the ARGV after
--- the checks' values (set once m is known, below).
-local K = KEYS
 
 local now
 if ARGV[1] ~= '' then
@@ -100,6 +102,11 @@ local function floor_units(v)
   if not (v > 0) then return 0 end
   return math.floor(v)
 end
+-- </shared: clock>
+
+-- K holds the keys: KEYS, or, in a call that declares none, the ARGV after
+-- the checks' values (set once m is known, below).
+local K = KEYS
 
 -- Each algorithm takes the stored state (a, b, t; t = 0 for none) and
 -- returns the verdict (allowed 0/1, limit, remaining, reset-after µs,
@@ -135,6 +142,7 @@ local function token_bucket(a, t, rate, burst, cost)
     ceil_us((burst - tokens) * US / rate), retry, q29(tokens, math.floor), 0, t
 end
 
+-- <shared: buckets>
 -- q29unpack reads the 5-byte number at position pos of s.
 local function q29unpack(s, pos)
   return (struct.unpack('<d', '\0\0\0' .. string.sub(s, pos, pos + 4)))
@@ -169,6 +177,7 @@ end
 local function bucket_ttl(a, rate, burst, f)
   return ceil_us((burst / f - a) * US / (rate / f)) + US
 end
+-- </shared: buckets>
 
 -- full_bucket is keepRejected for a rejected token bucket: store it when
 -- it is full at its burst at a time later than its stored state's (old_t).
@@ -215,6 +224,7 @@ local function q29_up_to(x, most)
   return q
 end
 
+-- <shared: counts>
 -- MAX_COUNT is the largest count '<I5' holds, 2^40 - 1.
 local MAX_COUNT = 1099511627775
 
@@ -228,6 +238,7 @@ local function stored_count(x)
   if not (x > 0) then return 0 end
   return math.ceil(x)
 end
+-- </shared: counts>
 
 local function leaky_bucket(a, t, rate, burst, cost)
   local level = 0
@@ -365,6 +376,7 @@ local function decide(alg, a, b, t, p1, p2, w, cost)
   return sliding_counter(a, b, t, p1, w, cost)
 end
 
+-- <shared: codec>
 -- load reads the state of key for alg: a, b, t, with t = 0 for none; the
 -- log's is its timestamps, in a.
 local function load(key, alg)
@@ -422,6 +434,7 @@ local function ttl(alg, a, t, p1, p2, w, f)
   if #a > 0 then return a[#a] + w - now + US end
   return US
 end
+-- </shared: codec>
 
 -- store writes the new state a, b, t of the policy whose key is K[k]
 -- and whose 6 values start at ARGV[j], with its TTL.

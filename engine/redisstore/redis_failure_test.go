@@ -140,9 +140,12 @@ func TestRedisPausedChecksReturnAtDeadline(t *testing.T) {
 	lim := redisLimiter(t, "redis://"+srv.Addr(), limiter.Config{Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
 	req := engine.Request{Subject: "p", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
 	ctx := context.Background()
-	if o, err := lim.Check(ctx, req); err != nil || o.Source != limiter.FromStore {
-		t.Fatalf("warm-up check: %v %v", o.Source, err)
-	}
+	// The warm-up only has to reach the store once: beside the race
+	// detector on a busy machine one check can miss the 20 ms by itself.
+	testwait.For(t, 30*time.Second, "a warm-up check decided by the store", func() bool {
+		o, err := lim.Check(ctx, req)
+		return err == nil && o.Source == limiter.FromStore
+	})
 	srv.Pause(3 * time.Second)
 	var slowest time.Duration
 	for range 5 {

@@ -155,7 +155,12 @@ func settleChargesOrRefundsTheDifference(t *testing.T, storeCases []Case) {
 						t.Fatal(err)
 					}
 					c.Cost = real
-					MustCharge(t, s, engine.ChargeRequest{Subject: "u", Checks: []engine.Check{c}, Reservation: "r1"})
+					other := engine.Check{Policy: "q", Limit: l, Cost: 1}
+					held := []int64{-1, -1}
+					MustCharge(t, s, engine.ChargeRequest{Subject: "u", Checks: []engine.Check{c, other}, Reservation: "r1", Held: held})
+					if held[0] != estimate || held[1] != 0 {
+						t.Errorf("settlement reports held %v, want [%d 0] (the estimate, none for a policy not reserved)", held, estimate)
+					}
 					if got := remaining(); got != before-real {
 						t.Errorf("estimate %d settled at %d: remaining %d, want %d", estimate, real, got, before-real)
 					}

@@ -78,3 +78,20 @@ func StoredCount(x float64) float64 {
 	}
 	return math.Ceil(x)
 }
+
+// Units is the whole number of units in v, rounded down: what a result
+// reports as a limit or as remaining. A negative v, or NaN, is 0.
+func Units(v float64) int64 {
+	if !(v > 0) {
+		return 0
+	}
+	return int64(math.Floor(v))
+}
+
+// UnitsUp is Units rounded up instead: the units a share of v must cover.
+func UnitsUp(v float64) int64 {
+	if !(v > 0) {
+		return 0
+	}
+	return int64(math.Ceil(v))
+}

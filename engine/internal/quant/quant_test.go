@@ -82,3 +82,20 @@ func TestStoredCount(t *testing.T) {
 		}
 	}
 }
+
+func TestUnits(t *testing.T) {
+	for _, c := range []struct {
+		v        float64
+		down, up int64
+	}{
+		{0, 0, 0}, {-1.5, 0, 0}, {math.NaN(), 0, 0},
+		{0.25, 0, 1}, {1, 1, 1}, {2.5, 2, 3}, {1e12, 1e12, 1e12},
+	} {
+		if got := Units(c.v); got != c.down {
+			t.Errorf("Units(%v) = %d, want %d", c.v, got, c.down)
+		}
+		if got := UnitsUp(c.v); got != c.up {
+			t.Errorf("UnitsUp(%v) = %d, want %d", c.v, got, c.up)
+		}
+	}
+}
