@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
+
+	"github.com/sluice-rl/sluice/adminapi"
+	"github.com/sluice-rl/sluice/coordinator/msg"
 
 	"github.com/sluice-rl/sluice/quota"
 )
@@ -32,26 +34,7 @@ func (c *Client) Policies(ctx context.Context, tier string) ([]quota.Policy, err
 
 // PolicyVersions is a policy's history: the kept versions, oldest first,
 // and the version in force (0 when the policy is deleted).
-type PolicyVersions struct {
-	ID       string         `json:"id"`
-	InForce  int            `json:"in_force"`
-	Versions []quota.Policy `json:"versions"`
-}
-
-// Current is the version in force, if there is one.
-func (v *PolicyVersions) Current() (quota.Policy, bool) {
-	return v.Version(v.InForce)
-}
-
-// Version is the kept version n.
-func (v *PolicyVersions) Version(n int) (quota.Policy, bool) {
-	for _, p := range v.Versions {
-		if p.Version == n && n > 0 {
-			return p, true
-		}
-	}
-	return quota.Policy{}, false
-}
+type PolicyVersions = adminapi.VersionList
 
 // PolicyVersions reads a policy's kept versions.
 func (c *Client) PolicyVersions(ctx context.Context, id string) (*PolicyVersions, error) {
@@ -157,11 +140,7 @@ func (c *Client) DeleteOverride(ctx context.Context, id string) error {
 }
 
 // Key is a registered API key, named by its id (never the key itself).
-type Key struct {
-	KeyID   string `json:"key_id"`
-	Subject string `json:"subject"`
-	Tier    string `json:"tier"`
-}
+type Key = adminapi.Key
 
 // PutKey registers apiKey with a tier.
 func (c *Client) PutKey(ctx context.Context, apiKey, tier string) (Key, error) {
@@ -186,36 +165,16 @@ type UsageQuery struct {
 	Tier, Route, Method string
 }
 
-// Usage is a subject's state under each policy, read without spending.
-type Usage struct {
-	Subject      string         `json:"subject"`
-	Tier         string         `json:"tier"`
-	Policies     []PolicyResult `json:"policies"`
-	Exempt       []ExemptResult `json:"exempt,omitempty"`
-	GlobalShares []GlobalShares `json:"global_shares,omitempty"`
-	GlobalQuotas []GlobalQuota  `json:"global_quotas,omitempty"`
-}
-
-// GlobalShares is a global policy's division among the regions.
-type GlobalShares struct {
-	Policy      string             `json:"policy"`
-	LimitPerSec float64            `json:"limit_per_sec"`
-	Coordinated bool               `json:"coordinated"`
-	Share       float64            `json:"share"`
-	Regions     map[string]float64 `json:"regions"`
-}
-
-// GlobalQuota is a global quota's count in the current window, across
-// the regions.
-type GlobalQuota struct {
-	Policy      string           `json:"policy"`
-	WindowS     float64          `json:"window_s"`
-	WindowStart time.Time        `json:"window_start"`
-	Limit       int64            `json:"limit"`
-	Used        int64            `json:"used"`
-	Remaining   int64            `json:"remaining"`
-	Regions     map[string]int64 `json:"regions"`
-}
+// The bodies of a usage read.
+type (
+	// Usage is a subject's state under each policy, read without spending.
+	Usage = adminapi.Usage
+	// GlobalShares is a global policy's division among the regions.
+	GlobalShares = adminapi.GlobalShares
+	// GlobalQuota is a global quota's count in the current window, across
+	// the regions.
+	GlobalQuota = adminapi.GlobalQuota
+)
 
 // Usage reads subject's state ("key:<key id>", "user:42", "ip:192.0.2.1").
 func (c *Client) Usage(ctx context.Context, subject string, q UsageQuery) (*Usage, error) {
@@ -232,56 +191,18 @@ func (c *Client) Usage(ctx context.Context, subject string, q UsageQuery) (*Usag
 	return &out, nil
 }
 
-// Regions is the multi-region view of GET /v1/regions.
-type Regions struct {
-	// MultiRegion is false on a single-region daemon; the rest is empty.
-	MultiRegion     bool                `json:"multi_region"`
-	Region          string              `json:"region"`
-	Node            string              `json:"node"`
-	Epoch           uint64              `json:"epoch"`
-	Interval        time.Duration       `json:"interval"`
-	Isolated        bool                `json:"isolated"`
-	CoordinatedKeys int                 `json:"coordinated_keys"`
-	DefaultShare    float64             `json:"default_share"`
-	Regions         []RegionInfo        `json:"regions"`
-	IntervalS       float64             `json:"interval_s"`
-	PolicyRevision  uint64              `json:"policy_revision"`
-	PolicyHash      string              `json:"policy_hash"`
-	PolicySkew      bool                `json:"policy_skew"`
-	PolicyRevisions map[string][]uint64 `json:"policy_revisions"`
-	Members         []Member            `json:"members"`
-	GlobalQuotas    []QuotaStat         `json:"global_quotas"`
-}
-
-// RegionInfo is one region as this daemon sees it.
-type RegionInfo struct {
-	Region          string    `json:"region"`
-	Nodes           []string  `json:"nodes"`
-	Live            bool      `json:"live"`
-	LastReport      time.Time `json:"last_report,omitzero"`
-	LastReportEpoch uint64    `json:"last_report_epoch,omitempty"`
-	LastReportBytes int       `json:"last_report_bytes,omitempty"`
-	LastReportKeys  int       `json:"last_report_keys"`
-}
-
-// Member is one gossip member: a daemon of some region.
-type Member struct {
-	Node           string `json:"node"`
-	Region         string `json:"region"`
-	Addr           string `json:"addr"`
-	State          string `json:"state"`
-	PolicyRevision uint64 `json:"policy_revision,omitempty"`
-	PolicyHash     string `json:"policy_hash,omitempty"`
-}
-
-// QuotaStat is the size of a global quota's counters on this daemon.
-type QuotaStat struct {
-	Policy       string `json:"policy"`
-	Counters     int    `json:"counters"`
-	NodeCounters int    `json:"node_counters"`
-	Entries      int    `json:"entries"`
-	ApproxBytes  int64  `json:"approx_bytes"`
-}
+// The daemon's multi-region view.
+type (
+	// Regions is the multi-region view of GET /v1/regions; MultiRegion is
+	// false on a single-region daemon and the rest is then empty.
+	Regions = adminapi.Regions
+	// RegionInfo is one region as this daemon sees it.
+	RegionInfo = msg.RegionInfo
+	// Member is one gossip member: a daemon of some region.
+	Member = msg.Member
+	// QuotaStat is the size of a global quota's counters on this daemon.
+	QuotaStat = msg.QuotaStat
+)
 
 // Regions reads the daemon's multi-region view.
 func (c *Client) Regions(ctx context.Context) (*Regions, error) {

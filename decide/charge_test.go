@@ -71,3 +71,64 @@ func TestChargeProblems(t *testing.T) {
 		t.Errorf("after refused charges a check of 1 leaves %+v, want 99 (nothing charged)", a.Decision)
 	}
 }
+
+// A global token rate divided by shares counts tokens in the usage the
+// share coordinator drains and reports, not requests: a check of an
+// estimate counts the estimate (as demand even when refused, so that a
+// starved region still shows its demand), its settlement what it charged
+// beyond the estimate, a charge without a reservation its whole cost, past
+// the region's share of the burst; and each is scaled by the share.
+func TestTokenRateSharesTrackTokens(t *testing.T) {
+	pol := quota.Policy{ID: "tokens-minute", Algorithm: "token_bucket", RatePerSec: 100, Burst: 100, Mode: quota.ModeEnforce,
+		Scope: quota.ScopeGlobal, Match: quota.Match{Routes: []string{"/v1/complete"}}}
+	reg := newRegistry(t, pol)
+	clock := manualclock.New()
+	ks := &keyedShare{shares: map[[2]string]float64{{"tokens-minute", "user:u"}: 0.5}}
+	r := &recorder{lim: limiter.New(limiter.Config{Clock: clock})}
+	dc := decide.New(decide.Config{Limiter: r, Registry: reg, Shares: ks, Track: true, Clock: clock})
+	ctx := context.Background()
+	n := func(v int64) *int64 { return &v }
+	req := quota.SubjectFields{User: "u"}
+	check := func(cost int64, resv string) int {
+		t.Helper()
+		a, p := dc.Check(ctx, decide.CheckRequest{SubjectFields: req, Route: "/v1/complete", Cost: n(cost), Reservation: resv})
+		if p != nil {
+			t.Fatalf("check of %d: %+v", cost, p)
+		}
+		return a.Status
+	}
+	charge := func(cost int64, resv string) decide.ChargeAnswer {
+		t.Helper()
+		ans, p := dc.Charge(ctx, decide.ChargeRequest{SubjectFields: req, Route: "/v1/complete", Cost: n(cost), Reservation: resv})
+		if p != nil {
+			t.Fatalf("charge of %d: %+v", cost, p)
+		}
+		if sc := ans.Policies[0].Scale; sc != 0.5 {
+			t.Errorf("charge of %d scaled by %v, want the share 0.5", cost, sc)
+		}
+		return ans
+	}
+	if s := check(10, "a"); s != http.StatusOK {
+		t.Fatalf("check of the estimate 10 = %d, want 200", s)
+	}
+	charge(17, "a") // 7 beyond the estimate
+	if s := check(10, "b"); s != http.StatusOK {
+		t.Fatalf("check of the estimate 10 = %d, want 200", s)
+	}
+	charge(4, "b")                             // a refund of 6, not taken back from the usage
+	if ans := charge(60, ""); !ans.OverLimit { // 50 of burst at a share of 0.5, 21 spent before
+		t.Errorf("charge of 60 into the share's burst of 50 = %+v, want over the limit", ans)
+	}
+	if s := check(10, "c"); s != http.StatusTooManyRequests {
+		t.Errorf("check of 10 in debt = %d, want 429", s)
+	}
+	u := r.lim.DrainUsage()[engine.UsageKey{Subject: "user:u", Policy: "tokens-minute"}]
+	if want := (engine.Usage{Demand: 10 + 7 + 10 + 60 + 10, Admitted: 10 + 7 + 10 + 60}); u.Demand != want.Demand || u.Admitted != want.Admitted {
+		t.Errorf("tracked usage %+v, want demand %d and admitted %d tokens", u, want.Demand, want.Admitted)
+	}
+	for i, c := range r.reqs {
+		if c.Checks[0].Scale != 0.5 || !c.Checks[0].Track {
+			t.Errorf("check %d: %+v, want scaled by the share 0.5 and tracked", i, c.Checks[0])
+		}
+	}
+}

@@ -29,7 +29,11 @@ type Limiter interface {
 
 // ShareSource gives the fraction of a global-scope policy's limit that this
 // region enforces for a subject, in (0, 1]. The global-shares machinery
-// supplies one; until then every region enforces the whole limit. Share is
+// supplies one; until then every region enforces the whole limit. policy
+// is the name of the state the check counts in (quota.Applied.StateName):
+// the policy id, or for a descriptor policy that a caller matched, the
+// descriptor's state (quota.PolicyOfState gives its policy). It is the
+// name the limiter tracks the check's usage under (Config.Track). Share is
 // called on every check and must return at once, without I/O.
 type ShareSource interface {
 	Share(policy, subject string) float64
@@ -39,9 +43,10 @@ type ShareSource interface {
 // policy, e.g. a daily quota across regions), the units spent in window w
 // (share.WindowIndex) that this daemon's engine state does not hold: the
 // other regions' last known counts (and, with a per-daemon store, the
-// region's other daemons'). The check admits while the engine's count plus
-// that plus the cost stay within the limit. QuotaOthers is called on every
-// check and must return at once, without I/O.
+// region's other daemons'). policy is the state's name, as for
+// ShareSource. The check admits while the engine's count plus that plus
+// the cost stay within the limit. QuotaOthers is called on every check and
+// must return at once, without I/O.
 type QuotaSource interface {
 	QuotaOthers(policy, subject string, w int64) uint64
 }

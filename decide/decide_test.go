@@ -174,3 +174,64 @@ func TestDecideStatesBounds(t *testing.T) {
 		t.Error("DecideStates of too many policies succeeded")
 	}
 }
+
+// keyedShare gives each (state, subject) its own share and records what
+// it was asked; 1 for any other.
+type keyedShare struct {
+	mu     sync.Mutex
+	shares map[[2]string]float64
+	asked  [][2]string
+}
+
+func (k *keyedShare) Share(policy, subject string) float64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	key := [2]string{policy, subject}
+	k.asked = append(k.asked, key)
+	if s, ok := k.shares[key]; ok {
+		return s
+	}
+	return 1
+}
+
+// DecideStates scales a global descriptor policy by the share of each
+// descriptor's state, not of the policy: one share per descriptor value,
+// looked up under the same (state, subject) as the limiter tracks its
+// usage, which is what the share coordinator drains and reports.
+func TestDecideStatesScalesEachDescriptorState(t *testing.T) {
+	pol := quota.Policy{ID: "per-ip", Algorithm: "token_bucket", RatePerSec: 10, Burst: 10, Mode: quota.ModeEnforce,
+		Scope: quota.ScopeGlobal, Match: quota.Match{Domain: "d", Descriptors: []quota.DescriptorEntry{{Key: "ip"}}}}
+	reg := newRegistry(t, pol)
+	p, ok := reg.Get("per-ip")
+	if !ok {
+		t.Fatal("policy not seeded")
+	}
+	a := quota.Applied{Policy: &p, Limit: p.Limit(), Cost: 1, State: "per-ip\x1fip\x1e192.0.2.7"}
+	b := quota.Applied{Policy: &p, Limit: p.Limit(), Cost: 1, State: "per-ip\x1fip\x1e192.0.2.8"}
+	ks := &keyedShare{shares: map[[2]string]float64{{a.State, "rls:d"}: 0.2}}
+	r := newRecorder()
+	dc := decide.New(decide.Config{Limiter: r, Registry: reg, Shares: ks, Track: true})
+	v, err := dc.DecideStates(context.Background(), "rls:d", []quota.Applied{a, b})
+	if err != nil || !v.Allowed {
+		t.Fatalf("DecideStates = %+v, %v, want allowed", v, err)
+	}
+	if want := [][2]string{{a.State, "rls:d"}, {b.State, "rls:d"}}; !slices.Equal(ks.asked, want) {
+		t.Errorf("shares asked for %q, want %q", ks.asked, want)
+	}
+	if got := r.reqs[0].Checks; got[0].Scale != 0.2 || got[1].Scale != 1 || !got[0].Track || !got[1].Track {
+		t.Errorf("checks %+v, want scales 0.2 and 1, both tracked", got)
+	}
+	if v.Results[0].Scale != 0.2 || v.Results[0].Limit != 2 {
+		t.Errorf("first result %+v, want scale 0.2 and a limit of 2 (10 × 0.2)", v.Results[0])
+	}
+	usage := r.lim.DrainUsage()
+	for _, st := range []string{a.State, b.State} {
+		u, ok := usage[engine.UsageKey{Subject: "rls:d", Policy: st}]
+		if !ok || u.Demand != 1 || u.Admitted != 1 {
+			t.Errorf("usage of %q = %+v (tracked %v), want 1 demanded and admitted", st, u, ok)
+		}
+		if quota.PolicyOfState(st) != "per-ip" {
+			t.Errorf("PolicyOfState(%q) = %q, want per-ip", st, quota.PolicyOfState(st))
+		}
+	}
+}

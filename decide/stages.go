@@ -78,7 +78,7 @@ func (dc *Decider) scale(pl *plan, v *Verdict, who quota.Principal, applied []qu
 			}
 		}
 		scale, isQuota := dc.scaleOf(a, who.Subject)
-		ch := engine.Check{Policy: a.StateName(), Limit: a.Limit, Cost: c, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure)}
+		ch := engine.Check{Policy: a.StateName(), Limit: a.Limit, Cost: c, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure), Lease: p.LeaseSize()}
 		v.Policies[i] = PolicyResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Cost: c, Override: a.Override, Allowed: true}
 		if p.Scope == quota.ScopeGlobal {
 			v.Policies[i].Scale = scale
@@ -122,16 +122,18 @@ func costProblem(a quota.Applied, cost int64, field string) *Problem {
 // scaleOf is the scale of a's limit for subject: 1 for a policy of region
 // scope; for a global quota, the G-counter rule over the other regions'
 // counts (isQuota true); for any other global policy, the region's share.
+// Both are looked up by a's state name, the name its usage is tracked
+// under, so that a descriptor policy has a share per descriptor value.
 func (dc *Decider) scaleOf(a quota.Applied, subject string) (scale float64, isQuota bool) {
-	p := a.Policy
-	if p.Scope != quota.ScopeGlobal {
+	if a.Policy.Scope != quota.ScopeGlobal {
 		return 1, false
 	}
+	name := a.StateName()
 	if dc.quotas != nil && a.Limit.Algorithm == engine.FixedWindow {
-		others := dc.quotas.QuotaOthers(p.ID, subject, share.WindowIndex(dc.now(), a.Limit.Window))
+		others := dc.quotas.QuotaOthers(name, subject, share.WindowIndex(dc.now(), a.Limit.Window))
 		return share.QuotaScale(a.Limit.Count, others), true
 	}
-	return share.Scale(dc.shares.Share(p.ID, subject)), false
+	return share.Scale(dc.shares.Share(name, subject)), false
 }
 
 // failureOf is the engine's spelling of an on_store_failure mode.

@@ -393,30 +393,25 @@ func (l *Log) Run(ctx context.Context) error {
 		}
 		pending++
 	}
+	// drain writes what is queued, then flushes: one write per burst.
+	drain := func() {
+		for {
+			select {
+			case e := <-l.q:
+				write(e)
+			default:
+				flush()
+				return
+			}
+		}
+	}
 	for {
 		select {
 		case e := <-l.q:
 			write(e)
-			// Drain what is there, then flush: one write per burst.
-			for more := true; more; {
-				select {
-				case e := <-l.q:
-					write(e)
-				default:
-					more = false
-				}
-			}
-			flush()
+			drain()
 		case <-ctx.Done():
-			for more := true; more; {
-				select {
-				case e := <-l.q:
-					write(e)
-				default:
-					more = false
-				}
-			}
-			flush()
+			drain()
 			return nil
 		}
 	}

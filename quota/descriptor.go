@@ -18,7 +18,9 @@ const (
 	MaxDescriptorValueBytes = 1024
 	// MaxDomainBytes bounds a domain name.
 	MaxDomainBytes = 255
-	maxReplaces    = 16
+	// MaxOrder bounds Match.Order.
+	MaxOrder    = 1 << 20
+	maxReplaces = 16
 )
 
 // DescriptorEntry is one key/value pair of a rate limit descriptor, as
@@ -47,6 +49,22 @@ func ValidDescriptorText(s string, max int) error {
 	return nil
 }
 
+// StateSep separates a descriptor state's name, as the rate limit service
+// names it, from the policy id before it: the policy id, then for each
+// entry StateSep, the key, 0x1e and the value. No policy id, key or value
+// contains a control character.
+const StateSep = "\x1f"
+
+// PolicyOfState is the id of the policy whose engine state is named state
+// (Applied.StateName): the policy id itself, or the part of a descriptor
+// state's name before the first StateSep. The global-shares machinery
+// keys a descriptor's share by its state's name (one share per descriptor
+// value) and resolves it to the policy with PolicyOfState.
+func PolicyOfState(state string) string {
+	id, _, _ := strings.Cut(state, StateSep)
+	return id
+}
+
 // IsDescriptorPolicy reports whether p limits rate limit descriptors (it
 // has a match.domain) rather than HTTP requests.
 func (p Policy) IsDescriptorPolicy() bool { return p.Match.Domain != "" }
@@ -65,15 +83,24 @@ func (p Policy) DeniesAll() bool {
 // a limit of 1 (a policy that denies all has limit 0).
 func (p Policy) validateDescriptors(ve *ValidationError) (skipLimit, denyAll bool) {
 	m := p.Match
+	if m.Order < 0 || m.Order > MaxOrder {
+		ve.add("match.order", "must be from 0 to %d, got %d", MaxOrder, m.Order)
+	}
 	if m.Domain == "" {
 		if len(m.Descriptors) > 0 {
 			ve.add("match.descriptors", "needs match.domain")
+		}
+		if m.Order != 0 {
+			ve.add("match.order", "needs match.domain")
 		}
 		if p.Unlimited {
 			ve.add("unlimited", "only a descriptor policy (with match.domain) may be unlimited")
 		}
 		if len(p.Replaces) > 0 {
 			ve.add("replaces", "only a descriptor policy (with match.domain) may replace others")
+		}
+		if p.CountOverLimit {
+			ve.add("count_over_limit", "only a descriptor policy (with match.domain) counts hits over the limit; charge an HTTP policy with POST /v1/charge")
 		}
 		return false, false
 	}
@@ -83,8 +110,8 @@ func (p Policy) validateDescriptors(ve *ValidationError) (skipLimit, denyAll boo
 	if m.Tier != "" || len(m.Routes) > 0 || len(m.Methods) > 0 || len(p.Cost) > 0 {
 		ve.add("match", "a descriptor policy (with match.domain) matches descriptors, not tiers, routes, methods or costs")
 	}
-	if p.Scope == ScopeGlobal {
-		ve.add("scope", "a descriptor policy (with match.domain) is enforced per region: scope must be region")
+	if p.Scope == ScopeGlobal && p.Unlimited {
+		ve.add("scope", "an unlimited policy has no limit to share across regions: scope must be region")
 	}
 	switch n := len(m.Descriptors); {
 	case n == 0:
@@ -123,6 +150,12 @@ func (p Policy) validateDescriptors(ve *ValidationError) (skipLimit, denyAll boo
 			ve.add(f, "duplicate %q", id)
 		}
 	}
+	switch {
+	case p.Unlimited && p.CountOverLimit:
+		ve.add("count_over_limit", "an unlimited policy counts nothing")
+	case p.CountOverLimit && p.Algorithm == engine.SlidingWindowLog.String():
+		ve.add("count_over_limit", "a sliding_window_log cannot count past its limit (it keeps one timestamp per unit, at most its count): use sliding_window_counter")
+	}
 	if p.Unlimited {
 		if p.Algorithm != "" || p.RatePerSec != 0 || p.Burst != 0 || p.Count != 0 || p.Window != 0 {
 			ve.add("unlimited", "an unlimited policy has no algorithm, rate_per_sec, burst, limit or window")
@@ -145,12 +178,16 @@ type wildEdge struct {
 	key   string
 	parts []string // the value split at '*'
 	node  *descNode
+	// rank is the lowest Match.Order of the policies through this edge,
+	// 0 when none has one.
+	rank int
 }
 
 func (n *descNode) leaf() bool { return len(n.exact) == 0 && len(n.wild) == 0 && len(n.any) == 0 }
 
-// child returns the node for entry e, creating it.
-func (n *descNode) child(e DescriptorEntry) *descNode {
+// child returns the node for entry e, creating it; order is the
+// Match.Order of the policy being added.
+func (n *descNode) child(e DescriptorEntry, order int) *descNode {
 	switch {
 	case e.Value == "":
 		if n.any == nil {
@@ -161,22 +198,16 @@ func (n *descNode) child(e DescriptorEntry) *descNode {
 		}
 		return n.any[e.Key]
 	case strings.Contains(e.Value, "*"):
-		for _, w := range n.wild {
-			if w.key == e.Key && strings.Join(w.parts, "*") == e.Value {
+		for i := range n.wild {
+			if w := &n.wild[i]; w.key == e.Key && strings.Join(w.parts, "*") == e.Value {
+				if order > 0 && (w.rank == 0 || order < w.rank) {
+					w.rank = order
+				}
 				return w.node
 			}
 		}
-		w := wildEdge{key: e.Key, parts: strings.Split(e.Value, "*"), node: &descNode{}}
+		w := wildEdge{key: e.Key, parts: strings.Split(e.Value, "*"), node: &descNode{}, rank: order}
 		n.wild = append(n.wild, w)
-		// The more literal characters a pattern has, the sooner it is
-		// tried; then by text, so that the order does not depend on
-		// the order policies were added in.
-		slices.SortStableFunc(n.wild, func(a, b wildEdge) int {
-			if la, lb := literalLen(a.parts), literalLen(b.parts); la != lb {
-				return lb - la
-			}
-			return strings.Compare(a.key+"\x00"+strings.Join(a.parts, "*"), b.key+"\x00"+strings.Join(b.parts, "*"))
-		})
 		return w.node
 	default:
 		if n.exact == nil {
@@ -186,6 +217,38 @@ func (n *descNode) child(e DescriptorEntry) *descNode {
 			n.exact[e] = &descNode{}
 		}
 		return n.exact[e]
+	}
+}
+
+// sortWild orders the value patterns of n and of every node below it in
+// the order find tries them: by rank (Match.Order), those without one
+// last; then the more literal characters a pattern has, the sooner; then
+// by text, so that the order does not depend on the order policies were
+// added in.
+func (n *descNode) sortWild() {
+	slices.SortStableFunc(n.wild, func(a, b wildEdge) int {
+		if a.rank != b.rank {
+			switch {
+			case a.rank == 0:
+				return 1
+			case b.rank == 0:
+				return -1
+			}
+			return a.rank - b.rank
+		}
+		if la, lb := literalLen(a.parts), literalLen(b.parts); la != lb {
+			return lb - la
+		}
+		return strings.Compare(a.key+"\x00"+strings.Join(a.parts, "*"), b.key+"\x00"+strings.Join(b.parts, "*"))
+	})
+	for _, next := range n.exact {
+		next.sortWild()
+	}
+	for _, w := range n.wild {
+		w.node.sortWild()
+	}
+	for _, next := range n.any {
+		next.sortWild()
 	}
 }
 
@@ -221,8 +284,8 @@ func wildMatch(parts []string, v string) bool {
 
 // find walks the tree along entries, as envoyproxy/ratelimit walks its
 // configuration: at each level the most specific step is taken, once and
-// for good: the entry's key and value, else a value pattern, else the key
-// alone. It returns the policies of the node the last entry leads to, or
+// for good: the entry's key and value, else a value pattern (in the
+// order of sortWild), else the key alone. It returns the policies of the node the last entry leads to, or
 // nil when a step is missing or the request has more entries than the
 // tree has levels there.
 func (n *descNode) find(entries []DescriptorEntry) []*compiled {
@@ -274,8 +337,8 @@ func (r *Registry) HasDomain(domain string) bool {
 // descriptor's entries are walked as envoyproxy/ratelimit walks its
 // configuration (see docs/api.md): a policy applies when its
 // match.descriptors has exactly as many entries as the descriptor, and
-// each step, key and value first, then a value pattern, then the key
-// alone, leads to it. Several policies may end on the same entries; all of
+// each step, key and value first, then a value pattern (the pattern of
+// the lowest Match.Order first), then the key alone, leads to it. Several policies may end on the same entries; all of
 // them apply. It takes no lock.
 func (r *Registry) AppendMatchDescriptor(dst []DescriptorMatch, domain string, entries []DescriptorEntry) []DescriptorMatch {
 	root := r.view.Load().domains[domain]
@@ -300,9 +363,12 @@ func buildDomains(cs []*compiled) map[string]*descNode {
 		}
 		n := root
 		for _, e := range c.p.Match.Descriptors {
-			n = n.child(e)
+			n = n.child(e, c.p.Match.Order)
 		}
 		n.policies = append(n.policies, c)
+	}
+	for _, root := range out {
+		root.sortWild()
 	}
 	return out
 }

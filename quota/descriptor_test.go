@@ -89,7 +89,8 @@ func TestDescriptorPolicyValidation(t *testing.T) {
 		{"empty key", `{"id":"a","algorithm":"fixed_window","limit":1,"window":1,"match":{"domain":"d","descriptors":[{"value":"v"}]}}`, "match.descriptors[0].key"},
 		{"control character", `{"id":"a","algorithm":"fixed_window","limit":1,"window":1,"match":{"domain":"d","descriptors":[{"key":"k","value":"a\u0001"}]}}`, "match.descriptors[0].value"},
 		{"routes too", `{"id":"a","algorithm":"fixed_window","limit":1,"window":1,"match":{"domain":"d","routes":["/x"],"descriptors":[{"key":"k"}]}}`, "match"},
-		{"global", `{"id":"a","algorithm":"fixed_window","limit":1,"window":1,"scope":"global","match":{"domain":"d","descriptors":[{"key":"k"}]}}`, "scope"},
+		{"global unlimited", `{"id":"a","unlimited":true,"scope":"global","match":{"domain":"d","descriptors":[{"key":"k"}]}}`, "scope"},
+		{"unknown scope", `{"id":"a","algorithm":"fixed_window","limit":1,"window":1,"scope":"planet","match":{"domain":"d","descriptors":[{"key":"k"}]}}`, "scope"},
 		{"unlimited with a limit", `{"id":"a","unlimited":true,"algorithm":"fixed_window","limit":1,"window":1,"match":{"domain":"d","descriptors":[{"key":"k"}]}}`, "unlimited"},
 		{"unlimited http policy", `{"id":"a","unlimited":true,"match":{}}`, "unlimited"},
 		{"replaces itself", `{"id":"a","algorithm":"fixed_window","limit":1,"window":1,"replaces":["a"],"match":{"domain":"d","descriptors":[{"key":"k"}]}}`, "replaces[0]"},
@@ -110,6 +111,8 @@ func TestDescriptorPolicyValidation(t *testing.T) {
 	ok := []string{
 		`{"id":"deny","algorithm":"fixed_window","limit":0,"window":1,"match":{"domain":"d","descriptors":[{"key":"k","value":"v"}]}}`,
 		`{"id":"free","unlimited":true,"match":{"domain":"d","descriptors":[{"key":"k"}]}}`,
+		`{"id":"shared","algorithm":"token_bucket","rate_per_sec":100,"burst":10,"scope":"global","match":{"domain":"d","descriptors":[{"key":"k"}]}}`,
+		`{"id":"daily","algorithm":"fixed_window","limit":1000,"window":86400,"scope":"global","match":{"domain":"d","descriptors":[{"key":"k"}]}}`,
 	}
 	for _, doc := range ok {
 		p, err := ParsePolicy([]byte(doc))
@@ -122,5 +125,64 @@ func TestDescriptorPolicyValidation(t *testing.T) {
 	}
 	if _, err := ParsePolicy([]byte(`{"id":"a","algorithm":"fixed_window","limit":0,"window":1}`)); err == nil {
 		t.Error("ParsePolicy(limit 0 without a domain) = nil, want an error")
+	}
+}
+
+// Match.Order ranks value patterns at one level: the pattern a policy of
+// the lowest Order passes through is tried first, whatever its literal
+// length; patterns without an Order come after, the longest literal first.
+func TestMatchDescriptorOrder(t *testing.T) {
+	ordered := func(p Policy, order int) Policy { p.Match.Order = order; return p }
+	tests := []struct {
+		name string
+		ps   []Policy
+		in   []DescriptorEntry
+		want []string
+	}{
+		{"longest literal without orders", []Policy{dp("short", "w", "path=/a*"), dp("long", "w", "path=/api/*")}, entries("path=/api/x"), []string{"long"}},
+		{"lowest order first", []Policy{ordered(dp("short", "w", "path=/a*"), 1), ordered(dp("long", "w", "path=/api/*"), 2)}, entries("path=/api/x"), []string{"short"}},
+		{"order over none", []Policy{ordered(dp("short", "w", "path=/a*"), 5), dp("long", "w", "path=/api/*")}, entries("path=/api/x"), []string{"short"}},
+		{"a pattern ranks by its lowest policy", []Policy{
+			ordered(dp("deep-first", "w", "path=/a*", "m=GET"), 1), ordered(dp("long", "w", "path=/api/*"), 2), ordered(dp("short", "w", "path=/a*"), 3),
+		}, entries("path=/api/x"), []string{"short"}},
+		{"an exact value still before any pattern", []Policy{ordered(dp("star", "w", "path=/a*"), 1), ordered(dp("exact", "w", "path=/api"), 2)}, entries("path=/api"), []string{"exact"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRegistry(RegistryConfig{})
+			if err := r.Seed(context.Background(), "test", tt.ps); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, m := range r.AppendMatchDescriptor(nil, "w", tt.in) {
+				got = append(got, m.Policy.ID)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("AppendMatchDescriptor(w, %v) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+	bad := dp("bad", "w", "path=/a*")
+	bad.Match.Order = -1
+	if err := bad.Normalize().Validate(); err == nil || !strings.Contains(err.Error(), "match.order") {
+		t.Errorf("Validate(order -1) = %v, want an error naming match.order", err)
+	}
+	http := Policy{ID: "h", Mode: ModeEnforce, Algorithm: "fixed_window", Count: 1, Window: 1, Match: Match{Order: 1}}
+	if err := http.Normalize().Validate(); err == nil || !strings.Contains(err.Error(), "match.order") {
+		t.Errorf("Validate(order without domain) = %v, want an error naming match.order", err)
+	}
+}
+
+func TestPolicyOfState(t *testing.T) {
+	tests := []struct{ state, want string }{
+		{"per-ip", "per-ip"},
+		{"per-ip\x1fip\x1e192.0.2.7", "per-ip"},
+		{"a\x1fk\x1ev\x1fk2\x1e", "a"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		if got := PolicyOfState(tt.state); got != tt.want {
+			t.Errorf("PolicyOfState(%q) = %q, want %q", tt.state, got, tt.want)
+		}
 	}
 }

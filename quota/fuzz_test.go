@@ -19,6 +19,8 @@ func FuzzParsePolicy(f *testing.F) {
 	f.Add([]byte(`{"id":"x","algorithm":"token_bucket","rate_per_sec":1e400}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`{"id":"per-ip","match":{"domain":"edge","descriptors":[{"key":"remote_address"},{"key":"path","value":"/api/*/x"}]},"algorithm":"fixed_window","limit":0,"window":1,"replaces":["other"]}`))
+	f.Add([]byte(`{"id":"partner","algorithm":"token_bucket","rate_per_sec":50000,"burst":5000,"lease":{"max_slice":1000}}`))
+	f.Add([]byte(`{"id":"partner","algorithm":"token_bucket","rate_per_sec":50000,"burst":5000,"lease":{}}`))
 	f.Add([]byte(`{"id":"free","unlimited":true,"match":{"domain":"internal","descriptors":[{"key":"ldap"}]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := ParsePolicy(data)
@@ -41,6 +43,9 @@ func FuzzParsePolicy(f *testing.F) {
 		}
 		_ = p.CostFor("POST", "/v1/exports")
 		_ = p.Limit()
+		if n := p.LeaseSize(); n < 0 || (n > 0 && float64(n) > p.Burst) {
+			t.Fatalf("LeaseSize() = %d for a valid policy of burst %v", n, p.Burst)
+		}
 		// A valid descriptor policy can be matched against its own
 		// entries: it is in force in a registry and the tree leads to it.
 		if p.IsDescriptorPolicy() {

@@ -99,6 +99,17 @@ type Policy struct {
 	// not apply to a request when this one applies to any of its
 	// descriptors (envoyproxy/ratelimit's replaces).
 	Replaces []string `json:"replaces,omitempty"`
+	// CountOverLimit, only on a descriptor policy, counts a request's
+	// hits in this policy even when the request is over the limit, as
+	// envoyproxy/ratelimit counts them: the state goes past its limit (a
+	// token bucket into debt, a window past its count) and later requests
+	// are refused until it is back. Without it a request over the limit
+	// spends nothing. It is what makes Envoy's second call on stream done
+	// (apply_on_stream_done) a charge.
+	CountOverLimit bool `json:"count_over_limit,omitempty"`
+	// Lease, on a token_bucket policy of a high rate, serves it from each
+	// daemon's local leases (see Lease). Absent, the default, is off.
+	Lease *Lease `json:"lease,omitempty"`
 }
 
 // Match selects requests. An empty field matches everything: no Tier means
@@ -114,6 +125,14 @@ type Match struct {
 	Methods     []string          `json:"methods,omitempty"`
 	Domain      string            `json:"domain,omitempty"`
 	Descriptors []DescriptorEntry `json:"descriptors,omitempty"`
+	// Order, only on a descriptor policy, ranks the value patterns of
+	// its Descriptors against the other patterns of its domain at the
+	// same level: where several patterns match one entry, the one that a
+	// policy of the lowest Order passes through is taken, as
+	// envoyproxy/ratelimit takes the first in file order. Patterns that
+	// only policies without an Order (0) pass through come after, the
+	// one with the most literal characters first. At most MaxOrder.
+	Order int `json:"order,omitempty"`
 }
 
 // ErrInvalidPolicy is wrapped by every *ValidationError, for errors.Is.
@@ -419,6 +438,7 @@ func (p Policy) Validate() error {
 		}
 	}
 
+	p.validateLease(ve)
 	checkEnum(ve, "on_store_failure", p.OnStoreFailure, FailOpen, FailClosed, FailLocal)
 	checkEnum(ve, "mode", p.Mode, ModeShadow, ModeEnforce)
 	checkEnum(ve, "class", p.Class, ClassQuota, ClassCapacity, ClassSecurity)

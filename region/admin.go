@@ -8,10 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-rl/sluice/adminapi"
 
 	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/engine"
@@ -158,12 +161,7 @@ func (d *Daemon) handleListPolicies(w http.ResponseWriter, r *http.Request) {
 }
 
 // VersionList is the body of GET /v1/policies/{id}/versions.
-type VersionList struct {
-	ID string `json:"id"`
-	// InForce is the version in force, 0 when the policy is deleted.
-	InForce  int            `json:"in_force"`
-	Versions []quota.Policy `json:"versions"`
-}
+type VersionList = adminapi.VersionList
 
 func (d *Daemon) handleVersions(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
@@ -246,11 +244,7 @@ type KeyRequest struct {
 }
 
 // KeyResponse names a registered key by its id, never the key.
-type KeyResponse struct {
-	KeyID   string `json:"key_id"`
-	Subject string `json:"subject"`
-	Tier    string `json:"tier"`
-}
+type KeyResponse = adminapi.Key
 
 func (d *Daemon) handlePutKey(w http.ResponseWriter, r *http.Request) {
 	var in KeyRequest
@@ -280,48 +274,12 @@ func (d *Daemon) handleDeleteKey(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// Usage is the body of GET /v1/keys/{subject}/usage: the subject's current
-// state under each policy that applies to it, read without spending.
-type Usage struct {
-	Subject  string         `json:"subject"`
-	Tier     string         `json:"tier"`
-	Policies []PolicyResult `json:"policies"`
-	// Exempt lists the policies (with ?route=, those matching the route)
-	// that the subject is exempt from (an unlimited override in force);
-	// they are not in Policies and their state is not read.
-	Exempt []ExemptResult `json:"exempt,omitempty"`
-	// GlobalShares gives each global-scope policy's division among the
-	// regions (multi-region daemons only). Global quotas are not divided:
-	// they are in GlobalQuotas instead.
-	GlobalShares []GlobalShares `json:"global_shares,omitempty"`
-	// GlobalQuotas gives each global quota's count across the regions
-	// (multi-region daemons only).
-	GlobalQuotas []GlobalQuota `json:"global_quotas,omitempty"`
-}
-
-// GlobalQuota is a global quota's (a scope: global fixed_window policy's)
-// count for a subject in the current window, across regions, in GET
-// /v1/keys/{subject}/usage. It is what the check enforces: this daemon's
-// engine count plus the other regions' counts as last reported, which lag
-// by up to one report interval (plus delivery).
-type GlobalQuota struct {
-	Policy string `json:"policy"`
-	// WindowS is the window's length in seconds; windows are aligned to
-	// the Unix epoch (86400 is a UTC day) and start at WindowStart.
-	WindowS     float64   `json:"window_s"`
-	WindowStart time.Time `json:"window_start"`
-	Limit       int64     `json:"limit"`
-	// Used is what every region spent in the window as known here: this
-	// region's count as the engine holds it (on the memory store, this
-	// daemon's, plus its siblings' as last sent) plus the other regions'
-	// last reported counts. It may exceed Limit by what the regions
-	// admitted within one report delay of each other.
-	Used int64 `json:"used"`
-	// Remaining is max(0, Limit - Used).
-	Remaining int64 `json:"remaining"`
-	// Regions splits Used by region; a region with nothing known is 0.
-	Regions map[string]int64 `json:"regions"`
-}
+// The bodies of GET /v1/keys/{subject}/usage.
+type (
+	Usage        = adminapi.Usage
+	GlobalQuota  = adminapi.GlobalQuota
+	GlobalShares = adminapi.GlobalShares
+)
 
 // handleUsage peeks at a subject's state. {subject} is a subject as checks
 // count it ("key:<key id>", "user:42", "ip:192.0.2.1"); the tier is
@@ -335,22 +293,33 @@ type ResetResponse struct {
 	Policies []string `json:"policies"`
 }
 
+// subjectQuery reads the subject from r's path and its query, which may
+// hold only the parameters named in allowed; on anything else it answers w
+// with the problem and returns false.
+func (d *Daemon) subjectQuery(w http.ResponseWriter, r *http.Request, allowed ...string) (string, url.Values, bool) {
+	subject := r.PathValue("subject")
+	if subject == "" || len(subject) > 256 {
+		d.fail(w, r, invalid("subject", "must be 1 to 256 bytes"))
+		return "", nil, false
+	}
+	q := r.URL.Query()
+	for k := range q {
+		if !slices.Contains(allowed, k) {
+			d.fail(w, r, invalid(k, "unknown query parameter"))
+			return "", nil, false
+		}
+	}
+	return subject, q, true
+}
+
 // handleResetState forgets a subject's state in this region, under every
 // policy or those named by ?policy=: the operator's way to let in a
 // customer locked out by mistake without waiting for the window. Other
 // regions keep their state (and, for a global policy, their share).
 func (d *Daemon) handleResetState(w http.ResponseWriter, r *http.Request) {
-	subject := r.PathValue("subject")
-	if subject == "" || len(subject) > 256 {
-		d.fail(w, r, invalid("subject", "must be 1 to 256 bytes"))
+	subject, q, ok := d.subjectQuery(w, r, "policy")
+	if !ok {
 		return
-	}
-	q := r.URL.Query()
-	for k := range q {
-		if k != "policy" {
-			d.fail(w, r, invalid(k, "unknown query parameter"))
-			return
-		}
 	}
 	policies := q["policy"]
 	for _, id := range policies {
@@ -386,17 +355,9 @@ func (d *Daemon) handleResetState(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Daemon) handleUsage(w http.ResponseWriter, r *http.Request) {
-	subject := r.PathValue("subject")
-	if subject == "" || len(subject) > 256 {
-		d.fail(w, r, invalid("subject", "must be 1 to 256 bytes"))
+	subject, q, ok := d.subjectQuery(w, r, "tier", "route", "method")
+	if !ok {
 		return
-	}
-	q := r.URL.Query()
-	for k := range q {
-		if k != "tier" && k != "route" && k != "method" {
-			d.fail(w, r, invalid(k, "unknown query parameter"))
-			return
-		}
 	}
 	tier := q.Get("tier")
 	if tier != "" && !quota.ValidID(tier) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-rl/sluice/decide"
 	"github.com/sluice-rl/sluice/internal/strictjson"
+	"github.com/sluice-rl/sluice/quota"
 )
 
 // ChargeRequest is the body of POST /v1/charge (decide.ChargeRequest).
@@ -40,4 +41,10 @@ func decodeCharge(body []byte, in *ChargeRequest) *Problem {
 	}
 	*in = tmp
 	return nil
+}
+
+// ChargeStates is the daemon's Decider().ChargeStates: it charges, after
+// the fact, policies the caller matched.
+func (d *Daemon) ChargeStates(ctx context.Context, subject string, applied []quota.Applied) (decide.ChargeAnswer, error) {
+	return d.dec.ChargeStates(ctx, subject, applied)
 }

@@ -274,9 +274,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 		}
 		d.closers = append(d.closers, client.Close)
 		d.redis = client
-		d.rstore = redisstore.New(client, redisstore.Config{Timeout: cfg.StoreTimeout})
+		kp := cfg.Redis.KeyPrefix
+		d.rstore = redisstore.New(client, redisstore.Config{Timeout: cfg.StoreTimeout, Prefix: kp + "rl:"})
 		store = d.rstore
-		ps := redispolicy.New(client, redispolicy.Config{}, log)
+		ps := redispolicy.New(client, redispolicy.Config{Key: kp + policyKey, Channel: kp + policyChannel}, log)
 		pstore = ps
 		d.watcher = redispolicy.NewWatcher(ps, nil, cfg.PolicyRefresh, log)
 	}
@@ -462,6 +463,13 @@ func storeDownReason(err error) string {
 	}
 	return down + err.Error()
 }
+
+// The hash and channel of the policies shared through Redis, after the
+// store's key prefix: redispolicy's defaults.
+const (
+	policyKey     = "{sluice-policies}:state"
+	policyChannel = "sluice-policies:changed"
+)
 
 // storeProbe is how often a daemon that started without its store tries
 // it again. The decision path probes on its own (the breaker's OpenFor).
@@ -808,6 +816,9 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 	g.Go(func() error { return d.events.Run(gctx) })
 	if d.mem != nil {
 		g.Go(func() error { return d.mem.Run(gctx, time.Minute) })
+	} else {
+		// Returns expired leases' tokens, and every lease's on the way out.
+		g.Go(func() error { return d.lim.RunLeases(gctx) })
 	}
 	if d.watcher != nil {
 		g.Go(func() error { return d.watcher.Run(gctx) })

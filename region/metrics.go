@@ -118,10 +118,29 @@ func newMetrics(reg prometheus.Registerer, lim *limiter.Limiter, mem *engine.Mem
 		stat("sluice_breaker_opens_total", "Times a store circuit breaker opened.", func(s limiter.Stats) uint64 { return s.BreakerOpens }),
 		stat("sluice_charge_errors_total", "Charges after the fact (POST /v1/charge) the store could not apply; never retried.", func(s limiter.Stats) uint64 { return s.ChargeErrors }),
 		stat("sluice_charges_dropped_total", "Charges after the fact dropped because the store could not apply them and every policy fails open.", func(s limiter.Stats) uint64 { return s.ChargesDropped }),
+		stat("sluice_lease_takes_total", "Lease slices taken from the store (policies with a lease).", func(s limiter.Stats) uint64 { return s.Leases.Takes }),
+		stat("sluice_lease_tokens_taken_total", "Tokens taken from the store in lease slices.", func(s limiter.Stats) uint64 { return s.Leases.TokensTaken }),
+		stat("sluice_lease_takes_rejected_total", "Lease takes the store refused: the bucket held less than the slice.", func(s limiter.Stats) uint64 { return s.Leases.TakesRejected }),
+		stat("sluice_lease_admitted_total", "Checks admitted from a local lease without a store call.", func(s limiter.Stats) uint64 { return s.Leases.Admitted }),
+		stat("sluice_lease_rejected_total", "Checks rejected in process: their lease was spent and its next take not due yet.", func(s limiter.Stats) uint64 { return s.Leases.Rejected }),
+		stat("sluice_lease_returns_total", "Deposits of a lease's unspent tokens back into the store's bucket.", func(s limiter.Stats) uint64 { return s.Leases.Returns }),
+		stat("sluice_lease_tokens_returned_total", "Unspent lease tokens deposited back into the store's bucket.", func(s limiter.Stats) uint64 { return s.Leases.TokensReturned }),
+		stat("sluice_lease_return_errors_total", "Lease returns the store could not apply; their tokens are lost (the bucket admits less, never more).", func(s limiter.Stats) uint64 { return s.Leases.ReturnErrors }),
+		leaseFallback("policy_changed", func(s limiter.LeaseStats) uint64 { return s.PolicyChanged }, lim),
+		leaseFallback("expired", func(s limiter.LeaseStats) uint64 { return s.Expired }, lim),
+		leaseFallback("table_full", func(s limiter.LeaseStats) uint64 { return s.TableFull }, lim),
 		&breakerCollector{lim: lim, desc: prometheus.NewDesc("sluice_breaker_state",
 			"Circuit breaker state per store shard: 1 for the state it is in (closed, half_open, open), 0 for the others.", []string{"shard", "state"}, nil)},
 	)
 	return m
+}
+
+// leaseFallback is one reason of sluice_lease_fallbacks_total.
+func leaseFallback(reason string, f func(limiter.LeaseStats) uint64, lim *limiter.Limiter) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_lease_fallbacks_total",
+		Help:        "Leases given up, by reason: policy_changed (a check came with another policy version or limit: the lease was returned and the key checked directly until seen hot again), expired (a lease outlived its lifetime with tokens left, which were returned), table_full (a check sent directly because the daemon leased as many keys as it may).",
+		ConstLabels: prometheus.Labels{"reason": reason}},
+		func() float64 { return float64(f(lim.Stats().Leases)) })
 }
 
 // breakerCollector reads the breaker states at scrape time.

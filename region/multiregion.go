@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-rl/sluice/adminapi"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -148,7 +150,7 @@ func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error
 		Limit: d.globalLimit, Quota: d.globalQuota, Bucket: d.globalBucket, Spend: d.spendTokens, Deposit: d.depositTokens,
 		NodeLocalStore: d.mem != nil, Clock: d.cfg.Clock, Logger: d.log.With("component", "globalshare"), Registerer: reg}
 	if d.redis != nil {
-		gsc.Store = &redisShares{c: d.redis, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
+		gsc.Store = &redisShares{c: d.redis, prefix: d.cfg.Redis.KeyPrefix, ttl: time.Duration(sc.PartitionIntervals+2) * sc.Interval}
 	}
 	c, err := globalshare.New(gsc)
 	if err != nil {
@@ -169,18 +171,20 @@ type redisKV interface {
 }
 
 // redisShares keeps a region's shares in its own Redis, one JSON value per
-// region under {sluice-shares}:<region>, expiring after the window in which
+// region under <prefix>{sluice-shares}:<region> (prefix the store's
+// redisstore.ClientConfig.KeyPrefix), expiring after the window in which
 // restoring them is still useful.
 type redisShares struct {
-	c   redisKV
-	ttl time.Duration
+	c      redisKV
+	prefix string
+	ttl    time.Duration
 }
 
-func sharesKey(region string) string { return "{sluice-shares}:" + region }
+func (r *redisShares) key(region string) string { return r.prefix + "{sluice-shares}:" + region }
 
 func (r *redisShares) LoadShares(ctx context.Context, region string) (globalshare.Saved, error) {
 	var s globalshare.Saved
-	b, err := r.c.Get(ctx, sharesKey(region)).Bytes()
+	b, err := r.c.Get(ctx, r.key(region)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return s, nil
 	}
@@ -195,14 +199,24 @@ func (r *redisShares) SaveShares(ctx context.Context, s globalshare.Saved) error
 	if err != nil {
 		return err
 	}
-	return r.c.Set(ctx, sharesKey(s.Region), b, r.ttl).Err()
+	return r.c.Set(ctx, r.key(s.Region), b, r.ttl).Err()
 }
 
-// globalLimit is L_global of a global-scope policy in units per second:
-// the bucket rate, or count/window for the window algorithms.
-func (d *Daemon) globalLimit(id string) (float64, bool) {
-	p, ok := d.reg.Get(id)
-	if !ok || p.Scope != quota.ScopeGlobal {
+// globalPolicy is the global-scope policy whose state is named state: a
+// policy id, or a descriptor's state name, under which the rate limit
+// service's checks are tracked (quota.PolicyOfState). The coordinator keys
+// every share, loan and quota counter by that name.
+func (d *Daemon) globalPolicy(state string) (quota.Policy, bool) {
+	p, ok := d.reg.Get(quota.PolicyOfState(state))
+	return p, ok && p.Scope == quota.ScopeGlobal
+}
+
+// globalLimit is L_global of a global-scope policy's state (globalPolicy)
+// in units per second: the bucket rate, or count/window for the window
+// algorithms.
+func (d *Daemon) globalLimit(state string) (float64, bool) {
+	p, ok := d.globalPolicy(state)
+	if !ok {
 		return 0, false
 	}
 	l := p.Limit()
@@ -219,9 +233,9 @@ func (d *Daemon) globalLimit(id string) (float64, bool) {
 // at least one second of its rate, whose loans may hand over tokens
 // (globalshare.CoreConfig.Bucket); the simulator answers the same for its
 // policy.
-func (d *Daemon) globalBucket(id string) bool {
-	p, ok := d.reg.Get(id)
-	if !ok || p.Scope != quota.ScopeGlobal {
+func (d *Daemon) globalBucket(state string) bool {
+	p, ok := d.globalPolicy(state)
+	if !ok {
 		return false
 	}
 	l := p.Limit()
@@ -230,22 +244,21 @@ func (d *Daemon) globalBucket(id string) bool {
 
 // tokenBucketCheck is the check the check path makes of a global token
 // bucket for subject, resolved as it resolves it: the policy of the key's
-// state name (a descriptor's state names its policy before the first
-// separator), its limit after any override in force for the subject, the
-// share this region enforces and the policy's version; failing closed. ok
-// is false for a subject an override exempts, or a policy that is unknown,
-// not global or no longer a token bucket.
+// state name (globalPolicy), its limit after any override in force for
+// the subject, the share this region enforces for the key and the
+// policy's version; failing closed. ok is false for a subject an override
+// exempts, or a policy that is unknown, not global or no longer a token
+// bucket.
 func (d *Daemon) tokenBucketCheck(key share.Key) (c engine.Check, ok bool) {
-	id, _, _ := strings.Cut(key.Policy, "\x1f")
-	p, found := d.reg.Get(id)
-	if !found || p.Scope != quota.ScopeGlobal {
+	p, found := d.globalPolicy(key.Policy)
+	if !found {
 		return c, false
 	}
 	l, _, exempt := d.reg.SubjectLimit(&p, key.Subject)
 	if exempt != nil || l.Algorithm != engine.TokenBucket {
 		return c, false
 	}
-	return engine.Check{Policy: key.Policy, Limit: l, Scale: share.Scale(d.shares.Share(p.ID, key.Subject)),
+	return engine.Check{Policy: key.Policy, Limit: l, Scale: share.Scale(d.shares.Share(key.Policy, key.Subject)),
 		Version: uint64(p.Version), OnFailure: engine.FailClosed}, true
 }
 
@@ -318,9 +331,9 @@ func (b limiterBuckets) Put(ctx context.Context, key share.Key, units int64) err
 // globalQuota is the window of a global quota: a scope: global
 // fixed_window policy, enforced as a G-counter across regions rather than
 // by shares (see QuotaSource).
-func (d *Daemon) globalQuota(id string) (time.Duration, bool) {
-	p, ok := d.reg.Get(id)
-	if !ok || p.Scope != quota.ScopeGlobal {
+func (d *Daemon) globalQuota(state string) (time.Duration, bool) {
+	p, ok := d.globalPolicy(state)
+	if !ok {
 		return 0, false
 	}
 	l := p.Limit()
@@ -557,28 +570,7 @@ func (d *Daemon) syncRegistry(ctx context.Context, who string, want policyset.Se
 }
 
 // RegionsStatus is the body of GET /v1/regions.
-type RegionsStatus struct {
-	// MultiRegion is false when the daemon runs single-region (no
-	// --region); the rest is then empty.
-	MultiRegion bool `json:"multi_region"`
-	globalshare.Status
-	// IntervalS is the report interval in seconds.
-	IntervalS float64 `json:"interval_s"`
-	// PolicyRevision and PolicyHash are this node's policy set: the
-	// cluster-wide revision it last made or applied (0: the seed set) and a
-	// hash of its content.
-	PolicyRevision uint64 `json:"policy_revision"`
-	PolicyHash     string `json:"policy_hash"`
-	// PolicySkew is true while the live nodes do not all advertise the
-	// same policy hash; PolicyRevisions lists each region's revisions.
-	PolicySkew      bool                `json:"policy_skew"`
-	PolicyRevisions map[string][]uint64 `json:"policy_revisions"`
-	Members         []gossip.Member     `json:"members"`
-	// GlobalQuotas is the size of this node's G-counter state per global
-	// quota, sorted by policy: every global quota in force, and any other
-	// policy whose counters are still held (until their window ends).
-	GlobalQuotas []globalshare.QuotaStat `json:"global_quotas"`
-}
+type RegionsStatus = adminapi.Regions
 
 func (d *Daemon) handleRegions(w http.ResponseWriter, r *http.Request) {
 	if d.cl == nil {
@@ -611,13 +603,28 @@ func (d *Daemon) handleRegions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
-// quotaStats is the coordinator's QuotaStats with a zero entry for each
-// global quota in force that holds no counters, sorted by policy.
+// quotaStats is the coordinator's QuotaStats, a descriptor policy's
+// states (each descriptor value counted apart) summed into their policy,
+// with a zero entry for each global quota in force that holds no
+// counters, sorted by policy.
 func (d *Daemon) quotaStats() []globalshare.QuotaStat {
-	out := d.cl.c.QuotaStats()
+	var out []globalshare.QuotaStat
 	have := map[string]bool{}
-	for _, st := range out {
-		have[st.Policy] = true
+	at := map[string]int{}
+	for _, st := range d.cl.c.QuotaStats() {
+		st.Policy = quota.PolicyOfState(st.Policy)
+		i, ok := at[st.Policy]
+		if !ok {
+			at[st.Policy] = len(out)
+			out = append(out, st)
+			have[st.Policy] = true
+			continue
+		}
+		sum := &out[i]
+		sum.Counters += st.Counters
+		sum.NodeCounters += st.NodeCounters
+		sum.Entries += st.Entries
+		sum.ApproxBytes += st.ApproxBytes
 	}
 	for _, p := range d.reg.List("") {
 		if _, ok := d.globalQuota(p.ID); ok && !have[p.ID] {
@@ -626,20 +633,6 @@ func (d *Daemon) quotaStats() []globalshare.QuotaStat {
 	}
 	slices.SortFunc(out, func(a, b globalshare.QuotaStat) int { return strings.Compare(a.Policy, b.Policy) })
 	return out
-}
-
-// GlobalShares is one global policy's division among regions for a
-// subject, in GET /v1/keys/{subject}/usage.
-type GlobalShares struct {
-	Policy string `json:"policy"`
-	// LimitPerSec is L_global in units per second.
-	LimitPerSec float64 `json:"limit_per_sec"`
-	// Coordinated is true when the regions negotiated shares for the key;
-	// otherwise every live region runs at the default 1/n.
-	Coordinated bool `json:"coordinated"`
-	// Share is this region's fraction now; Regions every region's.
-	Share   float64            `json:"share"`
-	Regions map[string]float64 `json:"regions"`
 }
 
 // globalShares lists the shares of the global policies among ps, leaving

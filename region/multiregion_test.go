@@ -1,7 +1,6 @@
 package region
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,9 +10,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testlog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -70,25 +70,7 @@ type liveDaemon struct {
 	base   string
 	cancel context.CancelFunc
 	done   chan error
-	logs   *lockedBuffer // the daemon's log, as text
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs   *testlog.Buffer // the daemon's log, as text
 }
 
 func startRegionDaemon(t *testing.T, regionName, node, join string, pols []quota.Policy) *liveDaemon {
@@ -110,7 +92,7 @@ func startRegionDaemon(t *testing.T, regionName, node, join string, pols []quota
 func serveDaemon(t *testing.T, cfg Config) *liveDaemon {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	d, err := New(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil)), reg, reg)
 	if err != nil {
 		t.Fatalf("New: %v", err)

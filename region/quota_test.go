@@ -100,37 +100,43 @@ func TestGlobalQuotaAcrossRegions(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), end.Add(-50*time.Millisecond))
 	defer cancel()
 	var wg sync.WaitGroup
+	// Four senders per daemon, each at a quarter of its rate: one sender
+	// waits for each answer, and on a busy machine a slow answer costs it
+	// ticks (a ticker drops them), so one alone offers too little.
+	const senders = 4
 	for l, rate := range rates {
-		wg.Go(func() {
-			tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
+		for range senders {
+			wg.Go(func() {
+				tick := time.NewTicker(time.Duration(float64(time.Second) * senders / rate))
+				defer tick.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tick.C:
+					}
+					req, _ := http.NewRequestWithContext(ctx, "POST", l.base+"/v1/check", strings.NewReader(`{"subject":"k","route":"/x"}`))
+					req.Header.Set("Content-Type", "application/json")
+					res, err := http.DefaultClient.Do(req)
+					if err != nil {
+						continue // the deadline
+					}
+					res.Body.Close()
+					at := time.Now()
+					if share.WindowIndex(at, window) != w {
+						continue
+					}
+					mu.Lock()
+					offered++
+					if res.StatusCode == http.StatusOK {
+						admits = append(admits, admit{regionOf[l], at})
+					} else if res.StatusCode != http.StatusTooManyRequests {
+						t.Errorf("check in %s = %d", regionOf[l], res.StatusCode)
+					}
+					mu.Unlock()
 				}
-				req, _ := http.NewRequestWithContext(ctx, "POST", l.base+"/v1/check", strings.NewReader(`{"subject":"k","route":"/x"}`))
-				req.Header.Set("Content-Type", "application/json")
-				res, err := http.DefaultClient.Do(req)
-				if err != nil {
-					continue // the deadline
-				}
-				res.Body.Close()
-				at := time.Now()
-				if share.WindowIndex(at, window) != w {
-					continue
-				}
-				mu.Lock()
-				offered++
-				if res.StatusCode == http.StatusOK {
-					admits = append(admits, admit{regionOf[l], at})
-				} else if res.StatusCode != http.StatusTooManyRequests {
-					t.Errorf("check in %s = %d", regionOf[l], res.StatusCode)
-				}
-				mu.Unlock()
-			}
-		})
+			})
+		}
 	}
 	wg.Wait()
 

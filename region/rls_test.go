@@ -3,8 +3,11 @@ package region
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/quota"
+	"github.com/sluice-rl/sluice/share"
 )
 
 // Descriptor policies limit rate limit service descriptors only: they are
@@ -43,5 +46,40 @@ func TestDescriptorPoliciesStayOutOfHTTP(t *testing.T) {
 	v, err = h.d.DecideStates(context.Background(), "rls:d", []quota.Applied{b, a})
 	if err != nil || v.Allowed || v.Results[0].Remaining != 1 || v.RetryAfterHeader == "" {
 		t.Fatalf("DecideStates again = %+v, %v, want rejected with nothing spent", v, err)
+	}
+}
+
+// The coordinator names a global descriptor policy's keys by the state a
+// descriptor spends (one key per descriptor value, as the rate limit
+// service tracks them); the daemon resolves each to its policy for its
+// limit, bucket, quota window and token checks, as it does a policy id.
+func TestGlobalDescriptorStatesResolve(t *testing.T) {
+	h := newHarness(t, nil)
+	h.putPolicy("per-ip", `{"algorithm":"token_bucket","rate_per_sec":100,"burst":100,"mode":"enforce","scope":"global","match":{"domain":"d","descriptors":[{"key":"ip"}]}}`)
+	h.putPolicy("daily", `{"algorithm":"fixed_window","limit":1000,"window":86400,"mode":"enforce","scope":"global","match":{"domain":"d","descriptors":[{"key":"user"}]}}`)
+	h.putPolicy("local", `{"algorithm":"token_bucket","rate_per_sec":5,"burst":5,"mode":"enforce","match":{"domain":"d","descriptors":[{"key":"ip"}]}}`)
+	ip := "per-ip\x1fip\x1e192.0.2.7"
+	tests := []struct {
+		state  string
+		limit  float64
+		bucket bool
+		window time.Duration
+	}{
+		{ip, 100, true, 0},
+		{"per-ip", 100, true, 0}, // spread descriptors: the state is the policy id
+		{"daily\x1fuser\x1eann", 1000.0 / 86400, false, 24 * time.Hour},
+		{"local\x1fip\x1e192.0.2.7", 0, false, 0},
+		{"unknown\x1fip\x1e192.0.2.7", 0, false, 0},
+	}
+	for _, tt := range tests {
+		l, lok := h.d.globalLimit(tt.state)
+		w, _ := h.d.globalQuota(tt.state)
+		if l != tt.limit || lok != (tt.limit > 0) || h.d.globalBucket(tt.state) != tt.bucket || w != tt.window {
+			t.Errorf("%q: limit %v %v, bucket %v, quota window %v; want %v, %v, %v", tt.state, l, lok, h.d.globalBucket(tt.state), w, tt.limit, tt.bucket, tt.window)
+		}
+	}
+	c, ok := h.d.tokenBucketCheck(share.Key{Policy: ip, Subject: "rls:d"})
+	if !ok || c.Policy != ip || c.Limit.Rate != 100 || c.OnFailure != engine.FailClosed {
+		t.Errorf("tokenBucketCheck = %+v, %v, want a check of the descriptor's own state at rate 100", c, ok)
 	}
 }

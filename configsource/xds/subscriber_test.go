@@ -1,7 +1,6 @@
 package xds
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testlog"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -105,29 +106,11 @@ func svc(name string, limits ...any) *rlconf.RateLimitConfig {
 	return c
 }
 
-// syncBuffer is a log destination safe for the subscriber's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // subscribed is a Subscriber running against a control plane, writing
 // into a registry that also holds a policy of the admin API.
 type subscribed struct {
 	reg  *quota.Registry
-	logs *syncBuffer
+	logs *testlog.Buffer
 	stop func() error
 }
 
@@ -140,7 +123,7 @@ func subscribe(t *testing.T, cp *controlPlane) *subscribed {
 	if _, err := reg.Put(ctx, "admin", admin, nil); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	cfg := DefaultConfig(cp.addr)
 	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 200*time.Millisecond
