@@ -332,26 +332,6 @@ func (c *Core) QuotaView(policy, subject string, w int64) QuotaView {
 	return v
 }
 
-// QuotaStat is the size of one global quota's G-counter state on this
-// node, for GET /v1/regions.
-type QuotaStat struct {
-	Policy string `json:"policy"`
-	// Counters is the number of (subject, window) G-counters held, with a
-	// component per region that spent; a counter is dropped when its window
-	// ends.
-	Counters int `json:"counters"`
-	// NodeCounters is the number of (subject, window) counters of this
-	// region's nodes' spend (a component per node), from which this
-	// region's component is summed.
-	NodeCounters int `json:"node_counters"`
-	// Entries is the number of components (region or node counts) in both.
-	Entries int `json:"entries"`
-	// ApproxBytes estimates the memory both take: the subject, policy and
-	// region or node names, 8 bytes per window and per count, and
-	// quotaEntryOverhead per counter for the map entry and slice header.
-	ApproxBytes int64 `json:"approx_bytes"`
-}
-
 // quotaEntryOverhead is ApproxBytes's allowance for a counter's map entry,
 // pointer, key strings' headers and slice header.
 const quotaEntryOverhead = 96

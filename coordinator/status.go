@@ -3,6 +3,7 @@ package coordinator
 import (
 	"time"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -20,6 +21,14 @@ type SavedShare struct {
 	Share float64 `json:"share"`
 }
 
+// The coordinator's view for GET /v1/regions; the types live in msg so that
+// a client can read them without linking the coordinator.
+type (
+	Status     = msg.Status
+	RegionInfo = msg.RegionInfo
+	QuotaStat  = msg.QuotaStat
+)
+
 type regionShares struct {
 	regions []string
 	shares  []float64
@@ -30,30 +39,4 @@ type reportInfo struct {
 	Epoch uint64
 	Bytes int
 	Keys  int
-}
-
-// RegionInfo describes one region for GET /v1/regions.
-type RegionInfo struct {
-	Region string   `json:"region"`
-	Nodes  []string `json:"nodes"` // live nodes
-	Live   bool     `json:"live"`
-	// LastReport is when this node last received (or, for its own region,
-	// built) the region's report; zero if never.
-	LastReport      time.Time `json:"last_report,omitzero"`
-	LastReportEpoch uint64    `json:"last_report_epoch,omitempty"`
-	LastReportBytes int       `json:"last_report_bytes,omitempty"`
-	LastReportKeys  int       `json:"last_report_keys"`
-}
-
-// Status is the coordinator's view for GET /v1/regions.
-type Status struct {
-	Region   string        `json:"region"`
-	Node     string        `json:"node"`
-	Interval time.Duration `json:"interval"`
-	Epoch    uint64        `json:"epoch"` // last rebalanced epoch
-	Isolated bool          `json:"isolated"`
-	// CoordinatedKeys is the number of keys with negotiated shares.
-	CoordinatedKeys int          `json:"coordinated_keys"`
-	DefaultShare    float64      `json:"default_share"`
-	Regions         []RegionInfo `json:"regions"`
 }

@@ -60,7 +60,7 @@ func TestHostileMessagesToLiveNode(t *testing.T) {
 	victim := startNode(t, "h-eu", "eu", keyA)
 	us := startNode(t, "h-us", "us", keyA, victim.Addr())
 	ap := startNode(t, "h-ap", "ap", keyA, victim.Addr()) // the insider
-	testwait.For(t, 10*time.Second, "3 nodes to join", func() bool { return victim.NumLive() == 3 && ap.NumLive() == 3 && us.NumLive() == 3 })
+	testwait.For(t, 30*time.Second, "3 nodes to join", func() bool { return victim.NumLive() == 3 && ap.NumLive() == 3 && us.NumLive() == 3 })
 
 	nowEpoch := uint64(testNow().UnixNano() / int64(DefaultInterval))
 	report := func(region string, edit func(*share.Report)) []byte {
@@ -108,7 +108,7 @@ func TestHostileMessagesToLiveNode(t *testing.T) {
 		if err := ap.ml.SendReliable(target, tt.msg); err != nil {
 			t.Fatalf("%s: send: %v", tt.name, err)
 		}
-		testwait.For(t, 10*time.Second, tt.name+" rejected as "+tt.reason, func() bool { return dropped(victim, tt.reason) >= before+1 })
+		testwait.For(t, 30*time.Second, tt.name+" rejected as "+tt.reason, func() bool { return dropped(victim, tt.reason) >= before+1 })
 	}
 
 	victim.in.mu.Lock()
@@ -131,7 +131,7 @@ func TestHostileMessagesToLiveNode(t *testing.T) {
 	if err := us.BroadcastPolicy(t.Context(), pol); err != nil {
 		t.Fatal(err)
 	}
-	testwait.For(t, 10*time.Second, "ap's real report and us's policy delivered", func() bool {
+	testwait.For(t, 30*time.Second, "ap's real report and us's policy delivered", func() bool {
 		victim.in.mu.Lock()
 		defer victim.in.mu.Unlock()
 		return len(victim.in.reports) == 1 && len(victim.in.policies) == 1

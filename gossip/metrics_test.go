@@ -91,7 +91,7 @@ func TestClusterMetrics(t *testing.T) {
 	t.Parallel()
 	eu := startNode(t, "m-eu1", "eu", keyA)
 	us := startNode(t, "m-us1", "us", keyA, eu.Addr())
-	testwait.For(t, 10*time.Second, "2 nodes to see each other", func() bool { return eu.NumLive() == 2 && us.NumLive() == 2 })
+	testwait.For(t, 30*time.Second, "2 nodes to see each other", func() bool { return eu.NumLive() == 2 && us.NumLive() == 2 })
 	age := func() (float64, bool) { return gauge(t, eu.reg, "sluice_gossip_report_age_seconds", "us") }
 	skew := func() float64 { v, _ := gauge(t, eu.reg, "sluice_policy_set_skewed_regions", ""); return v }
 
@@ -99,21 +99,21 @@ func TestClusterMetrics(t *testing.T) {
 		t.Error("eu lists a report age of its own region")
 	}
 	// No report yet: the age counts from us's join.
-	testwait.For(t, 10*time.Second, "the age of us to pass 0.5 s without a report", func() bool { a, ok := age(); return ok && a > 0.5 })
+	testwait.For(t, 30*time.Second, "the age of us to pass 0.5 s without a report", func() bool { a, ok := age(); return ok && a > 0.5 })
 	before, _ := age()
 	if err := us.BroadcastReport(context.Background(), testReport("us", 100, 1)); err != nil {
 		t.Fatal(err)
 	}
-	testwait.For(t, 10*time.Second, "a report to reset the age of us", func() bool { a, _ := age(); return a < before })
+	testwait.For(t, 30*time.Second, "a report to reset the age of us", func() bool { a, _ := age(); return a < before })
 
 	eu.SetPolicyVersion(1, "h1")
 	us.SetPolicyVersion(1, "h1")
-	testwait.For(t, 10*time.Second, "no skew on one set", func() bool { return skew() == 0 })
+	testwait.For(t, 30*time.Second, "no skew on one set", func() bool { return skew() == 0 })
 	us.SetPolicyVersion(2, "h2")
-	testwait.For(t, 10*time.Second, "skew when us holds another set", func() bool { return skew() == 1 })
+	testwait.For(t, 30*time.Second, "skew when us holds another set", func() bool { return skew() == 1 })
 	eu.SetPolicyVersion(2, "h2")
-	testwait.For(t, 10*time.Second, "no skew once eu holds it too", func() bool { return skew() == 0 })
+	testwait.For(t, 30*time.Second, "no skew once eu holds it too", func() bool { return skew() == 0 })
 
 	us.close()
-	testwait.For(t, 10*time.Second, "us to be seen as left and its age no longer listed", func() bool { _, ok := age(); return !ok })
+	testwait.For(t, 30*time.Second, "us to be seen as left and its age no longer listed", func() bool { _, ok := age(); return !ok })
 }

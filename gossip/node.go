@@ -661,12 +661,29 @@ const (
 // sendTo sends b to every target over memberlist's reliable path, at most
 // 16 at once, and returns once every send has finished.
 func (n *Node) sendTo(ctx context.Context, b []byte, kind Kind, path string, targets []Member) error {
+	_, err := n.sendEach(ctx, b, kind, path, targets)
+	return err
+}
+
+// sendEach sends b to every target, at most 16 at a time, and returns the
+// nodes whose send failed with their errors joined.
+func (n *Node) sendEach(ctx context.Context, b []byte, kind Kind, path string, targets []Member) (failed []string, err error) {
+	var mu sync.Mutex
+	var errs []error
 	g, _ := errgroup.WithContext(ctx)
 	g.SetLimit(16)
 	for _, t := range targets {
-		g.Go(func() error { return n.sendOne(ctx, b, kind, path, t) })
+		g.Go(func() error {
+			if err := n.sendOne(ctx, b, kind, path, t); err != nil {
+				mu.Lock()
+				failed, errs = append(failed, t.Node), append(errs, err)
+				mu.Unlock()
+			}
+			return nil
+		})
 	}
-	return g.Wait()
+	_ = g.Wait()
+	return failed, errors.Join(errs...)
 }
 
 // sendOne sends b to member t over memberlist's reliable path.

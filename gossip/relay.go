@@ -42,16 +42,36 @@ func (n *Node) forwardLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case f := <-n.fwd:
-			var targets []Member
-			for _, m := range n.Members() {
-				if m.Node != n.cfg.Node && m.Region == n.cfg.Region && m.State.Live() {
-					targets = append(targets, m)
-				}
-			}
-			if err := n.sendTo(ctx, f.b, f.kind, pathRelay, targets); err != nil && ctx.Err() == nil {
-				n.cfg.Logger.Debug("gossip: relay inside region", "kind", f.kind.String(), "err", err)
+			n.forwardOne(ctx, f)
+		}
+	}
+}
+
+// forwardTries bounds how often a relayed message is sent to a node of
+// this region that did not take it: the relay is the only way the message
+// reaches that node, so one failed send (a dial timing out on a loaded
+// host) would cost the node the whole round, while a node that is really
+// gone costs at most this many timeouts per message until membership
+// declares it dead.
+const forwardTries = 2
+
+// forwardOne sends f to this region's other live nodes, and once more to
+// those whose send failed that membership still holds live.
+func (n *Node) forwardOne(ctx context.Context, f forward) {
+	var failed []string
+	for try := range forwardTries {
+		var targets []Member
+		for _, m := range n.Members() {
+			if m.Node != n.cfg.Node && m.Region == n.cfg.Region && m.State.Live() && (try == 0 || slices.Contains(failed, m.Node)) {
+				targets = append(targets, m)
 			}
 		}
+		var err error
+		failed, err = n.sendEach(ctx, f.b, f.kind, pathRelay, targets)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		n.cfg.Logger.Debug("gossip: relay inside region", "kind", f.kind.String(), "try", try+1, "err", err)
 	}
 }
 

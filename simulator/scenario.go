@@ -71,6 +71,8 @@ type Scenario struct {
 	Gossip  Gossip     `json:"gossip,omitempty"`
 	Share   ShareSpec  `json:"share,omitempty"`
 	Quota   *QuotaSpec `json:"quota,omitempty"`
+	// Charge, with a Quota, charges each request's cost after the fact.
+	Charge *ChargeSpec `json:"charge,omitempty"`
 	// LimitSteps change L during the run (e.g. halve it).
 	LimitSteps []LimitStep `json:"limit_steps,omitempty"`
 	// ChangeAt is the moment convergence is measured from (default 0).
@@ -201,6 +203,41 @@ type QuotaSpec struct {
 	Window Duration `json:"window"`
 }
 
+// ChargeSpec makes every request's cost known only after it is served,
+// as an LLM completion's tokens are: a cost drawn uniformly from 1 to
+// MaxCost, charged after the fact (engine.MemoryStore.Charge, past the
+// limit if need be) and counted in the region's usage as the daemon's
+// limiter counts a tracked charge. The oracle does the same against the
+// whole limit.
+//
+// With a Quota, each arrival is checked at cost 0 (a read, refused once
+// the quota is spent) and, when admitted, charged its cost at once;
+// charged_vs_oracle_pct compares the units charged, and the windows count
+// requests.
+//
+// Without one the policy is a token rate divided by shares (a global
+// token bucket of Limit.Rate tokens a second): each arrival is checked at
+// Estimate tokens, held as a reservation, and when admitted settled with
+// its cost Latency later (the refund or the extra charge of a reservation;
+// a settlement adds what it charged beyond the estimate to the region's
+// usage, a refund takes nothing back). Traffic.Rate is then in requests,
+// (1+MaxCost)/2 tokens each on average, and every figure of the windows
+// counts tokens: offered (a refused request counts the cost it would have
+// had), admitted and the oracle's.
+type ChargeSpec struct {
+	MaxCost int64 `json:"max_cost"`
+	// Estimate is what a check of a token rate spends before the cost is
+	// known (1 to MaxCost; required without a Quota, unused with one).
+	Estimate int64 `json:"estimate,omitempty"`
+	// Latency is how long an admitted request of a token rate is served
+	// before it is settled (default 0: at once; at most 1 minute).
+	Latency Duration `json:"latency,omitempty"`
+}
+
+// chargesRate reports whether s charges a share-limited token rate after
+// the fact (a Charge without a Quota), whose figures count tokens.
+func (s Scenario) chargesRate() bool { return s.Charge != nil && s.Quota == nil }
+
 // Target is one goal: Metric (a summary field name) must lie in [Min, Max]
 // (either bound may be omitted).
 type Target struct {
@@ -261,10 +298,33 @@ func (s Scenario) Validate() error {
 	if s.Quota != nil && (s.Quota.Limit == 0 || s.Quota.Window.D() <= 0) {
 		return fmt.Errorf("scenario %s: quota needs a limit and a window", s.Name)
 	}
+	if err := s.validateCharge(); err != nil {
+		return err
+	}
 	for _, t := range s.Targets {
 		if _, ok := metricNames[t.Metric]; !ok {
 			return fmt.Errorf("scenario %s: unknown target metric %q", s.Name, t.Metric)
 		}
+	}
+	return nil
+}
+
+// validateCharge reports the first field of Charge that cannot run.
+func (s Scenario) validateCharge() error {
+	c := s.Charge
+	switch {
+	case c == nil:
+		return nil
+	case c.MaxCost < 1 || c.MaxCost > 1_000_000:
+		return fmt.Errorf("scenario %s: charge.max_cost must be from 1 to 1000000, got %d", s.Name, c.MaxCost)
+	case s.Quota != nil && (c.Estimate != 0 || c.Latency != 0):
+		return fmt.Errorf("scenario %s: charge.estimate and charge.latency are for a token rate, not a quota", s.Name)
+	case s.Quota == nil && (c.Estimate < 1 || c.Estimate > c.MaxCost):
+		return fmt.Errorf("scenario %s: charge.estimate must be from 1 to max_cost (%d), got %d", s.Name, c.MaxCost, c.Estimate)
+	case c.Latency < 0 || c.Latency.D() > time.Minute:
+		return fmt.Errorf("scenario %s: charge.latency must be from 0 to 1m, got %v", s.Name, c.Latency.D())
+	case s.Quota == nil && len(s.Gossip.Crashes) > 0:
+		return fmt.Errorf("scenario %s: a charged token rate is not simulated with crashes", s.Name)
 	}
 	return nil
 }

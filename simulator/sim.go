@@ -90,6 +90,22 @@ type sim struct {
 	shares  []float64 // each region's share of key 0, for m
 	seq     int64     // messages sent
 	err     error     // first invariant broken (Options.CheckShares)
+	// Requests of a charged token rate being served, by when they settle
+	// (Latency is the same for all, so in arrival order), and the
+	// reservations held so far.
+	serving []settlement
+	resv    int64
+}
+
+// settlement is an admitted request of a charged token rate being served:
+// settled at at (virtual ns) with its cost, in region, or at the oracle
+// when region is nil.
+type settlement struct {
+	at     int64
+	region *region
+	sub    string
+	id     string
+	cost   int64
 }
 
 // Run simulates sc and returns its metrics. It honours ctx between ticks.
@@ -203,7 +219,7 @@ func newSim(sc Scenario, opt Options) (*sim, error) {
 		return nil, fmt.Errorf("scenario %s: %w", sc.Name, err)
 	}
 	clk := vclock{&s.now}
-	maxKeys := 2 * sc.Keys
+	maxKeys := s.storeKeys()
 	s.oracle = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: maxKeys, Shards: 1})
 	s.ochecks[0] = engine.Check{Policy: policy, Limit: s.limit, Cost: 1, Scale: 1}
 	for i := range sc.Regions {
@@ -221,6 +237,16 @@ func newSim(sc Scenario, opt Options) (*sim, error) {
 	s.m = NewRecorder(sc)
 	s.shares = make([]float64, sc.Regions)
 	return s, nil
+}
+
+// storeKeys is the MaxKeys of every engine store: twice the keys, and
+// room for the reservations of a charged token rate's requests in
+// service (a store holds at most MaxKeys of them).
+func (s *sim) storeKeys() int {
+	if s.sc.chargesRate() {
+		return 2*s.sc.Keys + 1<<20
+	}
+	return 2 * s.sc.Keys
 }
 
 // local is region r's clock at virtual time t.
@@ -302,7 +328,7 @@ func (s *sim) quotaOf(p string) (time.Duration, bool) {
 // coordinator core, which restores the shares its regional store saved.
 func (s *sim) boot(r *region) error {
 	clk := vclock{&s.now}
-	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: 2 * s.sc.Keys, Shards: 1})
+	r.store = engine.NewMemoryStore(engine.MemoryConfig{Clock: clk, MaxKeys: s.storeKeys(), Shards: 1})
 	cfg := coordinator.CoreConfig{Share: s.cfg, Region: r.name, Node: r.node, Limit: s.limitOf,
 		Bucket: s.bucketOf, ContactLag: s.sc.Gossip.ContactEvery.D() + s.sc.Gossip.PingTimeout.D(), PoolTokens: true}
 	if s.sc.Quota != nil {
@@ -347,6 +373,7 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 			}
 		}
 		s.now = t0
+		s.settleDue()
 		s.events(t0)
 		s.sc.Traffic.Rates(time.Duration(t0-startNS), crashed, rates)
 		total := 0
@@ -388,6 +415,7 @@ func (s *sim) run(ctx context.Context, progress func(done, total time.Duration))
 			} else if s.sc.Keys > 1 {
 				k = s.rng.IntN(s.sc.Keys)
 			}
+			s.settleDue()
 			s.arrive(s.regions[ri], k)
 		}
 	}
@@ -404,6 +432,14 @@ func (s *sim) lrateBase() float64 { return s.sc.Limit.Rate }
 // share.QuotaScale of a global quota), and at the oracle.
 func (s *sim) arrive(r *region, k int) {
 	sub := s.subs[k]
+	if s.sc.chargesRate() {
+		s.arriveRate(r, k)
+		return
+	}
+	if s.sc.Charge != nil {
+		s.arriveCharged(r, k)
+		return
+	}
 	if s.sc.Quota != nil {
 		w := share.WindowIndex(r.local(s.now), s.sc.Quota.Window.D())
 		r.checks[0].Scale = share.QuotaScale(s.limit.Count, r.core.QuotaOthers(policy, sub, w))
@@ -430,6 +466,137 @@ func (s *sim) arrive(r *region, k int) {
 	}
 	s.checks++
 	s.m.Arrival(r.idx, k, ok, od.Allowed)
+}
+
+// arriveCharged decides one request whose cost is known only after it is
+// served (Scenario.Charge) in region r for key k, and at the oracle: a
+// check of cost 0 with the quota's scale, then, when admitted, a charge of
+// the cost drawn, tracked as the daemon's limiter tracks a charge.
+func (s *sim) arriveCharged(r *region, k int) {
+	sub := s.subs[k]
+	ctx := context.Background()
+	w := share.WindowIndex(r.local(s.now), s.sc.Quota.Window.D())
+	c := engine.Check{Policy: policy, Limit: s.limit, Scale: share.QuotaScale(s.limit.Count, r.core.QuotaOthers(policy, sub, w))}
+	cost := 1 + s.rng.Int64N(s.sc.Charge.MaxCost)
+	// One check and one charge of a store call each.
+	charge := func(st *engine.MemoryStore, c engine.Check) (bool, int64) {
+		d, err := st.Check(ctx, engine.Request{Subject: sub, Checks: []engine.Check{c}})
+		if err != nil {
+			panic(err)
+		}
+		s.checks++
+		if !d.Allowed {
+			return false, 0
+		}
+		c.Cost = cost
+		if _, err := st.Charge(ctx, engine.ChargeRequest{Subject: sub, Checks: []engine.Check{c}}); err != nil {
+			panic(err)
+		}
+		return true, cost
+	}
+	ok, units := charge(r.store, c)
+	uk := engine.UsageKey{Subject: sub, Policy: policy}
+	u := r.usage[uk]
+	u.Demand += units
+	u.Admitted += units
+	u.At = r.local(s.now)
+	r.usage[uk] = u
+	oc := s.ochecks[0]
+	oc.Cost = 0
+	ook, ounits := charge(s.oracle, oc)
+	s.m.Arrival(r.idx, k, ok, ook)
+	s.m.Charged(units, ounits)
+}
+
+// arriveRate decides one request of a charged token rate (Scenario.Charge
+// without a Quota) in region r for key k, and at the oracle: a check of
+// the estimate at the region's share, held as a reservation, which an
+// admitted request settles with its cost Latency later. The check's
+// estimate is tracked as the daemon's limiter tracks a check (demand, and
+// admitted when allowed), the settlement's extra as it tracks a charge.
+func (s *sim) arriveRate(r *region, k int) {
+	sub := s.subs[k]
+	est := s.sc.Charge.Estimate
+	cost := 1 + s.rng.Int64N(s.sc.Charge.MaxCost)
+	c := engine.Check{Policy: policy, Limit: s.limit, Cost: est, Scale: share.Scale(r.core.Share(policy, sub))}
+	d, id := s.reserve(r.store, sub, c)
+	uk := engine.UsageKey{Subject: sub, Policy: policy}
+	u := r.usage[uk]
+	u.Demand += est
+	if d.Allowed {
+		u.Admitted += est
+	}
+	u.Remaining, u.At = d.Results[0].Remaining, r.local(s.now)
+	r.usage[uk] = u
+	oc := s.ochecks[0]
+	oc.Cost = est
+	od, oid := s.reserve(s.oracle, sub, oc)
+	at := s.now + s.sc.Charge.Latency.D().Nanoseconds()
+	if d.Allowed {
+		s.serving = append(s.serving, settlement{at: at, region: r, sub: sub, id: id, cost: cost})
+	}
+	if od.Allowed {
+		s.serving = append(s.serving, settlement{at: at, sub: sub, id: oid, cost: cost})
+	}
+	s.m.ArrivalUnits(r.idx, k, cost, d.Allowed, od.Allowed)
+	s.settleDue()
+}
+
+// reserve checks c for sub in st and, when allowed, holds its cost as a
+// reservation, whose id it returns.
+func (s *sim) reserve(st *engine.MemoryStore, sub string, c engine.Check) (engine.Decision, string) {
+	ctx := context.Background()
+	d, err := st.Check(ctx, engine.Request{Subject: sub, Checks: []engine.Check{c}})
+	if err != nil {
+		panic(err) // scenario limits are validated up front; scales are in (0, 1]
+	}
+	s.checks++
+	if !d.Allowed {
+		return d, ""
+	}
+	s.resv++
+	id := strconv.FormatInt(s.resv, 36)
+	if err := st.Reserve(ctx, sub, id, []engine.Check{c}, s.sc.Charge.Latency.D()+time.Minute); err != nil {
+		panic(err)
+	}
+	return d, id
+}
+
+// settleDue settles the requests in service whose time has come: each
+// region's reservation at the share it enforces now, adding what the
+// settlement charged beyond the estimate to its usage (a refund takes
+// nothing back, as the daemon's limiter counts it); the oracle's at full
+// scale. A crashed region's requests are lost with it.
+func (s *sim) settleDue() {
+	for len(s.serving) > 0 && s.serving[0].at <= s.now {
+		p := s.serving[0]
+		s.serving = s.serving[1:]
+		st, c := s.oracle, s.ochecks[0]
+		if p.region != nil {
+			if p.region.crashed {
+				continue
+			}
+			st, c = p.region.store, engine.Check{Policy: policy, Limit: s.limit, Scale: share.Scale(p.region.core.Share(policy, p.sub))}
+		}
+		c.Cost = p.cost
+		held := make([]int64, 1)
+		d, err := st.Charge(context.Background(), engine.ChargeRequest{Subject: p.sub, Checks: []engine.Check{c}, Reservation: p.id, Held: held})
+		if err != nil {
+			panic(err) // the reservation is held for Latency and a minute
+		}
+		if p.region == nil {
+			s.m.Charged(0, p.cost)
+			continue
+		}
+		uk := engine.UsageKey{Subject: p.sub, Policy: policy}
+		u := p.region.usage[uk]
+		extra := max(p.cost-held[0], 0)
+		u.Demand += extra
+		u.Admitted += extra
+		u.Remaining, u.At = d.Results[0].Remaining, p.region.local(s.now)
+		p.region.usage[uk] = u
+		s.m.Charged(p.cost, 0)
+	}
 }
 
 // tick runs region r's coordinator as Coordinator.Run would at t: Tick when

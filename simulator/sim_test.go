@@ -3,6 +3,8 @@ package simulator
 import (
 	"bytes"
 	"context"
+	"math"
+	"strings"
 	"testing"
 )
 
@@ -164,5 +166,71 @@ func TestCrashReclaimedWithinHold(t *testing.T) {
 		if got := r.Summary.GlobalErrorP99Pct; got > 5 || r.Summary.OvershootMaxPct > 1 {
 			t.Errorf("seed %d: global_error_p99_pct %v, overshoot_max_pct %v; want ≤ 5 and ≤ 1", seed, got, r.Summary.OvershootMaxPct)
 		}
+	}
+}
+
+// TestChargedTokenRateCountsTokens runs the charged token rate (shortened
+// to 120 s, settled at once so that every admitted request is charged by
+// the end) and checks that its windows count tokens, not requests: the
+// offered tokens are 2·L·W (the requests alone would be a tenth of that),
+// the oracle admits L·W tokens a minute once its first burst is spent,
+// and the tokens the windows count as admitted are those charged.
+func TestChargedTokenRateCountsTokens(t *testing.T) {
+	sc, ok := Builtin("global-token-rate-charged")
+	if !ok {
+		t.Fatal("no global-token-rate-charged scenario")
+	}
+	sc.Duration = sec(120)
+	ch := *sc.Charge
+	ch.Latency = 0
+	sc.Charge = &ch
+	r, err := Run(context.Background(), sc, Options{Seed: 1, CheckShares: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range r.Windows {
+		if x := float64(w.Offered) / w.Limit; x < 1.8 || x > 2.2 {
+			t.Errorf("10 s window %d: offered %d tokens against L·W = %v (%.2f×), want about 2×", i, w.Offered, w.Limit, x)
+		}
+	}
+	for i, w := range r.Windows60[1:] {
+		if x := float64(w.Oracle) / w.Limit; x < 0.98 || x > 1.02 {
+			t.Errorf("60 s window %d: the oracle admitted %d tokens against L·60 s = %v, want within 2%%", i+1, w.Oracle, w.Limit)
+		}
+	}
+	s := r.Summary
+	if s.ChargedVsOracle == 0 || math.Abs(s.AdmittedVsOracle-s.ChargedVsOracle) > 1e-3 {
+		t.Errorf("admitted vs oracle %v%% by the windows, %v%% by the charges: want the same tokens", s.AdmittedVsOracle, s.ChargedVsOracle)
+	}
+}
+
+// TestChargeScenarioValidation: a charged token rate needs an estimate
+// within its costs; a quota takes neither an estimate nor a latency.
+func TestChargeScenarioValidation(t *testing.T) {
+	rate, _ := Builtin("global-token-rate-charged")
+	budget, _ := Builtin("global-token-budget-charged")
+	for _, tc := range []struct {
+		name  string
+		sc    Scenario
+		c     ChargeSpec
+		field string
+	}{
+		{"no estimate", rate, ChargeSpec{MaxCost: 19}, "charge.estimate"},
+		{"estimate over max", rate, ChargeSpec{MaxCost: 19, Estimate: 20}, "charge.estimate"},
+		{"negative latency", rate, ChargeSpec{MaxCost: 19, Estimate: 10, Latency: -1}, "charge.latency"},
+		{"latency over a minute", rate, ChargeSpec{MaxCost: 19, Estimate: 10, Latency: sec(61)}, "charge.latency"},
+		{"max cost 0", rate, ChargeSpec{Estimate: 1}, "charge.max_cost"},
+		{"quota with estimate", budget, ChargeSpec{MaxCost: 19, Estimate: 10}, "charge.estimate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := tc.sc
+			sc.Charge = &tc.c
+			if err := sc.Validate(); err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.c, err, tc.field)
+			}
+		})
+	}
+	if err := rate.Validate(); err != nil {
+		t.Errorf("Validate(%s) = %v", rate.Name, err)
 	}
 }

@@ -23,7 +23,8 @@ import (
 // FaultNet is a network with injected faults for nodes on one machine (the
 // live simulator and tests): every node whose gossip.Config.Memberlist is
 // Attach(region) sends through it. It cuts regions apart (Partition, Heal), loses and delays
-// messages between regions (SetLoss, SetDelay), and makes memberlist's
+// messages between regions (SetLoss, SetDelay), refuses stream dials to one
+// node (RefuseDials), and makes memberlist's
 // failure detector as fast as Detect asks.
 //
 // Partitions cut everything between the regions on either side: packets
@@ -69,6 +70,7 @@ type FaultNet struct {
 	loss     float64
 	delay    time.Duration
 	jitter   time.Duration
+	refuse   map[string]int // "ip:port" → stream dials still to refuse
 	counts   FaultCounts
 }
 
@@ -79,12 +81,24 @@ type FaultCounts struct {
 	// LostStreams were accepted and never delivered; DelayedStreams were
 	// delivered late.
 	LostStreams, DelayedStreams int64
+	// RefusedDials failed as RefuseDials asked.
+	RefusedDials int64
 }
 
 // NewFaultNet returns a network without faults; seed makes its loss and
 // jitter draws repeatable (the timing of real goroutines still is not).
 func NewFaultNet(seed uint64) *FaultNet {
-	return &FaultNet{rng: rand.New(rand.NewPCG(seed, 0xfa017)), regionOf: map[string]string{}, cut: map[[2]string]bool{}}
+	return &FaultNet{rng: rand.New(rand.NewPCG(seed, 0xfa017)), regionOf: map[string]string{}, cut: map[[2]string]bool{},
+		refuse: map[string]int{}}
+}
+
+// RefuseDials makes the next n stream dials to addr, from any node and in
+// any region, fail at once, as dials that timed out on a loaded host: the
+// node stays live to membership, whose packets still pass.
+func (f *FaultNet) RefuseDials(addr string, n int) {
+	f.mu.Lock()
+	f.refuse[addr] += n
+	f.mu.Unlock()
 }
 
 // Partition cuts every region in side off from every region not in it, on
@@ -149,6 +163,11 @@ type fate struct {
 func (f *FaultNet) fate(src, dst string, stream bool) fate {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if stream && f.refuse[dst] > 0 {
+		f.refuse[dst]--
+		f.counts.RefusedDials++
+		return fate{cut: true}
+	}
 	to, ok := f.regionOf[dst]
 	if !ok || to == src {
 		return fate{}
@@ -257,7 +276,7 @@ func (t *faultTransport) DialTimeout(addr string, timeout time.Duration) (net.Co
 	ft := t.net.fate(t.region, addr, true)
 	switch {
 	case ft.cut:
-		return nil, fmt.Errorf("gossip: fault: %s unreachable (partition)", addr)
+		return nil, fmt.Errorf("gossip: fault: %s unreachable (partition or refused dial)", addr)
 	case !ft.lost && ft.delay == 0:
 		return t.NetTransport.DialTimeout(addr, timeout)
 	}

@@ -212,6 +212,9 @@ func Validate(sc simulator.Scenario) error {
 	if sc.Gossip.NoContact {
 		bad = append(bad, "gossip.no_contact (the daemons always ping)")
 	}
+	if sc.Charge != nil {
+		bad = append(bad, "charge (charges after the fact are measured live by cmd/sluice's TestGlobalTokenBudgetWithCharges and TestGlobalTokenRateWithCharges)")
+	}
 	// Live, memberlist's own timings follow gossip.detect
 	// (gossiptest.FaultNet.Detect) and the pings run every interval/40 with
 	// the probe timeout; the virtual run's knobs for them have nothing to

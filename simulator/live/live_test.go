@@ -96,8 +96,12 @@ func (h stepLogger) WithGroup(string) slog.Handler      { return h }
 
 func TestValidateRejectsWhatLiveCannotRun(t *testing.T) {
 	for _, sc := range simulator.Builtins() {
-		if err := Validate(sc); err != nil {
-			t.Errorf("Validate(%s) = %v, want every built-in scenario to run live", sc.Name, err)
+		err := Validate(sc)
+		switch {
+		case sc.Charge != nil && (err == nil || !strings.Contains(err.Error(), "charge")):
+			t.Errorf("Validate(%s) = %v, want a scenario of charges after the fact refused, naming charge", sc.Name, err)
+		case sc.Charge == nil && err != nil:
+			t.Errorf("Validate(%s) = %v, want every built-in scenario without charges to run live", sc.Name, err)
 		}
 	}
 	sec := func(s float64) simulator.Duration { return simulator.Duration(s * float64(time.Second)) }
