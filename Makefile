@@ -4,7 +4,7 @@ PKGS    := ./...
 BIN     := bin/sluice
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test test-deps test-short race bench bench-peers bench-scale lint fuzz sim-report sim-live gossip-traffic soak soak-inject clean static image helm ops-test demo demo-test
+.PHONY: all build test test-deps test-short property race bench bench-peers bench-scale lint fuzz sim-report sim-live gossip-traffic soak soak-inject clean static image helm ops-test demo demo-test
 
 all: build
 
@@ -24,6 +24,11 @@ test: test-deps lint
 # to run is printed and make stops).
 test-deps:
 	@bash .ci/test-deps
+
+# The simulator's share property over 1000 seeds of every built-in scenario
+# (make test runs 250 in its first pass, 50 under the race detector).
+property:
+	$(GO) test -count=1 -timeout 45m -run '^TestPropertySharesValid$$' ./simulator/ -args -property-seeds 1000
 
 # Unit tests only: everything that needs a real server skips.
 test-short:
@@ -48,7 +53,7 @@ bench:
 # once with go install into SLUICE_TOOLS (default ~/.cache/sluice-tools).
 bench-peers:
 	@mkdir -p out
-	@bash -o pipefail -c 'bash bench/peers.sh 2>&1 | tee out/bench-peers.txt'
+	@bash -o pipefail -c '{ bash bench/peers.sh && bash bench/peers_tls.sh; } 2>&1 | tee out/bench-peers.txt'
 
 # K daemons x a Redis Cluster of M primaries on this machine at saturation:
 # decisions per CPU-second of the daemons and of Redis for each M x K, the

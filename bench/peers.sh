@@ -282,7 +282,9 @@ for r in $(seq 1 "$ROUNDS"); do
     if [ -n "${on_redis[$s]:-}" ]; then
       rcpu[$s]="${rcpu[$s]:-} $(awk -v d=$((r1 - r0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
     fi
-    log "fixed rate round $r $s: CPU per request ${cpu[$s]##* } us (redis-server ${rcpu[$s]:+${rcpu[$s]##* } us}${rcpu[$s]:-none})"
+    rlast=none
+    [ -z "${rcpu[$s]:-}" ] || rlast="${rcpu[$s]##* } us"
+    log "fixed rate round $r $s: CPU per request ${cpu[$s]##* } us (redis-server $rlast)"
     log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
   done
 done
@@ -369,4 +371,4 @@ done
 if [ -n "$peer_p99" ] && [ "$sluice_p99" != 0 ]; then
   awk -v a="$sluice_p99" -v b="$peer_p99" 'BEGIN { if (b > 0) printf "BENCH peers_sluice_p99_over_best_peer_p99 %.3f ratio\n", a / b }'
 fi
-bash bench/peers_rls.sh # last, the gRPC rate limit services (bench/README.md)
+bash bench/peers_rls.sh # then the gRPC rate limit services (bench/README.md); make bench-peers runs bench/peers_tls.sh after

@@ -11,12 +11,18 @@
 #                    store on database 1
 #   envoy_ratelimit  envoyproxy/ratelimit, GRPC_PORT, Redis backend on
 #                    database 0 (its defaults kept, as in bench/peers.sh)
+#   sluice_cluster   sluice serve --envoy-config FILE on a Redis Cluster of
+#                    three primaries (redis-cluster://, so each descriptor
+#                    has a slot of its own)
+#   envoy_cluster    envoyproxy/ratelimit in its cluster mode
+#                    (REDIS_TYPE=cluster) on the same Cluster
 #   sluice_grpc      (not by default) sluice_redis served by grpc-go tuned
 #                    instead of its own HTTP/2 transport (--rls-transport
 #                    grpc, built with -tags vtprotobuf), Redis database 2:
 #                    RLS_SYSTEMS="sluice_redis sluice_grpc" compares the
 #                    two transports
-# Both load one file: domain bench, a descriptor user with LIMIT (1000)
+# The four run interleaved in the same rounds; the Cluster is started only
+# when a cluster system is asked for. All load one file: domain bench, a descriptor user with LIMIT (1000)
 # requests per second, which Sluice decides with envoyproxy/ratelimit's own
 # fixed window. Each call names one of USERS (10 000) users in turn
 # (user=u<i>), so no user nears its limit: every answer must be OK, and the
@@ -47,7 +53,8 @@
 #
 # Knobs (environment): ROUNDS (3), ROUND_SECS (10), FIXED_SECS (ROUND_SECS),
 # USERS (10000), LIMIT (1000), RLS_CONNS (4), RLS_STREAMS (50), RLS_RATE
-# (auto), RATE_FRACTION (0.7), RLS_SYSTEMS (both, in the order above),
+# (auto), RATE_FRACTION (0.7), RLS_SYSTEMS (the first four, in the order
+# above; "sluice_redis envoy_ratelimit" leaves the Cluster out),
 # SLUICE_REDIS_FLAGS (more flags for sluice serve), SLUICE_TOOLS (cache of
 # the peers' binaries, default ~/.cache/sluice-tools). Prints
 # `BENCH peers_rls_<name> <value> <unit>` lines last.
@@ -64,7 +71,7 @@ RLS_STREAMS=${RLS_STREAMS:-50}
 RLS_RATE=${RLS_RATE:-auto}
 RATE_FRACTION=${RATE_FRACTION:-0.7}
 RLS_CLIENT=${RLS_CLIENT:-h2}
-RLS_SYSTEMS=${RLS_SYSTEMS:-"sluice_redis envoy_ratelimit"}
+RLS_SYSTEMS=${RLS_SYSTEMS:-"sluice_redis envoy_ratelimit sluice_cluster envoy_cluster"}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
 # The envoyproxy/ratelimit build is bench/peers.sh's, pinned there once.
@@ -92,6 +99,44 @@ go build -o "$work/rlsload" ./bench/rlsload
 # ---- start ----------------------------------------------------------------
 
 start_redis
+
+# start_cluster: three redis-server primaries in cluster mode, the 16384
+# slots split between them by redis-cli --cluster create, answering
+# cluster_state:ok within 30 s; their ports in cluster_ports, pids in
+# pid_cluster1..3.
+start_cluster() {
+  local i p deadline
+  cluster_ports=()
+  for i in 1 2 3; do
+    # The cluster bus listens on the port + 10000: both must be free.
+    until p=$(freeport) && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; do :; done
+    mkdir -p "$work/cluster$i"
+    start "cluster$i" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+      --cluster-enabled yes --cluster-config-file "$work/cluster$i/nodes.conf" --dir "$work/cluster$i"
+    cluster_ports+=("$p")
+  done
+  deadline=$((SECONDS + 20))
+  for p in "${cluster_ports[@]}"; do
+    until redis-cli -p "$p" ping 2>/dev/null | grep -q PONG; do
+      [ $SECONDS -lt $deadline ] || die "a Cluster node did not start"
+      sleep 0.1
+    done
+  done
+  redis-cli --cluster create $(for p in "${cluster_ports[@]}"; do echo "127.0.0.1:$p"; done) --cluster-replicas 0 --cluster-yes \
+    >"$work/cluster-create.log" 2>&1 || { cat "$work/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+  deadline=$((SECONDS + 30))
+  for p in "${cluster_ports[@]}"; do
+    until redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; do
+      [ $SECONDS -lt $deadline ] || die "the Cluster did not reach cluster_state:ok within 30 s"
+      sleep 0.2
+    done
+  done
+  cluster_addrs=$(for p in "${cluster_ports[@]}"; do echo "127.0.0.1:$p"; done | paste -sd,)
+  log "Redis Cluster of three primaries at $cluster_addrs"
+}
+cluster_systems=0
+case " $RLS_SYSTEMS " in *" sluice_cluster "* | *" envoy_cluster "*) cluster_systems=1 ;; esac
+[ "$cluster_systems" = 0 ] || start_cluster
 
 # envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml;
 # Sluice reads the same file.
@@ -126,6 +171,27 @@ start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRP
 declare -A addr hport
 addr[sluice_redis]="127.0.0.1:$sg_port" hport[sluice_redis]=$sh_port
 addr[envoy_ratelimit]="127.0.0.1:$rg_port"
+if [ "$cluster_systems" = 1 ]; then
+  ch_port=$(freeport); cg_port=$(freeport)
+  start sluice_cluster "$work/sluice" serve --listen "127.0.0.1:$ch_port" --rls-listen "127.0.0.1:$cg_port" \
+    --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+    --store "redis-cluster://$cluster_addrs" ${SLUICE_REDIS_FLAGS:-}
+  eh_port=$(freeport); eg_port=$(freeport); ed_port=$(freeport)
+  start envoy_cluster env HOST=127.0.0.1 PORT="$eh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$eg_port" \
+    DEBUG_HOST=127.0.0.1 DEBUG_PORT="$ed_port" USE_STATSD=false LOG_LEVEL=warn \
+    RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
+    BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_TYPE=cluster REDIS_URL="$cluster_addrs" "$ratelimit_bin"
+  addr[sluice_cluster]="127.0.0.1:$cg_port" hport[sluice_cluster]=$ch_port
+  addr[envoy_cluster]="127.0.0.1:$eg_port"
+fi
+# redis_ticks SYSTEM: the CPU time so far of the Redis that SYSTEM uses
+# (the three Cluster nodes together for a cluster system).
+redis_ticks() {
+  case $1 in
+  *_cluster) echo $(($(cputicks "$pid_cluster1") + $(cputicks "$pid_cluster2") + $(cputicks "$pid_cluster3"))) ;;
+  *) cputicks "$pid_redis" ;;
+  esac
+}
 if [ -n "${tg_port:-}" ]; then addr[sluice_grpc]="127.0.0.1:$tg_port" hport[sluice_grpc]=$th_port; fi
 
 # load SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
@@ -136,7 +202,7 @@ load() {
 # field NAME: NAME=value of the RESULT line in $res.
 field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 
-# On a Sluice system S (sluice_redis, sluice_grpc): a metric's value, 0 if
+# On a Sluice system S (sluice_redis, sluice_grpc, sluice_cluster): a metric's value, 0 if
 # absent.
 metric() { metric_at "${hport[$1]}" "$2"; }
 checks() { metric "$1" 'sluice_checks_total{'; }
@@ -180,10 +246,10 @@ for s in $sluices; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_che
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r"); do
     pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis"); g0=$(childticks)
+    c0=$(cputicks "$pid"); r0=$(redis_ticks "$s"); g0=$(childticks)
     out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis"); g1=$(childticks)
+    c1=$(cputicks "$pid"); r1=$(redis_ticks "$s"); g1=$(childticks)
     res=$(echo "$out" | grep '^RESULT')
     cpu[$s]="${cpu[$s]:-} $(per_call "$c0" "$c1")"
     rcpu[$s]="${rcpu[$s]:-} $(per_call "$r0" "$r1")"
@@ -256,6 +322,12 @@ done
 if [ -n "${satm[sluice_redis]:-}" ] && [ -n "${satm[envoy_ratelimit]:-}" ]; then
   awk -v a="${satm[sluice_redis]}" -v b="${satm[envoy_ratelimit]}" \
     'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_redis_over_envoy_ratelimit %.3f ratio\n", a / b }'
+fi
+# The same on the three-primary Cluster: Sluice's RLS over envoyproxy/ratelimit
+# in its cluster mode.
+if [ -n "${satm[sluice_cluster]:-}" ] && [ -n "${satm[envoy_cluster]:-}" ]; then
+  awk -v a="${satm[sluice_cluster]}" -v b="${satm[envoy_cluster]}" \
+    'BEGIN { if (b > 0) printf "BENCH peers_rls_sluice_cluster_over_envoy_cluster %.3f ratio\n", a / b }'
 fi
 # The transports of the service side by side: grpc-go tuned over Sluice's
 # own, saturation throughput and latency at the fixed rate.

@@ -10,6 +10,11 @@
 // {user}, replaced by u0 .. u(N-1) in turn, so that the load spreads over
 // -users subjects.
 //
+// An https:// URL is driven over TLS: -tls-ca names the CA the server is
+// verified against, -tls-cert and -tls-key a client certificate for a
+// server that requires one. A connection's handshake is part of the first
+// request sent on it; the rest pay for the encryption alone.
+//
 //	loadgen -url http://127.0.0.1:8080/v1/check -rate 5000 -duration 10s \
 //	  -body '{"user":"{user}","route":"/bench"}'
 //
@@ -29,6 +34,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +49,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-rl/sluice/bench/internal/clienttls"
 	"github.com/sluice-rl/sluice/bench/internal/latency"
 )
 
@@ -57,6 +64,9 @@ type config struct {
 	warmup   time.Duration
 	conns    int
 	timeout  time.Duration
+	// tls is the client configuration of an https:// target, nil for
+	// http://.
+	tls *tls.Config
 }
 
 type headerList []string
@@ -76,8 +86,10 @@ func run() error {
 		cfg     config
 		rawURL  string
 		headers headerList
+		tlsf    clienttls.Flags
 	)
-	flag.StringVar(&rawURL, "url", "", "target, http://host:port/path (the path may hold {user})")
+	tlsf.Register(flag.CommandLine)
+	flag.StringVar(&rawURL, "url", "", "target, http://host:port/path or https://... (the path may hold {user})")
 	flag.StringVar(&cfg.method, "method", "", "HTTP method (default POST with a -body, GET without)")
 	flag.StringVar(&cfg.body, "body", "", "request body; {user} is replaced")
 	flag.Var(&headers, "header", `extra request header "Name: value" ({user} is replaced); repeatable`)
@@ -90,10 +102,18 @@ func run() error {
 	flag.Parse()
 	cfg.headers = headers
 	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return fmt.Errorf("-url: want http://host:port/path, got %q", rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("-url: want http://host:port/path or https://host:port/path, got %q", rawURL)
 	}
 	cfg.target = u
+	switch {
+	case u.Scheme == "https":
+		if cfg.tls, err = tlsf.Config(u.Hostname(), "http/1.1"); err != nil {
+			return err
+		}
+	case tlsf.Set():
+		return errors.New("-tls-*: given with an http:// -url: write https://")
+	}
 	if cfg.method == "" {
 		cfg.method = http.MethodGet
 		if cfg.body != "" {
@@ -288,7 +308,7 @@ func (s *sender) do() (int, error) {
 	}
 	for attempt := 0; ; attempt++ {
 		if s.conn == nil {
-			c, err := net.DialTimeout("tcp", s.cfg.target.Host, s.cfg.timeout)
+			c, err := s.dial()
 			if err != nil {
 				return 0, err
 			}
@@ -306,6 +326,22 @@ func (s *sender) do() (int, error) {
 			return 0, err
 		}
 	}
+}
+
+// dial opens a connection to the target, with its TLS handshake done for
+// an https:// one.
+func (s *sender) dial() (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", s.cfg.target.Host, s.cfg.timeout)
+	if err != nil || s.cfg.tls == nil {
+		return c, err
+	}
+	tc := tls.Client(c, s.cfg.tls)
+	c.SetDeadline(time.Now().Add(s.cfg.timeout))
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	return tc, nil
 }
 
 func (s *sender) roundTrip(req []byte) (int, error) {

@@ -132,11 +132,11 @@ func TestEnvoyRateLimitConfigStructure(t *testing.T) {
 
 // TestServeRLS runs the binary with --rls-listen and the shipped
 // envoyproxy/ratelimit file, asks it over gRPC, and stops it with SIGTERM.
-func TestServeRLS(t *testing.T) {
-	bin := buildSluice(t)
-	d := startDaemon(t, bin, "--rls-listen", "127.0.0.1:0", "--envoy-config", "../../deploy/envoy/ratelimit.yaml")
+// rlsAddr waits for the address the daemon's rate limit service logs.
+func (d *daemon) rlsAddr() string {
+	d.t.Helper()
 	var addr string
-	testwait.For(t, 10*time.Second, "the rate limit service's address in the log", func() bool {
+	testwait.For(d.t, 10*time.Second, "the rate limit service's address in the log", func() bool {
 		for _, line := range strings.Split(d.log(), "\n") {
 			var m struct{ Msg, Addr string }
 			if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "rate limit service listening" {
@@ -146,6 +146,13 @@ func TestServeRLS(t *testing.T) {
 		}
 		return false
 	})
+	return addr
+}
+
+func TestServeRLS(t *testing.T) {
+	bin := buildSluice(t)
+	d := startDaemon(t, bin, "--rls-listen", "127.0.0.1:0", "--envoy-config", "../../deploy/envoy/ratelimit.yaml")
+	addr := d.rlsAddr()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

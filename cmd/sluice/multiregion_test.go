@@ -53,23 +53,38 @@ func (d *daemon) regions() (regionView, string) {
 // rates that can change while it runs, and counts admissions per Unix
 // second (the 1 s interval's epochs are aligned to Unix seconds).
 type loadGen struct {
-	client *http.Client
-	body   []byte
-	mu     sync.Mutex
-	rates  map[string]float64 // daemon addr → checks per second
-	admit  map[int64]int      // Unix second (of the send) → admitted
-	offer  map[int64]int
-	errs   atomic.Int64
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	// send makes one check at a daemon address and reports whether it
+	// was admitted; an error is a check that got no answer.
+	send  func(addr string) (admitted bool, err error)
+	mu    sync.Mutex
+	rates map[string]float64 // daemon addr → checks per second
+	admit map[int64]int      // Unix second (of the send) → admitted
+	offer map[int64]int
+	errs  atomic.Int64
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
+// newLoadGen offers POST /v1/check of subject to daemons' gateway
+// addresses.
 func newLoadGen(subject string) *loadGen {
-	return &loadGen{
-		client: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-		body:   []byte(fmt.Sprintf(`{"subject":%q,"route":"/v1/orders"}`, subject)),
-		rates:  map[string]float64{}, admit: map[int64]int{}, offer: map[int64]int{}, stop: make(chan struct{}),
-	}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	body := []byte(fmt.Sprintf(`{"subject":%q,"route":"/v1/orders"}`, subject))
+	return newLoadGenOf(func(addr string) (bool, error) {
+		res, err := client.Post("http://"+addr+"/v1/check", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return false, err
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK, nil
+	})
+}
+
+// newLoadGenOf offers the checks that send makes.
+func newLoadGenOf(send func(addr string) (bool, error)) *loadGen {
+	return &loadGen{send: send,
+		rates: map[string]float64{}, admit: map[int64]int{}, offer: map[int64]int{}, stop: make(chan struct{})}
 }
 
 func (g *loadGen) setRates(r map[string]float64) {
@@ -130,17 +145,15 @@ func (g *loadGen) run(addrs []string) {
 }
 
 func (g *loadGen) check(addr string, at time.Time) {
-	res, err := g.client.Post("http://"+addr+"/v1/check", "application/json", bytes.NewReader(g.body))
+	admitted, err := g.send(addr)
 	if err != nil {
 		g.errs.Add(1)
 		return
 	}
-	io.Copy(io.Discard, res.Body)
-	res.Body.Close()
 	sec := at.Unix()
 	g.mu.Lock()
 	g.offer[sec]++
-	if res.StatusCode == http.StatusOK {
+	if admitted {
 		g.admit[sec]++
 	}
 	g.mu.Unlock()
@@ -175,6 +188,49 @@ func waitSeconds(n int64, from int64) {
 	<-time.After(time.Until(time.Unix(from+n, 0)))
 }
 
+// startRegions runs perRegion daemons (the real binary) in each of
+// regions on loopback, each region with its own redis-server, gossiping
+// over real memberlist at a 1 s interval, each with args added; it waits
+// until every daemon sees every region with all its nodes.
+func startRegions(t *testing.T, bin string, regions []string, perRegion int, args ...string) map[string][]*daemon {
+	t.Helper()
+	key := writeFile(t, "gossip.key", "c2x1aWNlLXRlc3QtZ29zc2lwLWtleS0zMi1ieXRlcyE=") // 32 bytes, base64
+	var seed string
+	ds := map[string][]*daemon{}
+	for _, r := range regions {
+		store := "redis://" + redistest.Start(t).Addr()
+		for i := range perRegion {
+			port := freeGossipPort(t)
+			dargs := append([]string{"--store", store, "--store-timeout", "200ms",
+				"--region", r, "--node", fmt.Sprintf("%s-n%d", r, i), "--gossip-listen", "127.0.0.1:" + strconv.Itoa(port),
+				"--gossip-interval", "1s", "--gossip-preset", "local", "--gossip-key-file", key}, args...)
+			if seed != "" {
+				dargs = append(dargs, "--join", seed)
+			} else {
+				seed = "127.0.0.1:" + strconv.Itoa(port)
+			}
+			ds[r] = append(ds[r], startDaemon(t, bin, dargs...))
+		}
+	}
+	testwait.For(t, 20*time.Second, fmt.Sprintf("%d regions of %d live nodes each", len(regions), perRegion), func() bool {
+		for _, r := range regions {
+			for _, d := range ds[r] {
+				v, _ := d.regions()
+				if len(v.Regions) != len(regions) {
+					return false
+				}
+				for _, ri := range v.Regions {
+					if len(ri.Nodes) != perRegion {
+						return false
+					}
+				}
+			}
+		}
+		return true
+	})
+	return ds
+}
+
 // TestMultiRegionSharesConverge runs 3 regions × 2
 // daemons (the real binary) on loopback, real memberlist, each region with
 // its own redis-server; one global key offered 2·L split 70/20/10 at a 1 s
@@ -189,42 +245,8 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 	const limit = 200.0 // L_global, units per second
 	policies := writeFile(t, "policies.json", fmt.Sprintf(
 		`[{"id":"global-orders","algorithm":"token_bucket","rate_per_sec":%g,"burst":%g,"mode":"enforce","scope":"global"}]`, limit, limit/10))
-	key := writeFile(t, "gossip.key", "c2x1aWNlLXRlc3QtZ29zc2lwLWtleS0zMi1ieXRlcyE=") // 32 bytes, base64
-
 	regions := []string{"r1", "r2", "r3"}
-	var seed string
-	ds := map[string][]*daemon{}
-	for _, r := range regions {
-		store := "redis://" + redistest.Start(t).Addr()
-		for i := range 2 {
-			port := freeGossipPort(t)
-			args := []string{"--store", store, "--store-timeout", "200ms", "--policies", policies,
-				"--region", r, "--node", fmt.Sprintf("%s-n%d", r, i), "--gossip-listen", "127.0.0.1:" + strconv.Itoa(port),
-				"--gossip-interval", "1s", "--gossip-preset", "local", "--gossip-key-file", key}
-			if seed != "" {
-				args = append(args, "--join", seed)
-			} else {
-				seed = "127.0.0.1:" + strconv.Itoa(port)
-			}
-			ds[r] = append(ds[r], startDaemon(t, bin, args...))
-		}
-	}
-	testwait.For(t, 20*time.Second, "3 regions of 2 live nodes each", func() bool {
-		for _, r := range regions {
-			for _, d := range ds[r] {
-				v, _ := d.regions()
-				if len(v.Regions) != 3 {
-					return false
-				}
-				for _, ri := range v.Regions {
-					if len(ri.Nodes) != 2 {
-						return false
-					}
-				}
-			}
-		}
-		return true
-	})
+	ds := startRegions(t, bin, regions, 2, "--policies", policies)
 
 	g := newLoadGen("tenant-42")
 	var all []string

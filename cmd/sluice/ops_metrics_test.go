@@ -51,9 +51,9 @@ func exported(d *daemon) map[string]bool {
 }
 
 // Every metric an alert or a dashboard panel queries is exported by a
-// running daemon: two regions, one on Redis and one on the memory store,
-// after checks that allow, reject, would reject under a shadow policy and
-// spend a global quota.
+// running daemon: two regions, one on Redis and one on the memory store
+// serving the rate limit service too, after checks that allow, reject,
+// would reject under a shadow policy and spend a global quota.
 func TestOpsMetricsExported(t *testing.T) {
 	bin := buildSluice(t)
 	policies := writeFile(t, "policies.json", `[
@@ -66,7 +66,7 @@ func TestOpsMetricsExported(t *testing.T) {
 	common := []string{"--policies", policies, "--gossip-preset", "local", "--gossip-interval", "1s", "--gossip-key-file", key}
 	eu := startDaemon(t, bin, append(common, "--region", "eu", "--node", "eu-1", "--store", "redis://"+redistest.Start(t).Addr(),
 		"--store-timeout", "200ms", "--gossip-listen", "127.0.0.1:"+strconv.Itoa(seedPort), "--decision-log", events)...)
-	us := startDaemon(t, bin, append(common, "--region", "us", "--node", "us-1",
+	us := startDaemon(t, bin, append(common, "--region", "us", "--node", "us-1", "--rls-listen", "127.0.0.1:0",
 		"--gossip-listen", "127.0.0.1:"+strconv.Itoa(freeGossipPort(t)), "--join", "127.0.0.1:"+strconv.Itoa(seedPort))...)
 	for _, d := range []*daemon{eu, us} {
 		for _, route := range []string{"/t", "/t", "/s", "/s", "/g"} {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testcerts"
 	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
@@ -127,6 +128,7 @@ func TestServeBadRedisTLSFlagsExit1(t *testing.T) {
 	dir := t.TempDir()
 	noCert := writeFile(t, "empty.pem", "not a certificate\n")
 	unreadable := writeFile(t, "unreadable.pem", "")
+	expiredCert, expiredKey := testcerts.NewCA(t, "expired client CA").Server(t, "expired", time.Now().Add(-time.Minute)).Write(t, dir, "expired")
 	tests := []struct {
 		args []string
 		want string
@@ -140,10 +142,14 @@ func TestServeBadRedisTLSFlagsExit1(t *testing.T) {
 		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-tls-cert", a.CertFile, "--redis-tls-key", b.KeyFile}, "sluice: --redis-tls-cert: " + a.CertFile + " and " + b.KeyFile + ": tls: private key does not match public key"},
 		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-tls-cert", a.CAFile, "--redis-tls-key", a.CAFile}, "sluice: --redis-tls-cert: " + a.CAFile + " and " + a.CAFile + ": tls: found a certificate rather than a key"},
 		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-tls-cert", a.CertFile}, "sluice: --redis-tls-key: a client certificate is given without its key"},
+		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-tls-cert", expiredCert, "--redis-tls-key", expiredKey}, "sluice: --redis-tls-cert: " + expiredCert + ": the certificate expired at "},
 		{[]string{"--store", "redis://127.0.0.1:1", "--redis-tls-ca", a.CAFile}, "sluice: --store: TLS settings are given but the store URL is plaintext"},
 		{[]string{"--store", "rediss://127.0.0.1:1/?skip_verify=true", "--redis-tls-ca", a.CAFile}, "sluice: --store: skip_verify in the store URL conflicts with a CA or server name"},
 		{[]string{"--store", "rediss://127.0.0.1:1", "--redis-sentinel-password", "x"}, "sluice: --store: Sentinel credentials are given but the store URL names no Sentinel"},
 		{[]string{"--redis-tls-ca", a.CAFile}, "sluice: --store: memory takes no --redis-* settings"},
+		{[]string{"--store", "redis://127.0.0.1:1", "--redis-key-prefix", "a{b}:"}, `sluice: --redis-key-prefix: "a{b}:" has '{' at byte 1`},
+		{[]string{"--store", "redis-cluster://127.0.0.1:1", "--redis-key-prefix", "prod deploy:"}, `sluice: --redis-key-prefix: "prod deploy:" has ' ' at byte 4`},
+		{[]string{"--redis-key-prefix", "prod:"}, "sluice: --store: memory takes no --redis-* settings"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -52,6 +52,8 @@ func newServeCmd() *cobra.Command {
 		rlsListen    string
 		rlsTransport string
 		rlsHeaders   string
+		rlsBounds    rlsBoundFlags
+		rlsCountOver bool
 		hashKeyFile  string
 		tf           tlsFlags
 	)
@@ -123,6 +125,9 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				if tr, err = rlsTransportOf(rlsTransport); err != nil {
 					return err
 				}
+				if err := rlsBounds.check(); err != nil {
+					return err
+				}
 			}
 			plan, err := tf.plan(cfg, rlsListen)
 			if err != nil {
@@ -130,22 +135,30 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
-			reloaders, err := loadTLS(time.Now(), plan, log, reg)
+			tm := &tlsMetrics{reg: reg}
+			reloaders, err := loadTLS(time.Now(), plan, log, tm)
 			if err != nil {
 				return err
+			}
+			if cfg.Store != "memory" {
+				if err := redisTLSReload(&cfg.Redis, log, tm); err != nil {
+					return err
+				}
 			}
 			announceTLS(plan, reloaders, cfg.AdminToken != "", log)
 			d, err := region.New(cmd.Context(), cfg, log, reg, reg)
 			if err != nil {
 				return err
 			}
-			opts := rls.Config{Transport: tr}
+			opts := rlsBounds.config()
+			opts.Transport = tr
 			if rlsListen != "" {
 				hs, err := rls.ParseHeaderStyle(rlsHeaders)
 				if err != nil {
 					return fmt.Errorf("--rls-response-headers: %w", err)
 				}
 				opts.Headers = hs
+				opts.CountOverLimit = rlsCountOver
 			}
 			ls, err := openListeners(plan, reloaders)
 			if err != nil {
@@ -165,6 +178,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&cfg.Redis.TLS.ServerName, "redis-tls-server-name", "", "name every Redis server's certificate must carry; default: the host dialled")
 	f.StringVar(&cfg.Redis.SentinelUsername, "redis-sentinel-username", "", "ACL user to authenticate to the Sentinels as (the store URL's credentials are the data nodes')")
 	f.StringVar(&cfg.Redis.SentinelPassword, "redis-sentinel-password", "", "password of the Sentinels (requirepass, or of --redis-sentinel-username); prefer SLUICE_REDIS_SENTINEL_PASSWORD")
+	f.StringVar(&cfg.Redis.KeyPrefix, "redis-key-prefix", "", "prefix of every key this daemon writes in Redis (limiter state, shared policies, saved shares) and of its policy channel, so that deployments sharing one Redis share no counters (envoyproxy/ratelimit's CACHE_KEY_PREFIX); letters, digits and . _ - : / only")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", def.StoreTimeout, "deadline of every decision-store call")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "directory for policies.json and audit.log (memory store); empty keeps them in memory")
 	f.StringVar(&tokenFile, "admin-token-file", "", "file holding the admin API bearer token (or set SLUICE_ADMIN_TOKEN)")
@@ -183,6 +197,8 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	f.StringVar(&rlsTransport, "rls-transport", "h2", "transport of --rls-listen: h2 (the service's own for a proxy's calls) or grpc (grpc-go tuned, for comparing them)")
 	_ = f.MarkHidden("rls-transport")
 	f.StringVar(&rlsHeaders, "rls-response-headers", "draft", "rate limit headers of --rls-listen's answers: draft (RateLimit-Policy, RateLimit), envoy (RateLimit-Limit, -Remaining, -Reset, as envoyproxy/ratelimit with LIMIT_RESPONSE_HEADERS_ENABLED) or both")
+	rlsBounds.register(f)
+	f.BoolVar(&rlsCountOver, "rls-count-over-limit", false, "count the hits of every --rls-listen request even when it is over the limit, as envoyproxy/ratelimit does (a token bucket into debt, a window past its count), for every domain; without it only the domains whose files set count_over_limit do, and a request over the limit spends nothing")
 	f.StringVar(&cfg.DecisionLog.Path, "decision-log", "", "write sampled decision events as JSON lines to this file (appended), or - for standard output; empty: off")
 	f.Float64Var(&cfg.DecisionLog.RejectRate, "decision-log-reject-rate", def.DecisionLog.RejectRate, "fraction in [0, 1] of rejections and shadow would-rejects written to --decision-log")
 	f.Float64Var(&cfg.DecisionLog.AllowRate, "decision-log-allow-rate", def.DecisionLog.AllowRate, "fraction in [0, 1] of other admissions written to --decision-log")
@@ -193,6 +209,50 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 	sf.register(f)
 	tf.register(f)
 	return cmd
+}
+
+// rlsBoundFlags are the flags that bound --rls-listen's connections.
+type rlsBoundFlags struct {
+	maxConns, maxConnsPerAddr int
+	writeTimeout              time.Duration
+	maxAge, maxAgeGrace       time.Duration
+}
+
+func (b *rlsBoundFlags) register(f *pflag.FlagSet) {
+	f.IntVar(&b.maxConns, "rls-max-connections", rls.DefaultMaxConnections, "most connections --rls-listen serves at once; one past it is closed as soon as it is accepted (sluice_rls_connections_refused_total{reason=\"max_connections\"})")
+	f.IntVar(&b.maxConnsPerAddr, "rls-max-connections-per-address", rls.DefaultMaxConnectionsPerAddress, "most connections --rls-listen serves at once from one peer IP address; one past it is closed as soon as it is accepted (sluice_rls_connections_refused_total{reason=\"max_connections_per_address\"}); 0: no bound per address (for peers behind a proxy that hides their addresses)")
+	f.DurationVar(&b.writeTimeout, "rls-write-timeout", rls.DefaultWriteTimeout, "how long one write of answers on --rls-listen may block on a peer that reads nothing before the connection is closed (sluice_rls_connections_closed_total)")
+	f.DurationVar(&b.maxAge, "rls-max-connection-age", 0, "how long --rls-listen serves a connection before it sends a GOAWAY (calls in flight are answered, new ones go to a new connection), jittered by ±10%, so that proxies rebalance onto new servers; 0: no age (grpc-go's MaxConnectionAge)")
+	f.DurationVar(&b.maxAgeGrace, "rls-max-connection-age-grace", 0, "how long after its --rls-max-connection-age GOAWAY a connection is closed with calls still in flight; 0: wait for them (grpc-go's MaxConnectionAgeGrace)")
+}
+
+// check checks the flags into one-line errors that name the flag.
+func (b *rlsBoundFlags) check() error {
+	switch {
+	case b.maxConns <= 0:
+		return fmt.Errorf("--rls-max-connections: must be positive, got %d", b.maxConns)
+	case b.maxConnsPerAddr < 0:
+		return fmt.Errorf("--rls-max-connections-per-address: must be 0 (no bound) or positive, got %d", b.maxConnsPerAddr)
+	case b.writeTimeout <= 0:
+		return fmt.Errorf("--rls-write-timeout: must be positive, got %v", b.writeTimeout)
+	case b.maxAge < 0:
+		return fmt.Errorf("--rls-max-connection-age: must be 0 (no age) or positive, got %v", b.maxAge)
+	case b.maxAgeGrace < 0:
+		return fmt.Errorf("--rls-max-connection-age-grace: must be 0 (wait for the calls) or positive, got %v", b.maxAgeGrace)
+	case b.maxAgeGrace > 0 && b.maxAge == 0:
+		return fmt.Errorf("--rls-max-connection-age-grace: needs --rls-max-connection-age, got %v without it", b.maxAgeGrace)
+	}
+	return nil
+}
+
+// config is the rls.Config of the flags' bounds.
+func (b *rlsBoundFlags) config() rls.Config {
+	perAddr := b.maxConnsPerAddr
+	if perAddr == 0 {
+		perAddr = -1 // no bound per address
+	}
+	return rls.Config{MaxConnections: b.maxConns, MaxConnectionsPerAddress: perAddr, WriteTimeout: b.writeTimeout,
+		MaxConnectionAge: b.maxAge, MaxConnectionAgeGrace: b.maxAgeGrace}
 }
 
 // rlsTransportOf is the rls.Transport that --rls-transport names.
@@ -219,7 +279,10 @@ func serveWithRLS(ctx context.Context, d *region.Daemon, cfg region.Config, ls *
 		spread := strings.HasPrefix(cfg.Store, "redis-cluster://")
 		var err error
 		s, err = rls.New(rls.Config{Decider: d.Decider(), Matcher: d.Registry(), Logger: log, Registerer: reg, ShutdownTimeout: cfg.ShutdownTimeout,
-			Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread})
+			Transport: opts.Transport, Headers: opts.Headers, SpreadDescriptors: spread,
+			MaxConnections: opts.MaxConnections, MaxConnectionsPerAddress: opts.MaxConnectionsPerAddress,
+			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace,
+			WriteTimeout: opts.WriteTimeout, CountOverLimit: opts.CountOverLimit})
 		if err != nil {
 			ls.close()
 			return err
@@ -276,6 +339,7 @@ var redisFlagNames = map[string]string{
 	"url": "--store", "tls-ca": "--redis-tls-ca", "tls-cert": "--redis-tls-cert", "tls-key": "--redis-tls-key",
 	"tls-server-name": "--redis-tls-server-name", "sentinel-username": "--redis-sentinel-username",
 	"sentinel-password": "--redis-sentinel-password",
+	"key-prefix":        "--redis-key-prefix",
 }
 
 // redisFlags checks the Redis connection flags against --store and reads

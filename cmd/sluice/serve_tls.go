@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-rl/sluice/engine/redisstore"
 	"github.com/sluice-rl/sluice/internal/tlsconfig"
 	"github.com/sluice-rl/sluice/region"
 )
@@ -130,18 +131,15 @@ type servingListeners struct {
 
 // loadTLS loads the files of every TLS listener at now; a file that does
 // not load is an error naming its flag.
-func loadTLS(now time.Time, plan []listenerTLS, log *slog.Logger, reg prometheus.Registerer) ([]*tlsconfig.Reloader, error) {
+func loadTLS(now time.Time, plan []listenerTLS, log *slog.Logger, tm *tlsMetrics) ([]*tlsconfig.Reloader, error) {
 	rs := make([]*tlsconfig.Reloader, len(plan))
-	var m *tlsconfig.Metrics
 	for i, l := range plan {
 		if l.files.Cert.Path == "" {
 			continue
 		}
-		if m == nil {
-			var err error
-			if m, err = tlsconfig.NewMetrics(reg); err != nil {
-				return nil, err
-			}
+		m, err := tm.get()
+		if err != nil {
+			return nil, err
 		}
 		r, err := tlsconfig.New(now, tlsconfig.Config{Listener: l.name, Files: l.files, NextProtos: l.protos, Logger: log, Metrics: m})
 		if err != nil {
@@ -150,6 +148,38 @@ func loadTLS(now time.Time, plan []listenerTLS, log *slog.Logger, reg prometheus
 		rs[i] = r
 	}
 	return rs, nil
+}
+
+// tlsMetrics registers the TLS metrics with reg when first asked for
+// them: by a TLS listener, or by a Redis client with TLS files.
+type tlsMetrics struct {
+	reg prometheus.Registerer
+	m   *tlsconfig.Metrics
+}
+
+func (t *tlsMetrics) get() (*tlsconfig.Metrics, error) {
+	if t.m == nil {
+		m, err := tlsconfig.NewMetrics(t.reg)
+		if err != nil {
+			return nil, err
+		}
+		t.m = m
+	}
+	return t.m, nil
+}
+
+// redisTLSReload gives a Redis store whose --redis-tls-ca or
+// --redis-tls-cert is set the logger and metrics of the files it re-reads.
+func redisTLSReload(rc *redisstore.ClientConfig, log *slog.Logger, tm *tlsMetrics) error {
+	if rc.TLS.CAFile == "" && rc.TLS.CertFile == "" {
+		return nil
+	}
+	m, err := tm.get()
+	if err != nil {
+		return err
+	}
+	rc.Logger, rc.TLSMetrics = log, m
+	return nil
 }
 
 // announceTLS logs each listener's TLS and warns of an admin API whose

@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,9 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/testlog"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -129,7 +129,7 @@ func (c *Cluster) create(cli string, conn []string) {
 	args = append(args, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(c.replicas), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
-	var out lockedBuffer
+	var out testlog.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("redistest: redis-cli: %v", err)
@@ -198,25 +198,6 @@ func (c *Cluster) remeet() {
 			_, _ = s.doString(probeTimeout, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(first.port))
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that redis-cli's output copier and create
-// can use at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // formed returns nil once every node agrees the cluster is whole: state ok,

@@ -7,7 +7,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the TLS metrics of every listener, labelled by listener:
+// Metrics are the TLS metrics of every listener, labelled by listener (and
+// of the TLS clients made by NewClient, labelled by the name they were
+// given, such as redis; without a client certificate a client has no
+// expiry, and clients count no handshakes):
 //
 //	sluice_tls_certificate_expiry_timestamp_seconds  when the served certificate expires (unix seconds)
 //	sluice_tls_reloads_total                         new files served without a restart
@@ -57,10 +60,19 @@ func (m *Metrics) loaded(listener string, notAfter time.Time) {
 	if m == nil {
 		return
 	}
-	m.expiry.WithLabelValues(listener).Set(float64(notAfter.Unix()))
+	if !notAfter.IsZero() {
+		m.expiry.WithLabelValues(listener).Set(float64(notAfter.Unix()))
+	}
 	m.reloads.WithLabelValues(listener).Add(0)
 	m.reloadErrs.WithLabelValues(listener).Add(0)
-	m.handshakes.WithLabelValues(listener).Add(0)
+}
+
+// served records a listener's first set of files, so that its handshake
+// errors are exposed from zero.
+func (m *Metrics) served(listener string) {
+	if m != nil {
+		m.handshakes.WithLabelValues(listener).Add(0)
+	}
 }
 
 func (m *Metrics) reloaded(listener string) {

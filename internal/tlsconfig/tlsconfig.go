@@ -35,8 +35,13 @@ type File struct {
 // and, for mutual TLS, the CAs a client certificate must chain to. Without
 // ClientCA.Path clients are not asked for a certificate; with it, a client
 // without a valid one is refused at the handshake.
+//
+// On the client side (NewClient) CA is the CAs servers are verified
+// against (without it, the system's), and Cert and Key an optional client
+// certificate; ClientCA is not used.
 type Files struct {
 	Cert, Key, ClientCA File
+	CA                  File
 }
 
 // Config is what New needs for one listener.
@@ -70,6 +75,10 @@ type Reloader struct {
 
 	mu     sync.Mutex        // serialises Reload
 	badSum [sha256.Size]byte // the contents last refused, reported once
+	// client is set by NewClient: the files are a client's, parsed by
+	// parseClient.
+	client     bool
+	serverName string
 }
 
 // New loads cfg.Files at now and returns a Reloader serving them, or an
@@ -92,6 +101,7 @@ func New(now time.Time, cfg Config) (*Reloader, error) {
 		return nil, err
 	}
 	r.install(m)
+	cfg.Metrics.served(cfg.Listener)
 	return r, nil
 }
 
@@ -127,7 +137,7 @@ func (r *Reloader) Reload(now time.Time) (bool, error) {
 	}
 	var m *material
 	if err == nil {
-		m, err = r.parse(now, sum, raw)
+		m, err = r.parseAny(now, sum, raw)
 	}
 	if err != nil {
 		r.badSum = sum
@@ -139,9 +149,20 @@ func (r *Reloader) Reload(now time.Time) (bool, error) {
 	r.badSum = [sha256.Size]byte{}
 	r.install(m)
 	r.cfg.Metrics.reloaded(r.cfg.Listener)
-	r.cfg.Logger.Info("TLS certificate reloaded", "listener", r.cfg.Listener,
-		"subject", m.config.Certificates[0].Leaf.Subject.String(), "not_after", m.notAfter)
+	subject := ""
+	if len(m.config.Certificates) > 0 {
+		subject = m.config.Certificates[0].Leaf.Subject.String()
+	}
+	r.cfg.Logger.Info("TLS certificate reloaded", "listener", r.cfg.Listener, "subject", subject, "not_after", m.notAfter)
 	return true, nil
+}
+
+// parseAny is parse or, for a client, parseClient.
+func (r *Reloader) parseAny(now time.Time, sum [sha256.Size]byte, raw [4][]byte) (*material, error) {
+	if r.client {
+		return r.parseClient(now, sum, raw)
+	}
+	return r.parse(now, sum, raw)
 }
 
 func (r *Reloader) install(m *material) {
@@ -155,16 +176,16 @@ func (r *Reloader) load(now time.Time) (*material, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.parse(now, sum, raw)
+	return r.parseAny(now, sum, raw)
 }
 
-// read returns the contents of the three files (the CA's empty when it is
-// not set) and a hash of them together. An unreadable file is an error,
-// with a hash of the error, so that the same failure is reported once.
-func (r *Reloader) read() ([sha256.Size]byte, [3][]byte, error) {
-	var raw [3][]byte
+// read returns the contents of the files (those not set empty) and a hash
+// of them together. An unreadable file is an error, with a hash of the
+// error, so that the same failure is reported once.
+func (r *Reloader) read() ([sha256.Size]byte, [4][]byte, error) {
+	var raw [4][]byte
 	h := sha256.New()
-	for i, f := range []File{r.cfg.Files.Cert, r.cfg.Files.Key, r.cfg.Files.ClientCA} {
+	for i, f := range []File{r.cfg.Files.Cert, r.cfg.Files.Key, r.cfg.Files.ClientCA, r.cfg.Files.CA} {
 		if f.Path == "" {
 			continue
 		}
@@ -184,7 +205,7 @@ func (r *Reloader) read() ([sha256.Size]byte, [3][]byte, error) {
 
 // parse checks the files' contents at now and builds the server
 // configuration that serves them.
-func (r *Reloader) parse(now time.Time, sum [sha256.Size]byte, raw [3][]byte) (*material, error) {
+func (r *Reloader) parse(now time.Time, sum [sha256.Size]byte, raw [4][]byte) (*material, error) {
 	f := r.cfg.Files
 	if !hasPEM(raw[0], "CERTIFICATE") {
 		return nil, fmt.Errorf("%s %s: no PEM certificate in it", f.Cert.Flag, f.Cert.Path)

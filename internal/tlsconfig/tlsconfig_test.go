@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/testlog"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -227,7 +229,7 @@ func TestListener(t *testing.T) {
 	f.ClientCA = File{}
 	m := &memFS{files: map[string][]byte{"/c.crt": p.CertPEM, "/c.key": p.KeyPEM}}
 	met, _ := NewMetrics(prometheus.NewRegistry())
-	var logs syncBuffer
+	var logs testlog.Buffer
 	r, err := New(time.Now(), Config{Listener: "admin", Files: f, ReadFile: m.ReadFile, NextProtos: []string{"h2"},
 		Metrics: met, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -302,21 +304,4 @@ func TestMinVersion(t *testing.T) {
 	if _, err := served(t, r.TLSConfig(), &tls.Config{RootCAs: ca.Pool(), ServerName: "localhost", MaxVersion: tls.VersionTLS11, MinVersion: tls.VersionTLS10}); err == nil {
 		t.Errorf("a TLS 1.1 client completed the handshake")
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
