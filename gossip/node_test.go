@@ -42,6 +42,19 @@ func (b *inbox) findReport(region string, epoch uint64) (share.Report, bool) {
 	return share.Report{}, false
 }
 
+// hasReportSince reports whether region's report of epoch, or of a later
+// epoch, was received.
+func (b *inbox) hasReportSince(region string, epoch uint64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.reports {
+		if r.Region == region && r.Epoch >= epoch {
+			return true
+		}
+	}
+	return false
+}
+
 type testNode struct {
 	*Node
 	in     *inbox
