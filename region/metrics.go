@@ -74,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, lim *limiter.Limiter, mem *engine.Mem
 		}),
 		policyReload: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_policy_reloads_total",
-			Help: "Policy sets loaded from a shared policy store, by result (applied, unchanged, error).",
+			Help: "Policy sets loaded from a shared policy store, by result (applied, unchanged, restored: the store had lost the state and this daemon put its own back, error).",
 		}, []string{"result"}),
 		policySync: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_policy_sync_total",

@@ -161,10 +161,48 @@ func (s *Store) Save(ctx context.Context, snap quota.Snapshot) error {
 	return nil
 }
 
+// restoreScript puts back a state Redis lost: it sets the snapshot at the
+// caller's revision only if Redis's is lower (the key gone with a restart
+// without persistence, a failover to an empty or stale replica, a flush),
+// and publishes it. It returns the revision set, or the negated current
+// one if Redis already holds that revision or a later one.
+const restoreScript = `
+local cur = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
+local rev = tonumber(ARGV[1])
+if cur >= rev then return -cur - 1 end
+redis.call('HSET', KEYS[1], 'rev', rev, 'snapshot', ARGV[2])
+redis.call('PUBLISH', ARGV[3], rev)
+return rev
+`
+
+// Restore saves snap, the state of revision rev this daemon holds, if
+// Redis holds an earlier revision or none: revisions only grow, so an
+// earlier one means Redis lost what it had. It reports whether it saved.
+func (s *Store) Restore(ctx context.Context, snap quota.Snapshot, rev int64) (bool, error) {
+	data, err := json.Marshal(snap)
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	n, err := s.c.Eval(ctx, restoreScript, []string{s.cfg.Key}, rev, data, s.cfg.Channel).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redis policy store: %w", err)
+	}
+	return n > 0, nil
+}
+
 // Restorer is what a Watcher applies a loaded state to; *quota.Registry
 // is one.
 type Restorer interface {
 	Restore(quota.Snapshot) error
+}
+
+// snapshotter is a Restorer that can also hand back the state it holds,
+// which a Watcher puts back into a Redis that lost it; *quota.Registry is
+// one.
+type snapshotter interface {
+	Snapshot() quota.Snapshot
 }
 
 // Watcher keeps a Restorer in step with the Store.
@@ -192,7 +230,8 @@ func NewWatcher(s *Store, target Restorer, refresh time.Duration, log *slog.Logg
 func (w *Watcher) SetTarget(t Restorer) { w.target = t }
 
 // OnResult sets a callback told the result of every reload: "applied",
-// "unchanged" or "error" with the error. It must return at once. Call
+// "unchanged", "restored" (Redis had lost the state and this daemon put
+// its own back) or "error" with the error. It must return at once. Call
 // before Run.
 func (w *Watcher) OnResult(f func(result string, err error)) { w.onResult = f }
 
@@ -220,9 +259,17 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 // Reload fetches the state and applies it if it is newer than the one held.
-// On any error the state held stays in force.
+// On any error the state held stays in force. A Redis that holds no state
+// or an earlier revision than this daemon's has lost it (revisions only
+// grow): the daemon puts its own state back, so that changes are not
+// refused as concurrent forever and a sibling that seeded the empty Redis
+// meanwhile takes the state back from it.
 func (w *Watcher) Reload(ctx context.Context) {
 	snap, rev, err := w.s.Fetch(ctx)
+	if held := w.s.Applied(); held > 0 && (errors.Is(err, quota.ErrNoSnapshot) || err == nil && rev < held) {
+		w.restore(ctx, rev, held)
+		return
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("policy refresh failed; keeping the last good set", "err", err)
@@ -242,4 +289,25 @@ func (w *Watcher) Reload(ctx context.Context) {
 	w.s.markApplied(rev)
 	w.log.Info("policies updated from the shared store", "rev", rev)
 	w.onResult("applied", nil)
+}
+
+// restore puts the state of revision held back into Redis, which holds
+// revision had (0 for none).
+func (w *Watcher) restore(ctx context.Context, had, held int64) {
+	t, ok := w.target.(snapshotter)
+	if !ok {
+		return
+	}
+	saved, err := w.s.Restore(ctx, t.Snapshot(), held)
+	switch {
+	case err != nil:
+		w.log.Warn("the shared policy state is lost and could not be put back; keeping the last good set", "redis_rev", had, "rev", held, "err", err)
+		w.onResult("error", err)
+	case saved:
+		w.log.Warn("the shared policy state was lost; put back this daemon's", "redis_rev", had, "rev", held)
+		w.onResult("restored", nil)
+	default:
+		// A sibling put it back first: the next reload reads it.
+		w.onResult("unchanged", nil)
+	}
 }

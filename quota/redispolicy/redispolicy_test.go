@@ -73,3 +73,65 @@ func TestTwoRegistriesShareState(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// TestLostStateIsPutBack: Redis loses the shared state (a restart without
+// persistence, a failover to an empty replica: here the key deleted)
+// while two daemons hold revision 2, and a third starts meanwhile and
+// seeds the empty Redis with its own set at revision 1. The first watcher
+// to reload puts revision 2 back; the third daemon takes it from there; a
+// change through either of the first two is then saved, not refused as
+// concurrent.
+func TestLostStateIsPutBack(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rdb := srv.Client(t)
+	storeA, storeB := New(rdb, Config{}, nil), New(srv.Client(t), Config{}, nil)
+	a := quota.NewRegistry(quota.RegistryConfig{Store: storeA})
+	b := quota.NewRegistry(quota.RegistryConfig{Store: storeB})
+	if err := a.Seed(ctx, "test", []quota.Policy{policy("p", 5)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Put(ctx, "test", policy("extra", 3), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if storeA.Applied() != 2 || storeB.Applied() != 2 {
+		t.Fatalf("revisions held %d and %d, want 2 and 2", storeA.Applied(), storeB.Applied())
+	}
+
+	if err := rdb.Del(ctx, "{sluice-policies}:state").Err(); err != nil {
+		t.Fatal(err)
+	}
+	storeC := New(srv.Client(t), Config{}, nil)
+	c := quota.NewRegistry(quota.RegistryConfig{Store: storeC})
+	if err := c.Load(ctx); !errors.Is(err, quota.ErrNoSnapshot) {
+		t.Fatalf("Load after the loss = %v, want ErrNoSnapshot", err)
+	}
+	if err := c.Seed(ctx, "test", []quota.Policy{policy("p", 5)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Put(ctx, "test", policy("p", 7), nil); !errors.Is(err, ErrConcurrentChange) {
+		t.Fatalf("Put before any reload = %v, want ErrConcurrentChange (Redis is at revision 1)", err)
+	}
+
+	var results []string
+	wa := NewWatcher(storeA, a, time.Hour, nil)
+	wa.OnResult(func(r string, _ error) { results = append(results, r) })
+	wa.Reload(ctx)
+	NewWatcher(storeB, b, time.Hour, nil).Reload(ctx) // a sibling finds it back already
+	NewWatcher(storeC, c, time.Hour, nil).Reload(ctx)
+	if len(results) != 1 || results[0] != "restored" {
+		t.Errorf("a's reload results %v, want [restored]", results)
+	}
+	if _, ok := c.Get("extra"); !ok || storeC.Applied() != 2 {
+		t.Errorf("c after its reload: policy extra present %v, revision %d; want revision 2's set", ok, storeC.Applied())
+	}
+	if _, err := b.Put(ctx, "test", policy("p", 7), nil); err != nil {
+		t.Fatalf("Put after the state was put back = %v", err)
+	}
+	if _, rev, err := storeA.Fetch(ctx); err != nil || rev != 3 {
+		t.Errorf("Redis after the change: revision %d, %v; want 3", rev, err)
+	}
+}
