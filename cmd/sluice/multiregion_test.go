@@ -266,17 +266,21 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 		}
 		return out
 	}
-	// The bound is the documented ±5% of L per interval, on real time (six
-	// daemon processes and three redis-servers cannot share a virtual
-	// clock). Its margin against a loaded machine: overshoot needs the
-	// shares to sum above 1, which lateness cannot cause, so +5% holds
-	// whatever the load; a shortfall comes from checks answered late and
-	// bunched (a bucket's burst is L/10, 100 ms of refill, and refill
-	// beyond it is lost), so -5% allows about 50 ms of bunching per
-	// interval. Beside a CPU hog on 2 cores the intervals measured 195 to
-	// 202 of 200. Under the race detector the daemons answer several times
-	// slower and intervals fall short by 5-12% in turn; only overshoot is
-	// asserted there, shortfall without it.
+	// The bound is the documented ±5% of L, on real time (six daemon
+	// processes and three redis-servers cannot share a virtual clock),
+	// judged over each two adjacent intervals: admissions are counted per
+	// second as the load generator sees them, and a stall of the machine
+	// moves some of them across a second's edge (a daemon that did not run
+	// for a while finds its bucket refilled, up to its burst of L/10, and
+	// admits it after the stall), so one second can read +14% and the
+	// next -9% with the two together on L (seen beside a CPU hog on 2
+	// cores: 228 then 183 of 200). Over two seconds such a shift cancels,
+	// while a share error, which lasts, does not. A shortfall also comes
+	// from checks answered late and bunched (refill beyond the burst is
+	// lost): -5% allows about 100 ms of bunching per two intervals. Under
+	// the race detector the daemons answer several times slower and the
+	// intervals fall short by 5-12% in turn; only overshoot is asserted
+	// there, shortfall without it.
 	under := 0.05
 	if racedetector.Enabled {
 		under = 1
@@ -285,9 +289,10 @@ func TestMultiRegionSharesConverge(t *testing.T) {
 		t.Helper()
 		adm, off := g.window(from, to)
 		t.Logf("%s: admitted per interval %v (offered %v), L = %g", phase, adm, off, limit)
-		for i, a := range adm {
-			if e := (float64(a) - limit) / limit; e > 0.05 || e < -under {
-				t.Errorf("%s: interval %d of [%d,%d) admitted %d, %.1f%% off L = %g (want within +5%%/-%.0f%%)", phase, i, from, to, a, 100*e, limit, 100*under)
+		for i := 0; i+1 < len(adm); i++ {
+			two := adm[i] + adm[i+1]
+			if e := (float64(two) - 2*limit) / (2 * limit); e > 0.05 || e < -under {
+				t.Errorf("%s: intervals %d and %d of [%d,%d) admitted %d, %.1f%% off 2L = %g (want within +5%%/-%.0f%%)", phase, i, i+1, from, to, two, 100*e, 2*limit, 100*under)
 			}
 		}
 	}
