@@ -106,30 +106,8 @@ func TestGlobalTokenBudgetWithCharges(t *testing.T) {
 	}
 	policies := writeFile(t, "policies.json", fmt.Sprintf(
 		`[{"id":"daily-tokens","algorithm":"fixed_window","limit":%d,"window":86400,"mode":"enforce","scope":"global","match":{"routes":["/v1/complete"]}}]`, budget))
-	key := writeFile(t, "gossip.key", "c2x1aWNlLXRlc3QtZ29zc2lwLWtleS0zMi1ieXRlcyE=")
 	regions := []string{"r1", "r2", "r3"}
-	var seed string
-	ds := map[string]*daemon{}
-	for _, r := range regions {
-		port := freeGossipPort(t)
-		args := []string{"--policies", policies, "--region", r, "--node", r + "-n0",
-			"--gossip-listen", "127.0.0.1:" + strconv.Itoa(port), "--gossip-interval", "1s",
-			"--gossip-preset", "local", "--gossip-key-file", key}
-		if seed != "" {
-			args = append(args, "--join", seed)
-		} else {
-			seed = "127.0.0.1:" + strconv.Itoa(port)
-		}
-		ds[r] = startDaemon(t, bin, args...)
-	}
-	testwait.For(t, 30*time.Second, "3 regions live", func() bool {
-		for _, d := range ds {
-			if v, _ := d.regions(); len(v.Regions) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	ds := startOneNodeRegions(t, bin, policies, regions...)
 
 	// Tokens a second, all regions; a request uses 10 tokens on average.
 	split := []float64{0.7, 0.2, 0.1}
@@ -214,4 +192,34 @@ func TestGlobalTokenBudgetWithCharges(t *testing.T) {
 			return true
 		})
 	}
+}
+
+// startOneNodeRegions starts one daemon in each region, all on policies and
+// gossiping every second, and waits until each sees every region.
+func startOneNodeRegions(t *testing.T, bin, policies string, regions ...string) map[string]*daemon {
+	t.Helper()
+	key := writeFile(t, "gossip.key", "c2x1aWNlLXRlc3QtZ29zc2lwLWtleS0zMi1ieXRlcyE=")
+	var seed string
+	ds := map[string]*daemon{}
+	for _, r := range regions {
+		port := freeGossipPort(t)
+		args := []string{"--policies", policies, "--region", r, "--node", r + "-n0",
+			"--gossip-listen", "127.0.0.1:" + strconv.Itoa(port), "--gossip-interval", "1s",
+			"--gossip-preset", "local", "--gossip-key-file", key}
+		if seed != "" {
+			args = append(args, "--join", seed)
+		} else {
+			seed = "127.0.0.1:" + strconv.Itoa(port)
+		}
+		ds[r] = startDaemon(t, bin, args...)
+	}
+	testwait.For(t, 30*time.Second, fmt.Sprintf("%d regions live", len(regions)), func() bool {
+		for _, d := range ds {
+			if v, _ := d.regions(); len(v.Regions) != len(regions) {
+				return false
+			}
+		}
+		return true
+	})
+	return ds
 }

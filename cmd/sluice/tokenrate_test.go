@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // rateClient is one region's client of a token rate: one request at a
@@ -127,30 +125,8 @@ func TestGlobalTokenRateWithCharges(t *testing.T) {
 	)
 	policies := writeFile(t, "policies.json", fmt.Sprintf(
 		`[{"id":"tokens-minute","algorithm":"token_bucket","rate_per_sec":%d,"burst":%d,"mode":"enforce","scope":"global","match":{"routes":["/v1/complete"]}}]`, limit, burst))
-	key := writeFile(t, "gossip.key", "c2x1aWNlLXRlc3QtZ29zc2lwLWtleS0zMi1ieXRlcyE=")
 	regions := []string{"r1", "r2", "r3"}
-	var seed string
-	ds := map[string]*daemon{}
-	for _, r := range regions {
-		port := freeGossipPort(t)
-		args := []string{"--policies", policies, "--region", r, "--node", r + "-n0",
-			"--gossip-listen", "127.0.0.1:" + strconv.Itoa(port), "--gossip-interval", "1s",
-			"--gossip-preset", "local", "--gossip-key-file", key}
-		if seed != "" {
-			args = append(args, "--join", seed)
-		} else {
-			seed = "127.0.0.1:" + strconv.Itoa(port)
-		}
-		ds[r] = startDaemon(t, bin, args...)
-	}
-	testwait.For(t, 30*time.Second, "3 regions live", func() bool {
-		for _, d := range ds {
-			if v, _ := d.regions(); len(v.Regions) != 3 {
-				return false
-			}
-		}
-		return true
-	})
+	ds := startOneNodeRegions(t, bin, policies, regions...)
 
 	split := []float64{0.7, 0.2, 0.1}
 	var clients []*rateClient
