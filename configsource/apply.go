@@ -9,7 +9,9 @@ import (
 	"github.com/sluice-rl/sluice/quota"
 )
 
-// Target is where an Applier writes: *quota.Registry.
+// Target is where an Applier writes: a *quota.Registry, or a daemon's
+// region.SourceWriter, which also broadcasts each change to the other
+// regions.
 type Target interface {
 	Get(id string) (quota.Policy, bool)
 	Seed(ctx context.Context, who string, ps []quota.Policy) error

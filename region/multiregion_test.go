@@ -69,7 +69,8 @@ type liveDaemon struct {
 	d      *Daemon
 	base   string
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Serve has returned
+	err    error         // what Serve returned
 	logs   *testlog.Buffer // the daemon's log, as text
 }
 
@@ -102,10 +103,16 @@ func serveDaemon(t *testing.T, cfg Config) *liveDaemon {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ld := &liveDaemon{d: d, base: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan error, 1), logs: logs}
-	go func() { ld.done <- d.Serve(ctx, ln, nil) }()
-	t.Cleanup(func() { cancel(); <-ld.done })
+	ld := &liveDaemon{d: d, base: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan struct{}), logs: logs}
+	go func() { defer close(ld.done); ld.err = d.Serve(ctx, ln, nil) }()
+	t.Cleanup(ld.stop)
 	return ld
+}
+
+// stop stops the daemon, as SIGTERM does, and waits until it has stopped.
+func (l *liveDaemon) stop() {
+	l.cancel()
+	<-l.done
 }
 
 func (l *liveDaemon) admin(t *testing.T, method, path, body string) (int, string) {

@@ -165,7 +165,7 @@ SLUICE_ADMIN_TOKEN; without one the admin API answers 403.`,
 				return err
 			}
 			serve := func(ctx context.Context) error { return serveWithRLS(ctx, d, cfg, ls, opts, log, reg) }
-			return srcs.run(cmd.Context(), d.Registry(), log, reg, serve)
+			return srcs.run(cmd.Context(), d.SourceWriter(), log, reg, serve)
 		},
 	}
 	f := cmd.Flags()

@@ -121,10 +121,11 @@ func (s *sources) seed() []quota.Policy {
 }
 
 // run runs serve and, beside it, a watcher of each source writing into
-// reg; serve returning stops the watchers.
-func (s *sources) run(ctx context.Context, reg *quota.Registry, log *slog.Logger, prom prometheus.Registerer, serve func(context.Context) error) error {
+// t (the daemon's region.SourceWriter); serve returning stops the
+// watchers.
+func (s *sources) run(ctx context.Context, t configsource.Target, log *slog.Logger, prom prometheus.Registerer, serve func(context.Context) error) error {
 	var runs []func(context.Context) error
-	a := configsource.NewApplier(reg)
+	a := configsource.NewApplier(t)
 	rep := configsource.NewReporter(log, prom)
 	for _, src := range []*watchedSource{s.policies, s.envoy} {
 		if src == nil || s.interval == 0 {
