@@ -69,8 +69,8 @@ type liveDaemon struct {
 	d      *Daemon
 	base   string
 	cancel context.CancelFunc
-	done   chan struct{} // closed when Serve has returned
-	err    error         // what Serve returned
+	done   chan struct{}   // closed when Serve has returned
+	err    error           // what Serve returned
 	logs   *testlog.Buffer // the daemon's log, as text
 }
 
