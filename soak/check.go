@@ -87,6 +87,20 @@ type Bounds struct {
 	// ChartSubject is the subject whose windows Check returns for the
 	// report's charts.
 	ChartSubject string
+	// DegradedHealthy is the share of a region's answers, with its stores
+	// and daemons up, that may say the store did not decide them: on a
+	// busy machine a store call misses its deadline now and then, and the
+	// policy's on_store_failure decides it (a fail-closed policy's 503).
+	DegradedHealthy float64
+}
+
+// DegradedFigure is how many of a region's answers through the check API,
+// while no store or daemon of the region was down, said that the store
+// had not decided them.
+type DegradedFigure struct {
+	Region   string `json:"region"`
+	Answers  int    `json:"answers"`
+	Degraded int    `json:"degraded"`
 }
 
 // WindowFigure is what one window admitted against its bound.
@@ -117,6 +131,7 @@ const (
 	RuleTransport     = "transport-error"
 	RuleLatency       = "latency"
 	RuleLeak          = "leak"
+	RuleDegraded      = "degraded-healthy"
 )
 
 // Check judges reqs against the policies in force (policies, in the order
@@ -129,6 +144,13 @@ func Check(reqs []Request, policies []PolicyState, faults []Span, b Bounds) ([]V
 		out = append(out, c.answer(&reqs[i])...)
 	}
 	out = append(out, c.admissions(reqs)...)
+	for _, f := range c.degradedShares(reqs) {
+		if share := float64(f.Degraded) / float64(f.Answers); share > b.DegradedHealthy {
+			out = append(out, Violation{Rule: RuleDegraded, Time: reqs[0].Start, Key: f.Region, Admitted: f.Degraded, Bound: b.DegradedHealthy * float64(f.Answers),
+				Faults: []string{}, Detail: fmt.Sprintf("%d of %d answers in region %s decided without the store while it was up (%.3f%%, bound %.3f%%)",
+					f.Degraded, f.Answers, f.Region, 100*share, 100*b.DegradedHealthy)})
+		}
+	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
 	sort.SliceStable(c.charted, func(i, j int) bool { return c.charted[i].From.Before(c.charted[j].From) })
 	return out, c.charted
@@ -191,6 +213,45 @@ func (c *checker) versions(id string, from, to time.Time) []PolicyState {
 	return out
 }
 
+// DegradedShares returns, per region in order of name, the answers
+// through the check API with the region's stores and daemons up (b.Settle
+// after a fault included in the fault) and how many of them were degraded.
+func DegradedShares(reqs []Request, faults []Span, b Bounds) []DegradedFigure {
+	c := checker{faults: faults, b: b}
+	return c.degradedShares(reqs)
+}
+
+func (c *checker) degradedShares(reqs []Request) []DegradedFigure {
+	by := map[string]*DegradedFigure{}
+	var regions []string
+	for i := range reqs {
+		r := &reqs[i]
+		// Only the check API's body says whether an answer was degraded.
+		if r.Via != "check" || r.Err != "" || !r.Decided {
+			continue
+		}
+		if len(c.active(r.Start, r.End, c.b.Settle, r.Region, append(slices.Clip(storeFaults), daemonFaults...)...)) > 0 {
+			continue
+		}
+		f, ok := by[r.Region]
+		if !ok {
+			f = &DegradedFigure{Region: r.Region}
+			by[r.Region] = f
+			regions = append(regions, r.Region)
+		}
+		f.Answers++
+		if r.Degraded {
+			f.Degraded++
+		}
+	}
+	slices.Sort(regions)
+	out := make([]DegradedFigure, 0, len(regions))
+	for _, r := range regions {
+		out = append(out, *by[r])
+	}
+	return out
+}
+
 // storeFaults are the faults that take a region's store away.
 var storeFaults = []Kind{KillPrimary, PauseRedis}
 
@@ -219,12 +280,14 @@ func (c *checker) answer(r *Request) []Violation {
 	case r.Status == 200 || r.Status == 429:
 	case r.Status == 503:
 		// 503 is the answer of a fail-closed policy that could not be
-		// decided (docs/architecture.md, "the answer"), and only while its
-		// store is gone; a fail-open policy never turns into an outage.
+		// decided (docs/architecture.md, "the answer"): while its store is
+		// gone, or when the answer says its store call missed the deadline
+		// (degraded), which DegradedHealthy bounds over the run. A
+		// fail-open policy never turns into an outage.
 		vs := c.versions(r.Policy, r.Start.Add(-c.b.PolicySlack), r.End)
 		closed := slices.ContainsFunc(vs, func(p PolicyState) bool { return p.OnStoreFailure == "closed" })
 		gone := c.active(r.Start, r.End, c.b.Settle, r.Region, storeFaults...)
-		if !closed || len(gone) == 0 {
+		if !closed || (len(gone) == 0 && !r.Degraded) {
 			out = append(out, at(RuleServerError, fmt.Sprintf("503 for %s (fail-closed: %v) with its store up", r.Policy, closed), all))
 		}
 	case r.Status >= 500:

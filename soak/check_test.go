@@ -12,7 +12,7 @@ var t0 = time.Unix(1_800_000_000, 0)
 func at(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 
 var testBounds = Bounds{DaemonsPerRegion: 2, ReportDelay: 2 * time.Second, Settle: 6 * time.Second,
-	PolicySlack: 5 * time.Second, Latency: time.Second}
+	PolicySlack: 5 * time.Second, Latency: time.Second, DegradedHealthy: 0.05}
 
 func policy(id string, limit float64, global bool, mode string) PolicyState {
 	return PolicyState{At: t0.Add(-time.Hour), ID: id, Limit: limit, Window: 10, Global: global, OnStoreFailure: mode, Enforced: true}
@@ -28,6 +28,14 @@ func admitted(n int, region, id, s string, start float64) []Request {
 			Policy: id, Subject: s, Status: 200, Decided: true})
 	}
 	return out
+}
+
+// degraded marks n of rs degraded, as answers the fallback decided.
+func degraded(rs []Request, n int) []Request {
+	for i := range n {
+		rs[i].Degraded = true
+	}
+	return rs
 }
 
 func join(rs ...[]Request) []Request {
@@ -78,6 +86,14 @@ func TestCheck(t *testing.T) {
 			[]PolicyState{login}, []Span{kill}, nil},
 		{"503 of a fail-closed policy with its store up", []Request{{Start: at(30), End: at(30.01), Region: "eu", Policy: "login", Status: 503}},
 			[]PolicyState{login}, []Span{kill}, map[string]int{RuleServerError: 1}},
+		{"a degraded 503 of a fail-closed policy with its store up", join(admitted(3, "eu", "login", "u1", 30),
+			[]Request{{Start: at(31), End: at(31.01), Region: "eu", Via: "check", Policy: "login", Subject: "u2", Status: 503, Decided: true, Degraded: true}},
+			admitted(20, "eu", "api", "u3", 30)),
+			[]PolicyState{login, api}, []Span{kill}, nil},
+		{"too many degraded answers with the store up", degraded(admitted(20, "eu", "api", "u1", 30), 2),
+			[]PolicyState{api}, nil, map[string]int{RuleDegraded: 1}},
+		{"degraded answers while the store is gone are not counted", degraded(admitted(20, "eu", "api", "u1", 2), 20),
+			[]PolicyState{api}, []Span{kill}, nil},
 		{"503 of a fail-open policy is an outage", []Request{{Start: at(3), End: at(3.01), Region: "eu", Policy: "api", Status: 503}},
 			[]PolicyState{api}, []Span{kill}, map[string]int{RuleServerError: 1}},
 		{"500 is never right", []Request{{Start: at(3), End: at(3.01), Region: "eu", Policy: "api", Status: 500}},

@@ -32,8 +32,11 @@ type Report struct {
 	Windows      []WindowFigure `json:"windows"`
 	Samples      []Sample       `json:"samples"`
 	Leaks        []LeakFigure   `json:"leaks"`
-	Violations   []Violation    `json:"violations"`
-	Errors       []string       `json:"errors,omitempty"` // what the runner could not do
+	// Degraded is, per region, how many answers with every store and
+	// daemon of the region up the fallback decided (Bounds.DegradedHealthy).
+	Degraded   []DegradedFigure `json:"degraded"`
+	Violations []Violation      `json:"violations"`
+	Errors     []string         `json:"errors,omitempty"` // what the runner could not do
 }
 
 // LatencyPoint is the latency quantiles of the answers sent in one
@@ -104,6 +107,11 @@ func (r *Report) Summary() string {
 	}
 	s := fmt.Sprintf("SOAK seed=%d duration=%s requests=%d faults=%d violations=%d %v interrupted=%v leaks=[%s]",
 		r.Seed, r.Duration, n, len(r.Faults), len(r.Violations), rules, r.Interrupted, strings.Join(leaks, ", "))
+	var deg []string
+	for _, d := range r.Degraded {
+		deg = append(deg, fmt.Sprintf("%s %d/%d", d.Region, d.Degraded, d.Answers))
+	}
+	s += fmt.Sprintf(" degraded_healthy=[%s]", strings.Join(deg, ", "))
 	if r.Injected != "" {
 		s += fmt.Sprintf(" injected_seen=%d", r.InjectedSeen)
 	}

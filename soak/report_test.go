@@ -15,8 +15,12 @@ func TestReportWritesEveryViolation(t *testing.T) {
 	reqs := admitted(25, "eu", "api", "hot", 0)
 	faults := []Span{{Kind: PauseRedis, Region: "us", Start: at(1), End: at(3)}}
 	vs, wins := Check(reqs, []PolicyState{policy("api", 20, false, "local")}, faults, Bounds{Latency: time.Second, ChartSubject: "hot"})
+	deg := DegradedShares(reqs, faults, Bounds{Settle: time.Second})
+	if len(deg) != 1 || deg[0] != (DegradedFigure{Region: "eu", Answers: 25}) {
+		t.Errorf("DegradedShares() = %+v, want 25 answers in eu, none degraded", deg)
+	}
 	r := &Report{Seed: 3, Duration: "10s", Started: t0, Ended: at(10), Faults: faults, Violations: vs, Windows: wins,
-		Counts: Counts(reqs), Latency: Latencies(reqs, 10*time.Second)}
+		Counts: Counts(reqs), Latency: Latencies(reqs, 10*time.Second), Degraded: deg}
 	var j, h bytes.Buffer
 	if err := r.WriteJSON(&j); err != nil {
 		t.Fatal(err)
@@ -29,7 +33,7 @@ func TestReportWritesEveryViolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := h.String()
-	for _, want := range []string{"<svg", "over-admission", "eu/api/hot", "pause-redis us", "violations=1"} {
+	for _, want := range []string{"<svg", "over-admission", "eu/api/hot", "pause-redis us", "violations=1", "degraded_healthy=[eu 0/25]"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("HTML report lacks %q", want)
 		}
