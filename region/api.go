@@ -333,12 +333,17 @@ func (d *Daemon) authz(ctx context.Context, w http.ResponseWriter, in *dataReque
 }
 
 // answerAuthz answers a forward-auth call with verdict v on route: the
-// RateLimit fields and X-Sluice-Status, and an empty 200 or the
-// rejection's problem.
+// RateLimit fields, X-Sluice-Status, X-Sluice-Degraded when the store did
+// not decide, and an empty 200 or the rejection's problem.
 func (d *Daemon) answerAuthz(w http.ResponseWriter, in *dataRequest, prefixed bool, route string, v *decide.Verdict) {
 	h := w.Header()
 	decide.SetRateLimitHeaders(h, v)
 	h["X-Sluice-Status"] = sluiceStatus(v.Status)
+	if v.Degraded {
+		// The body a gateway drops is the only other place that says so:
+		// the gateway can log it (deploy/nginx) or copy it.
+		h["X-Sluice-Degraded"] = hdrTrue
+	}
 	if v.Status == http.StatusOK {
 		w.WriteHeader(http.StatusOK)
 		return
@@ -366,6 +371,7 @@ var (
 	hdrStatus200 = []string{"200"}
 	hdrStatus429 = []string{"429"}
 	hdrStatus503 = []string{"503"}
+	hdrTrue      = []string{"true"}
 )
 
 // sluiceStatus is the X-Sluice-Status value of a verdict's status.

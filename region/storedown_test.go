@@ -198,3 +198,42 @@ func TestStartWithRedisDown(t *testing.T) {
 		t.Errorf("policy set in Redis after it came back = %q, %v; want the --policies set", got, err)
 	}
 }
+
+// TestAuthzSaysDegraded: a forward-auth answer decided without the store
+// says so in X-Sluice-Degraded, since the gateway drops the body that says
+// it on /v1/check; one Redis decided has no such header.
+func TestAuthzSaysDegraded(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := DefaultConfig()
+	cfg.AdminToken = testToken
+	cfg.Policies = []quota.Policy{localPolicy(20)}
+	cfg.Listen = "127.0.0.1:0"
+	cfg.ShutdownTimeout = time.Second
+	cfg.Store = "redis://" + srv.Addr()
+	cfg.StoreTimeout = 50 * time.Millisecond
+	cfg.DataDir = t.TempDir()
+	l := serveDaemon(t, cfg)
+	authz := func() http.Header {
+		t.Helper()
+		req, _ := http.NewRequest("GET", l.base+"/v1/authz", nil)
+		req.Header.Set("X-Original-Method", "GET")
+		req.Header.Set("X-Original-URI", "/v1/orders?page=2")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET /v1/authz: %v", err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK && res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("GET /v1/authz = %d, want 200 or 429", res.StatusCode)
+		}
+		return res.Header
+	}
+	if h := authz(); h.Get("X-Sluice-Status") == "" || h.Values("X-Sluice-Degraded") != nil {
+		t.Errorf("authz with Redis up: X-Sluice-Status %q, X-Sluice-Degraded %q; want a status and no degraded header",
+			h.Get("X-Sluice-Status"), h.Values("X-Sluice-Degraded"))
+	}
+	srv.Kill()
+	if h := authz(); h.Get("X-Sluice-Degraded") != "true" {
+		t.Errorf("authz with Redis down: X-Sluice-Degraded %q, want true", h.Values("X-Sluice-Degraded"))
+	}
+}

@@ -38,6 +38,17 @@ func degraded(rs []Request, n int) []Request {
 	return rs
 }
 
+// viaNginx makes rs requests through nginx, viaRLS through the gRPC API.
+func viaNginx(rs []Request) []Request { return via(rs, "nginx") }
+func viaRLS(rs []Request) []Request   { return via(rs, "rls") }
+
+func via(rs []Request, v string) []Request {
+	for i := range rs {
+		rs[i].Via = v
+	}
+	return rs
+}
+
 func join(rs ...[]Request) []Request {
 	var out []Request
 	for _, r := range rs {
@@ -111,6 +122,15 @@ func TestCheck(t *testing.T) {
 			rs[25].Degraded = true
 			return rs
 		}(), []PolicyState{api}, nil, nil},
+		{"a degraded answer through nginx widens the window too", func() []Request {
+			rs := viaNginx(admitted(30, "eu", "api", "u1", 0))
+			rs[25].Degraded = true
+			return rs
+		}(), []PolicyState{api}, nil, nil},
+		{"too many degraded answers through nginx with the store up", degraded(viaNginx(admitted(20, "eu", "api", "u1", 30)), 2),
+			[]PolicyState{api}, nil, map[string]int{RuleDegraded: 1}},
+		{"an RLS answer is never counted as healthy or degraded", degraded(viaRLS(admitted(20, "eu", "api", "u1", 30)), 2),
+			[]PolicyState{api}, nil, nil},
 		{"a daemon restarting widens its region's window", admitted(30, "eu", "api", "u1", 0), []PolicyState{api},
 			[]Span{{Kind: KillDaemon, Region: "eu", Daemon: "eu-1", Start: at(1), End: at(2)}}, nil},
 		{"a gateway's fail-open answer is not counted", func() []Request {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -36,6 +37,20 @@ func (rc *recorder) all() ([]soak.Request, int) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	return append([]soak.Request(nil), rc.reqs...), rc.unsent
+}
+
+// markGatewayDegraded marks the requests through nginx that its access log
+// at path says Sluice decided without its store.
+func (rc *recorder) markGatewayDegraded(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("nginx access log: %w", err)
+	}
+	defer f.Close()
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	_, err = soak.MarkGatewayDegraded(rc.reqs, "nginx", f)
+	return err
 }
 
 // sender sends one request for subject; pick is a number in [0, 1) for
@@ -152,6 +167,7 @@ func checkSender(r *region) sender {
 func nginxSender(r *region, addr string) sender {
 	ips := map[string]string{}
 	var mu sync.Mutex
+	var sent int
 	return func(ctx context.Context, subject string, _ float64) []soak.Request {
 		mu.Lock()
 		ip, ok := ips[subject]
@@ -160,11 +176,15 @@ func nginxSender(r *region, addr string) sender {
 			ip = fmt.Sprintf("127.1.%d.%d", (n/250)%250, n%250+1)
 			ips[subject] = ip
 		}
+		sent++
+		// The query makes the URI unique, so that nginx's access log line
+		// can be matched to this request; Sluice ignores it.
+		uri := fmt.Sprintf("/gw/%s?n=%d", subject, sent)
 		mu.Unlock()
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
 		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
-		q := soak.Request{Start: time.Now(), Region: r.name, Via: "nginx", Policy: "gw", Subject: "ip:" + ip}
-		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/gw/"+subject, nil)
+		q := soak.Request{Start: time.Now(), Region: r.name, Via: "nginx", Policy: "gw", Subject: "ip:" + ip, URI: uri}
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+uri, nil)
 		res, err := client.Do(req)
 		q.End = time.Now()
 		if err != nil {

@@ -205,6 +205,7 @@ type deployment struct {
 	regions         []*region
 	nginx           *exec.Cmd
 	nginxAddr       string
+	nginxLog        string // the access log soak.MarkGatewayDegraded reads
 	backend         *http.Server
 	proxy           *gossipProxy
 }
@@ -311,7 +312,11 @@ pid %[2]s/nginx.pid;
 error_log %[2]s/logs/error.log warn;
 events { worker_connections 1024; }
 http {
-  access_log off;
+  # One line per request: its URI and whether Sluice decided it without
+  # its store (the shipped file's $sluice_degraded), which the checker
+  # reads back (soak.MarkGatewayDegraded).
+  log_format soak '$request_uri $sluice_degraded';
+  access_log %[2]s/logs/access.log soak;
   client_body_temp_path %[2]s/tmp/body;
   proxy_temp_path %[2]s/tmp/proxy;
   fastcgi_temp_path %[2]s/tmp/fastcgi;
@@ -326,6 +331,7 @@ http {
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main), 0o644); err != nil {
 		return err
 	}
+	dp.nginxLog = filepath.Join(dir, "logs", "access.log")
 	dp.nginx = exec.Command("/usr/sbin/nginx", "-c", filepath.Join(dir, "nginx.conf"), "-p", dir, "-g", "daemon off;")
 	dp.nginx.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := dp.nginx.Start(); err != nil {

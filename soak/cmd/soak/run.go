@@ -80,6 +80,9 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	clients.Wait()
 	rep.Ended = time.Now()
 	rep.Interrupted = ctx.Err() != nil
+	if err := rc.markGatewayDegraded(dp.nginxLog); err != nil {
+		rep.Errors = append(rep.Errors, err.Error())
+	}
 	finish(rep, o, rc, tl, nem)
 	for _, v := range rep.Violations {
 		if !injectedAt.IsZero() && v.Rule == soak.RuleOverAdmission && strings.Contains(v.Key, "/api/") && v.Time.After(injectedAt) {
