@@ -399,11 +399,11 @@ func validate(req *request, buf []descriptor) ([]descriptor, error) {
 		return nil, invalidArg("domain", "%v", err)
 	}
 	ds := req.descs
-	switch {
-	case len(ds) == 0:
+	switch n := req.descriptors(); {
+	case n == 0:
 		return nil, invalidArg("descriptors", "at least one descriptor is required")
-	case len(ds) > MaxDescriptors:
-		return nil, invalidArg("descriptors", "at most %d descriptors, got %d", MaxDescriptors, len(ds))
+	case n > MaxDescriptors:
+		return nil, invalidArg("descriptors", "at most %d descriptors, got %d", MaxDescriptors, n)
 	}
 	if req.hitsAddend > MaxHitsAddend {
 		return nil, invalidArg("hits_addend", "at most %d, got %d", MaxHitsAddend, req.hitsAddend)
@@ -422,11 +422,11 @@ func validate(req *request, buf []descriptor) ([]descriptor, error) {
 			return nil, invalidArg(f(""), "must not be null")
 		}
 		es := d.entries
-		switch {
-		case len(es) == 0:
+		switch n := d.entryCount(); {
+		case n == 0:
 			return nil, invalidArg(f(".entries"), "at least one entry is required")
-		case len(es) > quota.MaxDescriptorEntries:
-			return nil, invalidArg(f(".entries"), "at most %d entries, got %d", quota.MaxDescriptorEntries, len(es))
+		case n > quota.MaxDescriptorEntries:
+			return nil, invalidArg(f(".entries"), "at most %d entries, got %d", quota.MaxDescriptorEntries, n)
 		}
 		out[i].override = nil
 		if d.hasLimit {

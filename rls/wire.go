@@ -13,29 +13,48 @@ import (
 // request is a RateLimitRequest as the service reads it: decoded from the
 // wire by decodeRequest, or copied from a message by fromMessage. Its
 // strings and entries are its own; reset keeps their room for the next.
+//
+// It keeps at most keptDescriptors descriptors and keptEntries entries of
+// each, and only counts the rest: validation refuses any request past
+// either limit, and needs no more to say by how much. A 1 MiB message of
+// empty descriptors would otherwise hold half a million of them, tens of
+// megabytes kept in the pooled room after the call.
 type request struct {
 	domain     string
 	hitsAddend uint32
 	descs      []reqDescriptor
-	entries    []quota.DescriptorEntry // of every descriptor, in turn
+	entries    []quota.DescriptorEntry // of every kept descriptor, in turn
+	moreDescs  int                     // descriptors counted, not kept
 }
+
+const (
+	keptDescriptors = MaxDescriptors + 1
+	keptEntries     = quota.MaxDescriptorEntries + 1
+)
+
+// descriptors is how many descriptors the request carried.
+func (r *request) descriptors() int { return len(r.descs) + r.moreDescs }
 
 // reqDescriptor is one descriptor of a request, not yet validated.
 type reqDescriptor struct {
-	entries  []quota.DescriptorEntry
-	null     bool // a nil message in a request built in process
-	hasLimit bool // a limit override was sent
-	negative bool // is_negative_hits
-	hasHits  bool // hits_addend was sent; hits is its value
-	hits     uint64
+	entries     []quota.DescriptorEntry
+	moreEntries int  // entries counted, not kept
+	null        bool // a nil message in a request built in process
+	hasLimit    bool // a limit override was sent
+	negative    bool // is_negative_hits
+	hasHits     bool // hits_addend was sent; hits is its value
+	hits        uint64
 	// The limit override, when hasLimit: requests_per_unit, unit (an
 	// envoy.type.v3.RateLimitUnit) and unit_multiplier when hasMult.
 	limitRPU, limitUnit, limitMult uint64
 	hasMult                        bool
 }
 
+// entryCount is how many entries the descriptor carried.
+func (d *reqDescriptor) entryCount() int { return len(d.entries) + d.moreEntries }
+
 func (r *request) reset() {
-	r.domain, r.hitsAddend = "", 0
+	r.domain, r.hitsAddend, r.moreDescs = "", 0, 0
 	r.descs, r.entries = r.descs[:0], r.entries[:0]
 }
 
@@ -44,11 +63,19 @@ func (r *request) fromMessage(m *rlsv3.RateLimitRequest) {
 	r.reset()
 	r.domain, r.hitsAddend = m.GetDomain(), m.GetHitsAddend()
 	for _, d := range m.GetDescriptors() {
+		if len(r.descs) == keptDescriptors {
+			r.moreDescs++
+			continue
+		}
 		first := len(r.entries)
+		rd := reqDescriptor{null: d == nil, hasLimit: d.GetLimit() != nil, negative: d.GetIsNegativeHits()}
 		for _, e := range d.GetEntries() {
+			if len(r.entries)-first == keptEntries {
+				rd.moreEntries++
+				continue
+			}
 			r.entries = append(r.entries, quota.DescriptorEntry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		rd := reqDescriptor{null: d == nil, hasLimit: d.GetLimit() != nil, negative: d.GetIsNegativeHits()}
 		if l := d.GetLimit(); l != nil {
 			rd.limitRPU, rd.limitUnit = uint64(l.GetRequestsPerUnit()), uint64(uint32(l.GetUnit()))
 			if m := l.GetUnitMultiplier(); m != nil {
@@ -125,9 +152,15 @@ func decodeRequest(b []byte, r *request) error {
 			if err != nil {
 				return err
 			}
+			off += n
+			if len(r.descs) == keptDescriptors {
+				// Decoded all the same: a malformed one fails the request.
+				r.entries = r.entries[:first]
+				r.moreDescs++
+				continue
+			}
 			r.descs = append(r.descs, d)
 			spans = append(spans, span{first, len(r.entries)})
-			off += n
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b[off:])
 			if n < 0 {
@@ -147,6 +180,7 @@ func decodeRequest(b []byte, r *request) error {
 // entries are appended to r.entries.
 func (r *request) decodeDescriptor(b []byte, s string) (reqDescriptor, error) {
 	var d reqDescriptor
+	first := len(r.entries)
 	for off := 0; off < len(b); {
 		num, typ, n := consumeTag(b[off:])
 		if n < 0 {
@@ -164,8 +198,12 @@ func (r *request) decodeDescriptor(b []byte, s string) (reqDescriptor, error) {
 			if err != nil {
 				return d, err
 			}
-			r.entries = append(r.entries, e)
 			off += n
+			if len(r.entries)-first == keptEntries {
+				d.moreEntries++
+				continue
+			}
+			r.entries = append(r.entries, e)
 		case num == fieldDescriptorLimit && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b[off:])
 			if n < 0 || !validMessage(v) {

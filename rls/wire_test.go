@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -103,5 +104,53 @@ func TestAppendResponse(t *testing.T) {
 	}
 	if !shapes["OK"] || !shapes["OVER_LIMIT"] || !shapes["headers"] {
 		t.Errorf("the answers had %v, want OK, OVER_LIMIT and headers among them", shapes)
+	}
+}
+
+// TestRequestRoomIsBounded decodes requests far past the descriptor and
+// entry limits, from the wire and from a message: each keeps no more room
+// than the limits need, and validation still says how many were sent.
+func TestRequestRoomIsBounded(t *testing.T) {
+	const many = 500_000 // about what a 1 MiB message holds
+	manyDescs := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: make([]*rlv3.RateLimitDescriptor, many)}
+	for i := range manyDescs.Descriptors {
+		manyDescs.Descriptors[i] = &rlv3.RateLimitDescriptor{}
+	}
+	manyEntries := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlv3.RateLimitDescriptor{
+		desc("k", "v"), {Entries: make([]*rlv3.RateLimitDescriptor_Entry, many)}}}
+	for i := range manyEntries.Descriptors[1].Entries {
+		manyEntries.Descriptors[1].Entries[i] = &rlv3.RateLimitDescriptor_Entry{Key: "k"}
+	}
+	tests := []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{"descriptors", manyDescs, "descriptors: at most 8 descriptors, got 500000"},
+		{"entries", manyEntries, "descriptors[1].entries: at most 8 entries, got 500000"},
+	}
+	for _, tt := range tests {
+		b, err := proto.Marshal(tt.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wire, msg request
+		if err := decodeRequest(b, &wire); err != nil {
+			t.Fatalf("%s: decodeRequest: %v", tt.name, err)
+		}
+		msg.fromMessage(tt.req)
+		for _, r := range []struct {
+			via string
+			req *request
+		}{{"wire", &wire}, {"message", &msg}} {
+			// append doubles: twice the kept counts is the most it grows to.
+			if d, e := cap(r.req.descs), cap(r.req.entries); d > 2*keptDescriptors || e > 2*keptDescriptors*keptEntries {
+				t.Errorf("%s from the %s: room for %d descriptors and %d entries, want at most %d and %d",
+					tt.name, r.via, d, e, 2*keptDescriptors, 2*keptDescriptors*keptEntries)
+			}
+			if _, err := validate(r.req, nil); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%s from the %s: validate = %v, want %q", tt.name, r.via, err, tt.want)
+			}
+		}
 	}
 }
