@@ -523,6 +523,9 @@ type reply struct {
 	onePtr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
 	headers [6]*corev3.HeaderValue
 	hvs     [6]corev3.HeaderValue
+	// degraded is request_headers_to_add's X-Sluice-Degraded.
+	degraded    [1]*corev3.HeaderValue
+	degradedHdr corev3.HeaderValue
 }
 
 // descStatus is one descriptor's status and the messages it points to.
@@ -617,6 +620,14 @@ func (s *Server) decide(ctx context.Context, req *request, r *reply, sc *scratch
 		r.resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	r.resp.ResponseHeadersToAdd = r.addHeaders(v, allowed, m.uses, now, s.cfg.Headers)
+	if v.Degraded {
+		// As the HTTP answers' X-Sluice-Degraded, for the gateway's logs
+		// and the API: on the request Envoy sends upstream, never on the
+		// client's answer, as it speaks of the limiter's health.
+		r.degradedHdr = corev3.HeaderValue{Key: "X-Sluice-Degraded", Value: "true"}
+		r.degraded[0] = &r.degradedHdr
+		r.resp.RequestHeadersToAdd = r.degraded[:]
+	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -517,5 +518,47 @@ func TestHeaderStyles(t *testing.T) {
 	}
 	if _, err := ParseHeaderStyle("x-ratelimit"); err == nil {
 		t.Error("ParseHeaderStyle(x-ratelimit) = nil error")
+	}
+}
+
+// TestDegradedAnswerSaysSo asks with Redis down and with it up: an answer
+// the store did not decide carries X-Sluice-Degraded: true in
+// request_headers_to_add, as the HTTP answers carry it, and never in the
+// headers meant for the client; one the store decided carries neither.
+func TestDegradedAnswerSaysSo(t *testing.T) {
+	policies := []quota.Policy{{ID: "per-user", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 100, Window: 60,
+		OnStoreFailure: "open", Match: quota.Match{Domain: "api", Descriptors: []quota.DescriptorEntry{{Key: "user"}}}}}
+	has := func(hs []*corev3.HeaderValue) bool {
+		for _, h := range hs {
+			if h.Key == "X-Sluice-Degraded" && h.Value == "true" {
+				return true
+			}
+		}
+		return false
+	}
+	up := redistest.Start(t)
+	down := redistest.Start(t)
+	down.Kill() // the port is ours, with nothing listening on it
+	for _, tc := range []struct {
+		name     string
+		store    string
+		degraded bool
+	}{
+		{"store up", "redis://" + up.Addr(), false},
+		{"store down", "redis://" + down.Addr(), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rlsv3.NewRateLimitServiceClient(startRLSOn(t, tc.store, policies))
+			r := ask(t, c, call{domain: "api", ds: []*rlv3.RateLimitDescriptor{desc("user", "u1")}})
+			if r.OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("answer = %v, want OK (a fail-open policy)", r.OverallCode)
+			}
+			if got := has(r.RequestHeadersToAdd); got != tc.degraded {
+				t.Errorf("request_headers_to_add %v: degraded %v, want %v", r.RequestHeadersToAdd, got, tc.degraded)
+			}
+			if has(r.ResponseHeadersToAdd) {
+				t.Errorf("response_headers_to_add %v says degraded to the client", r.ResponseHeadersToAdd)
+			}
+		})
 	}
 }

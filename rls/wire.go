@@ -4,6 +4,7 @@ import (
 	"errors"
 	"unicode/utf8"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -376,8 +377,9 @@ func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
 // appendResponse appends the protobuf encoding of r, byte for byte what
 // proto.Marshal writes, for the fields decide sets: overall_code, the
 // statuses (code, current_limit's requests_per_unit, unit and name,
-// limit_remaining, duration_until_reset) and response_headers_to_add
-// (key and value). Any other field of r must be unset.
+// limit_remaining, duration_until_reset), response_headers_to_add and
+// request_headers_to_add (key and value). Any other field of r must be
+// unset.
 func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
 	if r.OverallCode != 0 {
 		b = protowire.AppendTag(b, 1, protowire.VarintType)
@@ -388,8 +390,13 @@ func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
 		b = protowire.AppendVarint(b, uint64(sizeStatus(st)))
 		b = appendStatus(b, st)
 	}
-	for _, h := range r.ResponseHeadersToAdd {
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = appendHeaders(b, 3, r.ResponseHeadersToAdd)
+	return appendHeaders(b, 4, r.RequestHeadersToAdd)
+}
+
+func appendHeaders(b []byte, num protowire.Number, hs []*corev3.HeaderValue) []byte {
+	for _, h := range hs {
+		b = protowire.AppendTag(b, num, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(sizeString(1, h.Key)+sizeString(2, h.Value)))
 		b = appendString(b, 1, h.Key)
 		b = appendString(b, 2, h.Value)

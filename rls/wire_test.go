@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
@@ -101,6 +102,12 @@ func TestAppendResponse(t *testing.T) {
 		}
 		shapes[r.resp.OverallCode.String()] = true
 		shapes["headers"] = shapes["headers"] || len(r.resp.ResponseHeadersToAdd) > 0
+	}
+	// A degraded answer, which the memory store never gives.
+	degraded := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		RequestHeadersToAdd: []*corev3.HeaderValue{{Key: "X-Sluice-Degraded", Value: "true"}}}
+	if want, _ := proto.Marshal(degraded); !bytes.Equal(appendResponse(nil, degraded), want) {
+		t.Errorf("appendResponse(%v) = %x, want %x", degraded, appendResponse(nil, degraded), want)
 	}
 	if !shapes["OK"] || !shapes["OVER_LIMIT"] || !shapes["headers"] {
 		t.Errorf("the answers had %v, want OK, OVER_LIMIT and headers among them", shapes)

@@ -26,7 +26,8 @@ type Request struct {
 	Decided bool `json:"decided"`
 	// Degraded is an answer that says the store did not decide and the
 	// policy's on_store_failure did: the check API's "degraded" in the
-	// body, or through a gateway X-Sluice-Degraded as its access log has it.
+	// body, through a gateway X-Sluice-Degraded as its access log has it,
+	// and an RLS answer X-Sluice-Degraded in request_headers_to_add.
 	Degraded bool `json:"degraded,omitempty"`
 	// URI is the request's URI through a gateway, unique per request, by
 	// which the gateway's access log is matched to it.
@@ -98,9 +99,8 @@ type Bounds struct {
 	DegradedHealthy float64
 }
 
-// DegradedFigure is how many of a region's answers through the check API
-// and nginx, while no store or daemon of the region was down, said that the store
-// had not decided them.
+// DegradedFigure is how many of a region's answers, while no store or
+// daemon of the region was down, said that the store had not decided them.
 type DegradedFigure struct {
 	Region   string `json:"region"`
 	Answers  int    `json:"answers"`
@@ -218,7 +218,7 @@ func (c *checker) versions(id string, from, to time.Time) []PolicyState {
 }
 
 // DegradedShares returns, per region in order of name, the answers
-// through the check API and nginx with the region's stores and daemons up (b.Settle
+// with the region's stores and daemons up (b.Settle
 // after a fault included in the fault) and how many of them were degraded.
 func DegradedShares(reqs []Request, faults []Span, b Bounds) []DegradedFigure {
 	c := checker{faults: faults, b: b}
@@ -230,9 +230,7 @@ func (c *checker) degradedShares(reqs []Request) []DegradedFigure {
 	var regions []string
 	for i := range reqs {
 		r := &reqs[i]
-		// The check API's body and nginx's access log say whether an
-		// answer was degraded; an RLS answer does not.
-		if r.Via == "rls" || r.Err != "" || !r.Decided {
+		if r.Err != "" || !r.Decided {
 			continue
 		}
 		if len(c.active(r.Start, r.End, c.b.Settle, r.Region, append(slices.Clip(storeFaults), daemonFaults...)...)) > 0 {

@@ -129,8 +129,13 @@ func TestCheck(t *testing.T) {
 		}(), []PolicyState{api}, nil, nil},
 		{"too many degraded answers through nginx with the store up", degraded(viaNginx(admitted(20, "eu", "api", "u1", 30)), 2),
 			[]PolicyState{api}, nil, map[string]int{RuleDegraded: 1}},
-		{"an RLS answer is never counted as healthy or degraded", degraded(viaRLS(admitted(20, "eu", "api", "u1", 30)), 2),
-			[]PolicyState{api}, nil, nil},
+		{"a degraded RLS answer widens the window too", func() []Request {
+			rs := viaRLS(admitted(30, "eu", "api", "u1", 0))
+			rs[25].Degraded = true
+			return rs
+		}(), []PolicyState{api}, nil, nil},
+		{"too many degraded RLS answers with the store up", degraded(viaRLS(admitted(20, "eu", "api", "u1", 30)), 2),
+			[]PolicyState{api}, nil, map[string]int{RuleDegraded: 1}},
 		{"a daemon restarting widens its region's window", admitted(30, "eu", "api", "u1", 0), []PolicyState{api},
 			[]Span{{Kind: KillDaemon, Region: "eu", Daemon: "eu-1", Start: at(1), End: at(2)}}, nil},
 		{"a gateway's fail-open answer is not counted", func() []Request {

@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -237,6 +239,7 @@ func rlsSender(r *region) (sender, func(), error) {
 			q.Err = err.Error()
 		case res.GetOverallCode() == rlsv3.RateLimitResponse_OK:
 			q.Status = 200
+			q.Degraded = saysDegraded(res.GetRequestHeadersToAdd())
 		case res.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
 			q.Status = 429
 		default:
@@ -244,6 +247,17 @@ func rlsSender(r *region) (sender, func(), error) {
 		}
 		return []soak.Request{q}
 	}, closeAll, nil
+}
+
+// saysDegraded reports whether an RLS answer's headers for the upstream
+// request say the store did not decide it.
+func saysDegraded(hs []*corev3.HeaderValue) bool {
+	for _, h := range hs {
+		if strings.EqualFold(h.GetKey(), "X-Sluice-Degraded") && h.GetValue() == "true" {
+			return true
+		}
+	}
+	return false
 }
 
 var _ = strconv.Itoa
