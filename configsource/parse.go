@@ -1,7 +1,6 @@
 package configsource
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/sluice-rl/sluice/quota"
@@ -16,22 +15,7 @@ type Error = rls.ConfigError
 
 // asError turns the error of parsing file into an *Error naming the file,
 // the line and the field as far as err knows them.
-func asError(file string, err error) *Error {
-	var e *Error
-	if errors.As(err, &e) {
-		return e
-	}
-	var ve *quota.ValidationError
-	if errors.As(err, &ve) && len(ve.Problems) > 0 {
-		p := ve.Problems[0]
-		reason := p.Reason
-		if n := len(ve.Problems) - 1; n > 0 {
-			reason += fmt.Sprintf(" (and %d more)", n)
-		}
-		return &Error{File: file, Field: p.Field, Reason: reason}
-	}
-	return &Error{File: file, Reason: err.Error()}
-}
+func asError(file string, err error) *Error { return rls.AsConfigError(file, err) }
 
 // Parser turns the files of one source into the policies they configure.
 // An error is an *Error naming the file and, where it can, the line and
@@ -52,27 +36,11 @@ var PolicyExts = []string{".json"}
 // files is an error. Without merge, a domain in two files is an error.
 func EnvoyParser(merge bool) Parser {
 	return func(files Files) ([]quota.Policy, error) {
-		var out []quota.Policy
-		domains := map[string]string{}
-		ids := map[string]string{}
-		for _, f := range files {
-			domain, ps, err := rls.ParseEnvoyConfig(f.Path, f.Data)
-			if err != nil {
-				return nil, asError(f.Path, err)
-			}
-			if other, dup := domains[domain]; dup && !merge {
-				return nil, &Error{File: f.Path, Field: "domain", Reason: fmt.Sprintf("domain %q is also configured by %s (merging domains is off)", domain, other)}
-			}
-			domains[domain] = f.Path
-			for _, p := range ps {
-				if other, dup := ids[p.ID]; dup {
-					return nil, &Error{File: f.Path, Field: "descriptors", Reason: fmt.Sprintf("policy %s (domain %q) is also configured by %s", p.ID, domain, other)}
-				}
-				ids[p.ID] = f.Path
-			}
-			out = append(out, ps...)
+		efs := make([]rls.EnvoyFile, len(files))
+		for i, f := range files {
+			efs[i] = rls.EnvoyFile{Path: f.Path, Data: f.Data}
 		}
-		return out, nil
+		return rls.ParseEnvoyConfigs(efs, merge)
 	}
 }
 

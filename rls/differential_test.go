@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -13,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-rl/sluice/internal/testtools"
-
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -23,6 +22,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testlog"
+	"github.com/sluice-rl/sluice/internal/testtools"
 	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
@@ -57,6 +58,39 @@ func freePort(t *testing.T) string {
 // environment, and returns a client once it answers.
 func startRatelimit(t *testing.T, dir, redisAddr string, env ...string) rlsv3.RateLimitServiceClient {
 	t.Helper()
+	c, _ := launchRatelimit(t, dir, redisAddr, env...)
+	testwait.For(t, 60*time.Second, "envoyproxy/ratelimit answering", func() bool {
+		return askRatelimit(c) == nil
+	})
+	return c
+}
+
+// ratelimitAccepts runs envoyproxy/ratelimit as startRatelimit does and
+// reports whether it loaded the configuration of dir: it answers a call,
+// or its log says it could not load the configuration (it then answers
+// every call with an error).
+func ratelimitAccepts(t *testing.T, dir, redisAddr string, env ...string) bool {
+	t.Helper()
+	c, out := launchRatelimit(t, dir, redisAddr, env...)
+	var accepted bool
+	testwait.For(t, 60*time.Second, "envoyproxy/ratelimit answering or refusing its configuration", func() bool {
+		accepted = askRatelimit(c) == nil
+		return accepted || strings.Contains(out.String(), "Error loading new configuration")
+	})
+	return accepted
+}
+
+func askRatelimit(c rlsv3.RateLimitServiceClient) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "shop", Descriptors: []*rlv3.RateLimitDescriptor{desc("warm", "up")}})
+	return err
+}
+
+// launchRatelimit starts envoyproxy/ratelimit and returns a client and
+// its output, without waiting for it to answer.
+func launchRatelimit(t *testing.T, dir, redisAddr string, env ...string) (rlsv3.RateLimitServiceClient, *testlog.Buffer) {
+	t.Helper()
 	root := t.TempDir()
 	cfg := filepath.Join(root, "ratelimit", "config")
 	if err := os.MkdirAll(cfg, 0o755); err != nil {
@@ -67,13 +101,7 @@ func startRatelimit(t *testing.T, dir, redisAddr string, env ...string) rlsv3.Ra
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(cfg, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		copyFile(t, filepath.Join(dir, e.Name()), filepath.Join(cfg, e.Name()))
 	}
 	grpcPort := freePort(t)
 	cmd := exec.Command(ratelimitBin(t))
@@ -82,8 +110,8 @@ func startRatelimit(t *testing.T, dir, redisAddr string, env ...string) rlsv3.Ra
 		"RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "LIMIT_RESPONSE_HEADERS_ENABLED=true")
 	cmd.Env = append(cmd.Env, env...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &testlog.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -100,14 +128,50 @@ func startRatelimit(t *testing.T, dir, redisAddr string, env ...string) rlsv3.Ra
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c := rlsv3.NewRateLimitServiceClient(conn)
-	testwait.For(t, 60*time.Second, "envoyproxy/ratelimit answering", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "shop", Descriptors: []*rlv3.RateLimitDescriptor{desc("warm", "up")}})
-		return err == nil
-	})
-	return c
+	return rlsv3.NewRateLimitServiceClient(conn), out
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ratelimitSource is the directory of envoyproxy/ratelimit's module at
+// ratelimitVersion in the module cache, downloaded if need be: its
+// repository's own test fixtures are read from there.
+func ratelimitSource(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", "github.com/envoyproxy/ratelimit@"+ratelimitVersion).Output()
+	if err != nil {
+		t.Fatalf("go mod download envoyproxy/ratelimit: %v", err)
+	}
+	var m struct{ Dir string }
+	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {
+		t.Fatalf("go mod download envoyproxy/ratelimit = %s, %v; want its directory", out, err)
+	}
+	return m.Dir
+}
+
+// upstreamFixtures copies files (paths in envoyproxy/ratelimit's
+// repository) into a directory of their own, each under its name or
+// under the name given after a colon, and returns the directory.
+func upstreamFixtures(t *testing.T, files ...string) string {
+	t.Helper()
+	src, dir := ratelimitSource(t), t.TempDir()
+	for _, f := range files {
+		from, name, ok := strings.Cut(f, ":")
+		if !ok {
+			name = filepath.Base(from)
+		}
+		copyFile(t, filepath.Join(src, from), filepath.Join(dir, name))
+	}
+	return dir
 }
 
 // step is one request of a sequence.
@@ -209,7 +273,13 @@ var knownDifferences = map[string]string{
 // files share a domain do not share counters. Another file adds suites by
 // calling runDifferential from a test of its own.
 type differentialSuite struct {
-	dir   string
+	dir string
+	// upstream, if set, are the files of envoyproxy/ratelimit's
+	// repository the suite loads instead of dir (see upstreamFixtures).
+	upstream []string
+	// merge lets several files configure one domain: MERGE_DOMAIN_CONFIG
+	// for envoyproxy/ratelimit, --envoy-merge-domains for Sluice.
+	merge bool
 	cases map[string][]step
 	known map[string]string
 	// second names the cases that count in windows of one second: each
@@ -231,12 +301,20 @@ type differentialSuite struct {
 func runDifferential(t *testing.T, suite differentialSuite) {
 	t.Helper()
 	srv := redistest.Start(t)
-	envoy := startRatelimit(t, suite.dir, srv.Addr(), suite.env...)
-	files := suite.dir
+	dir := suite.dir
+	if len(suite.upstream) > 0 {
+		dir = upstreamFixtures(t, suite.upstream...)
+	}
+	env := suite.env
+	if suite.merge {
+		env = append(slices.Clip(env), "MERGE_DOMAIN_CONFIG=true")
+	}
+	envoy := startRatelimit(t, dir, srv.Addr(), env...)
+	files := dir
 	if suite.sluiceDir != "" {
 		files = suite.sluiceDir
 	}
-	ps, err := LoadEnvoyConfigs([]string{files})
+	ps, err := LoadEnvoyConfigs([]string{files}, suite.merge)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,15 +363,20 @@ func compareStep(t *testing.T, envoy, sluice rlsv3.RateLimitServiceClient, s ste
 }
 
 // differentialSuites are the suites of TestDifferentialAgainstEnvoyRatelimit:
-// Sluice's own fixtures and those of envoyproxy/ratelimit's repository
-// (testdata/envoy/upstream, see its README.md).
+// Sluice's own fixtures and those of envoyproxy/ratelimit's repository,
+// read from its module (the three files of test/config share the domain
+// test-domain, so each runs alone).
 func differentialSuites() map[string]differentialSuite {
+	const cfg, integration = "test/config/", "test/integration/runtime/current/ratelimit/config/"
 	return map[string]differentialSuite{
 		"sluice":                {dir: "testdata/envoy/differential", cases: differentialCases(), known: knownDifferences, second: []string{"second"}},
-		"upstream basic_config": {dir: "testdata/envoy/upstream/basic_config", cases: upstreamBasicCases(), second: []string{"second level key alone", "second level value"}},
-		"upstream shadowmode":   {dir: "testdata/envoy/upstream/shadowmode_config", cases: upstreamShadowCases(), known: upstreamShadowKnown, second: []string{"second level key alone", "shadow second level value"}},
-		"upstream wildcard":     {dir: "testdata/envoy/upstream/wildcard", cases: upstreamWildcardCases(), known: upstreamWildcardKnown},
-		"upstream integration":  {dir: "testdata/envoy/upstream/integration", cases: upstreamIntegrationCases(), second: []string{"basic key1", "basic key1_local"}},
+		"upstream basic_config": {upstream: []string{cfg + "basic_config.yaml"}, cases: upstreamBasicCases(), second: []string{"second level key alone", "second level value"}},
+		"upstream shadowmode":   {upstream: []string{cfg + "shadowmode_config.yaml"}, cases: upstreamShadowCases(), known: upstreamShadowKnown, second: []string{"second level key alone", "shadow second level value"}},
+		"upstream wildcard":     {upstream: []string{cfg + "wildcard.yaml"}, cases: upstreamWildcardCases(), known: upstreamWildcardKnown},
+		"upstream merge_domain": {upstream: []string{cfg + "merge_domain_key1.yaml", cfg + "merge_domain_key2.yaml"}, merge: true, cases: upstreamMergeCases()},
+		// share_threshold.yaml, the third file there, Sluice refuses
+		// (TestConfigRefusalsAgainstEnvoyRatelimit).
+		"upstream integration": {upstream: []string{integration + "basic.yaml", integration + "another.yaml"}, cases: upstreamIntegrationCases(), second: []string{"basic key1", "basic key1_local"}},
 	}
 }
 

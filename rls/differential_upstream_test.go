@@ -1,9 +1,18 @@
 package rls
 
-import rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+import (
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/sluice-rl/sluice/internal/redistest"
+)
 
 // The request sequences of the suites on envoyproxy/ratelimit's own
-// configuration fixtures (testdata/envoy/upstream). No sequence goes on
+// configuration fixtures (read from its module, differentialSuites). No
+// sequence goes on
 // after an answer over the limit with a smaller request, where
 // envoyproxy/ratelimit, which counts the hits of a request over the
 // limit, and Sluice, which spends nothing then, part by design.
@@ -101,4 +110,79 @@ func upstreamIntegrationCases() map[string][]step {
 		"another key4":         hitsOf("another", kv("key4", "a"), 20, 1),
 		"another, two keys":    repeat(2, step{domain: "another", ds: []*rlv3.RateLimitDescriptor{desc("key2_local", "b"), desc("key3_local", "b")}, hits: 4}),
 	}
+}
+
+// upstreamMergeCases are for test/config/merge_domain_key1.yaml and
+// merge_domain_key2.yaml, one domain in two files, merged. Their
+// descriptors have literal values, so the steps are one sequence.
+func upstreamMergeCases() map[string][]step {
+	const d = "test-domain"
+	both := step{domain: d, ds: []*rlv3.RateLimitDescriptor{desc("key1", "value1"), desc("key2", "value2")}, hits: 1}
+	return map[string][]step{
+		"both files' descriptors": {
+			on(d, 4, "key1", "value1"), on(d, 9, "key2", "value2"), both,
+			on(d, 0, "key3", "value3"),                             // in neither file
+			on(d, 5, "key1", "value1"), on(d, 1, "key1", "value1"), // the last over
+		},
+	}
+}
+
+// TestConfigRefusalsAgainstEnvoyRatelimit loads every configuration
+// fixture of envoyproxy/ratelimit's test/config, alone, and the pairs its
+// own tests load together, into envoyproxy/ratelimit and into Sluice's
+// parser: both accept or both refuse each, but for those listed as
+// differing, which docs/api.md lists too.
+func TestConfigRefusalsAgainstEnvoyRatelimit(t *testing.T) {
+	const cfg = "test/config/"
+	src := ratelimitSource(t)
+	alone, err := filepath.Glob(filepath.Join(src, cfg, "*.yaml"))
+	if err != nil || len(alone) < 15 {
+		t.Fatalf("envoyproxy/ratelimit's fixtures: %d files, %v", len(alone), err)
+	}
+	type fixture struct {
+		files []string
+		merge bool
+	}
+	fixtures := map[string]fixture{}
+	for _, f := range alone {
+		fixtures[filepath.Base(f)] = fixture{files: []string{cfg + filepath.Base(f)}}
+	}
+	fixtures["basic_config + duplicate_domain"] = fixture{files: []string{cfg + "basic_config.yaml", cfg + "duplicate_domain.yaml"}}
+	fixtures["merge_domain_key1 + key2, merged"] = fixture{files: []string{cfg + "merge_domain_key1.yaml", cfg + "merge_domain_key2.yaml"}, merge: true}
+	fixtures["merge_domain_key1 + key2, not merged"] = fixture{files: []string{cfg + "merge_domain_key1.yaml", cfg + "merge_domain_key2.yaml"}}
+	fixtures["merge_domain_key1 twice, merged"] = fixture{files: []string{cfg + "merge_domain_key1.yaml", cfg + "merge_domain_key1.yaml:again.yaml"}, merge: true}
+	// What Sluice refuses that envoyproxy/ratelimit loads, and why.
+	known := map[string]string{
+		"share_threshold.yaml": "share_threshold is not supported by Sluice: its parser says so rather than load a limit it would not enforce as written",
+	}
+	srv := redistest.Start(t)
+	var agree atomic.Int64
+	// Each fixture starts envoyproxy/ratelimit of its own: in parallel, as
+	// far as -parallel lets them.
+	t.Run("fixtures", func(t *testing.T) {
+		for name, fx := range fixtures {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				dir := upstreamFixtures(t, fx.files...)
+				var env []string
+				if fx.merge {
+					env = append(env, "MERGE_DOMAIN_CONFIG=true")
+				}
+				theirs := ratelimitAccepts(t, dir, srv.Addr(), env...)
+				_, err := LoadEnvoyConfigs([]string{dir}, fx.merge)
+				ours := err == nil
+				switch reason := known[name]; {
+				case theirs != ours && reason == "":
+					t.Errorf("envoyproxy/ratelimit accepts: %v; Sluice: %v", theirs, err)
+				case theirs != ours:
+					t.Logf("known difference (%s): envoyproxy/ratelimit accepts: %v; Sluice: %v", reason, theirs, err)
+				case reason != "":
+					t.Errorf("listed as differing (%s), but both accept: %v", reason, ours)
+				default:
+					agree.Add(1)
+				}
+			})
+		}
+	})
+	t.Logf("%d of %d configurations accepted or refused alike", agree.Load(), len(fixtures))
 }

@@ -58,17 +58,16 @@ func (e *ConfigError) Error() string {
 
 // LoadEnvoyConfigs reads envoyproxy/ratelimit configuration files, each
 // path a file or a directory whose *.yaml and *.yml files are read (not
-// recursively, in name order), into descriptor policies (see
-// ParseEnvoyConfig). Two files may not configure one domain.
-func LoadEnvoyConfigs(paths []string) ([]quota.Policy, error) {
-	var files []string
+// recursively, in name order), and parses them with ParseEnvoyConfigs.
+func LoadEnvoyConfigs(paths []string, merge bool) ([]quota.Policy, error) {
+	var names []string
 	for _, p := range paths {
 		st, err := os.Stat(p)
 		if err != nil {
 			return nil, err
 		}
 		if !st.IsDir() {
-			files = append(files, p)
+			names = append(names, p)
 			continue
 		}
 		ents, err := os.ReadDir(p)
@@ -78,7 +77,7 @@ func LoadEnvoyConfigs(paths []string) ([]quota.Policy, error) {
 		n := 0
 		for _, e := range ents {
 			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
-				files = append(files, filepath.Join(p, e.Name()))
+				names = append(names, filepath.Join(p, e.Name()))
 				n++
 			}
 		}
@@ -86,10 +85,8 @@ func LoadEnvoyConfigs(paths []string) ([]quota.Policy, error) {
 			return nil, fmt.Errorf("%s: no *.yaml or *.yml file in this directory", p)
 		}
 	}
-	var out []quota.Policy
-	domains := map[string]string{}
-	ids := map[string]string{}
-	for _, f := range files {
+	files := make([]EnvoyFile, len(names))
+	for i, f := range names {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
@@ -97,23 +94,64 @@ func LoadEnvoyConfigs(paths []string) ([]quota.Policy, error) {
 		if len(data) > MaxEnvoyConfigBytes {
 			return nil, &ConfigError{File: f, Reason: fmt.Sprintf("%d bytes, at most %d", len(data), MaxEnvoyConfigBytes)}
 		}
-		domain, ps, err := ParseEnvoyConfig(f, data)
+		files[i] = EnvoyFile{Path: f, Data: data}
+	}
+	return ParseEnvoyConfigs(files, merge)
+}
+
+// EnvoyFile is one envoyproxy/ratelimit configuration file as read.
+type EnvoyFile struct {
+	Path string
+	Data []byte
+}
+
+// ParseEnvoyConfigs parses files as one configuration, in their order
+// (ParseEnvoyConfig). Two files may configure one domain only with merge,
+// as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: the domain's descriptors
+// are then those of every file, and one descriptor in two files is an
+// error. Without merge, a domain in two files is an error. Every error is
+// a *ConfigError naming the file.
+func ParseEnvoyConfigs(files []EnvoyFile, merge bool) ([]quota.Policy, error) {
+	var out []quota.Policy
+	domains := map[string]string{}
+	ids := map[string]string{}
+	for _, f := range files {
+		domain, ps, err := ParseEnvoyConfig(f.Path, f.Data)
 		if err != nil {
-			return nil, err
+			return nil, AsConfigError(f.Path, err)
 		}
-		if other, dup := domains[domain]; dup {
-			return nil, &ConfigError{File: f, Field: "domain", Reason: fmt.Sprintf("domain %q is also configured by %s", domain, other)}
+		if other, dup := domains[domain]; dup && !merge {
+			return nil, &ConfigError{File: f.Path, Field: "domain", Reason: fmt.Sprintf("domain %q is also configured by %s (merging domains is off)", domain, other)}
 		}
-		domains[domain] = f
+		domains[domain] = f.Path
 		for _, p := range ps {
 			if other, dup := ids[p.ID]; dup {
-				return nil, &ConfigError{File: f, Field: "domain", Reason: fmt.Sprintf("policy id %s is also made from %s; rename a domain", p.ID, other)}
+				return nil, &ConfigError{File: f.Path, Field: "descriptors", Reason: fmt.Sprintf("policy %s (domain %q) is also configured by %s", p.ID, domain, other)}
 			}
-			ids[p.ID] = f
+			ids[p.ID] = f.Path
 		}
 		out = append(out, ps...)
 	}
 	return out, nil
+}
+
+// AsConfigError turns the error of parsing file into a *ConfigError
+// naming the file, the line and the field as far as err knows them.
+func AsConfigError(file string, err error) *ConfigError {
+	var e *ConfigError
+	if errors.As(err, &e) {
+		return e
+	}
+	var ve *quota.ValidationError
+	if errors.As(err, &ve) && len(ve.Problems) > 0 {
+		p := ve.Problems[0]
+		reason := p.Reason
+		if n := len(ve.Problems) - 1; n > 0 {
+			reason += fmt.Sprintf(" (and %d more)", n)
+		}
+		return &ConfigError{File: file, Field: p.Field, Reason: reason}
+	}
+	return &ConfigError{File: file, Reason: err.Error()}
 }
 
 // envoyLimit is one rate_limit block, with where it sits.

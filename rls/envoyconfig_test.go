@@ -11,7 +11,7 @@ import (
 )
 
 func TestLoadEnvoyReadmeExamples(t *testing.T) {
-	ps, err := LoadEnvoyConfigs([]string{"testdata/envoy/readme"})
+	ps, err := LoadEnvoyConfigs([]string{"testdata/envoy/readme"}, false)
 	if err != nil {
 		t.Fatalf("LoadEnvoyConfigs(readme) = %v", err)
 	}
@@ -83,7 +83,7 @@ func TestParseEnvoyConfigErrors(t *testing.T) {
 			}
 		})
 	}
-	_, err := LoadEnvoyConfigs([]string{"testdata/envoy/other/example11-share-threshold.yaml"})
+	_, err := LoadEnvoyConfigs([]string{"testdata/envoy/other/example11-share-threshold.yaml"}, false)
 	if err == nil || !strings.Contains(err.Error(), "example11-share-threshold.yaml:") || !strings.Contains(err.Error(), "share_threshold: not supported") {
 		t.Errorf("LoadEnvoyConfigs(share_threshold) = %v, want the file and field named", err)
 	}
@@ -93,7 +93,7 @@ func TestParseEnvoyConfigErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := LoadEnvoyConfigs([]string{dir}); err == nil || !strings.Contains(err.Error(), `domain "same" is also configured by`) {
+	if _, err := LoadEnvoyConfigs([]string{dir}, false); err == nil || !strings.Contains(err.Error(), `domain "same" is also configured by`) {
 		t.Errorf("LoadEnvoyConfigs(two files, one domain) = %v, want a duplicate domain error", err)
 	}
 }
@@ -109,7 +109,9 @@ func TestEnvoyAlgorithmField(t *testing.T) {
 }
 
 func FuzzParseEnvoyConfig(f *testing.F) {
-	for _, dir := range []string{"testdata/envoy/readme", "testdata/envoy/other", "testdata/envoy/differential", "testdata/envoy/upstream/*"} {
+	src := ratelimitSource(f) // envoyproxy/ratelimit's own fixtures
+	for _, dir := range []string{"testdata/envoy/readme", "testdata/envoy/other", "testdata/envoy/differential",
+		filepath.Join(src, "test/config"), filepath.Join(src, "test/integration/runtime/current/ratelimit/config")} {
 		fs, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		for _, p := range fs {
 			b, err := os.ReadFile(p)

@@ -16,7 +16,7 @@ import (
 // the README examples' policies: never a panic, and every error is
 // INVALID_ARGUMENT; an answer has one status per descriptor.
 func FuzzShouldRateLimit(f *testing.F) {
-	ps, err := LoadEnvoyConfigs([]string{"testdata/envoy/readme"})
+	ps, err := LoadEnvoyConfigs([]string{"testdata/envoy/readme"}, false)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -162,7 +162,7 @@ func header(r *rlsv3.RateLimitResponse, name string) string {
 // README describes for its examples and expects the decisions it
 // documents there.
 func TestReadmeExamplesEnforced(t *testing.T) {
-	ps, err := LoadEnvoyConfigs([]string{"testdata/envoy/readme"})
+	ps, err := LoadEnvoyConfigs([]string{"testdata/envoy/readme"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func TestEnvoyRateLimitConfigStructure(t *testing.T) {
 		t.Errorf("prescribed --envoy-config = %q, want deploy/envoy/ratelimit.yaml", got)
 	}
 
-	policies, err := rls.LoadEnvoyConfigs([]string{"../../deploy/envoy/ratelimit.yaml"})
+	policies, err := rls.LoadEnvoyConfigs([]string{"../../deploy/envoy/ratelimit.yaml"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
