@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"maps"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -130,8 +133,6 @@ func TestEnvoyRateLimitConfigStructure(t *testing.T) {
 	}
 }
 
-// TestServeRLS runs the binary with --rls-listen and the shipped
-// envoyproxy/ratelimit file, asks it over gRPC, and stops it with SIGTERM.
 // rlsAddr waits for the address the daemon's rate limit service logs.
 func (d *daemon) rlsAddr() string {
 	d.t.Helper()
@@ -149,6 +150,8 @@ func (d *daemon) rlsAddr() string {
 	return addr
 }
 
+// TestServeRLS runs the binary with --rls-listen and the shipped
+// envoyproxy/ratelimit file, asks it over gRPC, and stops it with SIGTERM.
 func TestServeRLS(t *testing.T) {
 	bin := buildSluice(t)
 	d := startDaemon(t, bin, "--rls-listen", "127.0.0.1:0", "--envoy-config", "../../deploy/envoy/ratelimit.yaml")
@@ -192,5 +195,52 @@ func TestServeRLS(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		c.Close()
 		t.Errorf("rate limit service still accepting after exit")
+	}
+}
+
+// TestServeMergesDomains runs the binary on a directory of two files
+// that configure one domain: with --envoy-merge-domains it serves the
+// descriptors of both; without, it does not start, and says why in one
+// line naming the domain.
+func TestServeMergesDomains(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"a.yaml": "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+		"b.yaml": "domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 7}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := buildSluice(t)
+
+	// A daemon that started anyway would serve until killed.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "serve", "--listen", "127.0.0.1:0", "--rls-listen", "127.0.0.1:0", "--envoy-config", dir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `domain "shared" is also configured by`) {
+		t.Errorf("without --envoy-merge-domains: %v, %s; want a failed start naming the domain", err, out)
+	}
+
+	d := startDaemon(t, bin, "--rls-listen", "127.0.0.1:0", "--envoy-config", dir, "--envoy-merge-domains")
+	conn, err := grpc.NewClient(d.rlsAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	for _, tc := range []struct {
+		key  string
+		rpu  uint32
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{{"user", 3, rlsv3.RateLimitResponse_RateLimit_MINUTE}, {"tenant", 7, rlsv3.RateLimitResponse_RateLimit_HOUR}} {
+		r, err := c.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "shared",
+			Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: tc.key, Value: "x"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := r.Statuses[0].CurrentLimit; r.OverallCode != rlsv3.RateLimitResponse_OK || l.GetRequestsPerUnit() != tc.rpu || l.GetUnit() != tc.unit {
+			t.Errorf("%s = %v under %v, want OK under %d/%v", tc.key, r.OverallCode, l, tc.rpu, tc.unit)
+		}
 	}
 }
