@@ -865,12 +865,18 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 	return err
 }
 
+// IdleTimeout is how long the daemon's listeners keep an idle connection
+// open. A client that keeps connections for longer may send a request on
+// one the daemon is closing and see it fail; its pool should let them go
+// first.
+const IdleTimeout = 2 * time.Minute
+
 func (d *Daemon) httpServer(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelWarn),
 	}

@@ -36,7 +36,7 @@ func (d *Daemon) fastServer(h http.Handler) *fasthttp.Server {
 		Handler:      d.fastHandler(h),
 		ErrorHandler: d.fastError,
 		ReadTimeout:  30 * time.Second,
-		IdleTimeout:  2 * time.Minute,
+		IdleTimeout:  IdleTimeout,
 		// The request line and headers must fit the read buffer, as
 		// net/http's MaxHeaderBytes bounds them.
 		ReadBufferSize: 64 << 10,

@@ -109,8 +109,8 @@ func drive(ctx context.Context, rc *recorder, tr soak.Traffic, start time.Time, 
 	}
 }
 
-// httpClient closes an idle connection before the daemon does (its idle
-// timeout is 2 minutes): a POST sent on a connection the daemon is closing
+// httpClient closes an idle connection before the daemon does
+// (region.IdleTimeout): a POST sent on a connection the daemon is closing
 // fails with EOF, and net/http does not send a POST again. Without the
 // limit a connection idle for two minutes failed a check with no fault.
 var httpClient = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32, IdleConnTimeout: 90 * time.Second}}

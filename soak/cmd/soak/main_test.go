@@ -1,9 +1,12 @@
 package main
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	sluice "github.com/sluice-rl/sluice/region"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -38,5 +41,18 @@ func TestParseFlags(t *testing.T) {
 	o, _ := parseFlags([]string{"-duration", "5m", "-seed", "3"})
 	if o.duration != 5*time.Minute || o.seed != 3 || len(o.kinds) != 6 {
 		t.Errorf("parseFlags(-duration 5m -seed 3) = %+v", o)
+	}
+}
+
+// The soak's HTTP clients let an idle connection go before the daemon
+// closes it: a check sent on a connection the daemon was closing failed
+// with EOF, and no fault was active to explain it.
+func TestClientsCloseIdleConnectionsFirst(t *testing.T) {
+	tr, ok := httpClient.Transport.(*http.Transport)
+	if !ok {
+		t.Fatalf("httpClient.Transport is a %T, want an *http.Transport with an idle timeout", httpClient.Transport)
+	}
+	if tr.IdleConnTimeout <= 0 || tr.IdleConnTimeout >= sluice.IdleTimeout {
+		t.Errorf("the clients keep idle connections %v, the daemon %v: want the clients' shorter", tr.IdleConnTimeout, sluice.IdleTimeout)
 	}
 }
