@@ -20,6 +20,12 @@ import (
 // socket; a TCP stream by which daemon's process owns the connecting
 // socket (/proc/net/tcp and /proc/PID/fd) — and drops what crosses a cut.
 // Both directions are cut, since each side's proxy drops the other's.
+//
+// gossiptest.FaultNet cuts gossip inside one process, as a transport the
+// test hands to memberlist; the soak's daemons are the shipped binary in
+// processes of their own, whose transport is memberlist's own sockets, so
+// a cut between them has to sit on the network path, and without root
+// (no iptables, no network namespaces) a proxy is that path.
 type gossipProxy struct {
 	dp  *deployment
 	log *slog.Logger
