@@ -112,15 +112,16 @@ func desc(kv ...string) *rlv3.RateLimitDescriptor {
 	return d
 }
 
-// freshWindow waits, if need be, for the next window of unit to begin,
-// so that a test's calls all fall in one window of envoyproxy/ratelimit's
-// fixed windows (aligned to the unit). It waits for a time, not for a
+// freshWindow waits, if less than need is left of the current window of
+// unit, for the next one to begin, so that a test's calls all fall in one
+// of the fixed windows (aligned to the unit) that envoyproxy/ratelimit
+// and Sluice count in. A minute guards every longer unit too: each of
+// their windows begins on a minute. It waits for a time, not for a
 // condition: the windows are the wall clock's.
-func freshWindow(t *testing.T, unit time.Duration) {
+func freshWindow(t *testing.T, unit, need time.Duration) {
 	t.Helper()
-	now := time.Now()
-	left := unit - time.Duration(now.UnixNano())%unit
-	if left < unit/2 || left < 500*time.Millisecond {
+	left := unit - time.Duration(time.Now().UnixNano())%unit
+	if left < need {
 		<-time.After(left + 5*time.Millisecond)
 	}
 }
@@ -169,7 +170,7 @@ func TestReadmeExamplesEnforced(t *testing.T) {
 	c := rlsv3.NewRateLimitServiceClient(startRLS(t, ps))
 
 	t.Run("example1 database users 500 per second, other databases unlimited", func(t *testing.T) {
-		freshWindow(t, time.Second)
+		freshWindow(t, time.Second, 500*time.Millisecond)
 		r := ask(t, c, call{domain: "mongo_cps", ds: []*rlv3.RateLimitDescriptor{desc("database", "users")}, hits: 500})
 		if codesOf(r) != "OK OK" || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 500 || r.Statuses[0].CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND || r.Statuses[0].LimitRemaining != 0 {
 			t.Fatalf("500 hits = %s %v, want OK with 500/SECOND and 0 remaining", codesOf(r), r.Statuses[0])
@@ -191,7 +192,7 @@ func TestReadmeExamplesEnforced(t *testing.T) {
 	})
 
 	t.Run("example2 nested descriptors", func(t *testing.T) {
-		freshWindow(t, time.Second) // the windows are days; calls are quick
+		freshWindow(t, time.Minute, 5*time.Second) // the windows are days
 		both := []*rlv3.RateLimitDescriptor{desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111")}
 		for i := range 5 {
 			if r := ask(t, c, call{domain: "messaging", ds: both}); codesOf(r) != "OK OK OK" {
@@ -218,7 +219,7 @@ func TestReadmeExamplesEnforced(t *testing.T) {
 	})
 
 	t.Run("example3 per address, one address blocked", func(t *testing.T) {
-		freshWindow(t, time.Second)
+		freshWindow(t, time.Second, 500*time.Millisecond)
 		for i := range 10 {
 			if r := ask(t, c, call{domain: "edge_proxy_per_ip", ds: []*rlv3.RateLimitDescriptor{desc("remote_address", "50.0.0.1")}}); codesOf(r) != "OK OK" {
 				t.Fatalf("call %d = %s, want OK", i+1, codesOf(r))
@@ -256,7 +257,7 @@ func TestReadmeExamplesEnforced(t *testing.T) {
 	})
 
 	t.Run("example6 shadow mode never limits", func(t *testing.T) {
-		freshWindow(t, time.Second)
+		freshWindow(t, time.Second, 500*time.Millisecond)
 		userA := []*rlv3.RateLimitDescriptor{desc("service", "auth-service", "user", "user-a")}
 		for i := range 15 {
 			if r := ask(t, c, call{domain: "example6", ds: userA}); codesOf(r) != "OK OK" {
@@ -273,7 +274,7 @@ func TestReadmeExamplesEnforced(t *testing.T) {
 	})
 
 	t.Run("example7 replaces", func(t *testing.T) {
-		freshWindow(t, time.Second)
+		freshWindow(t, time.Second, 500*time.Millisecond)
 		both := []*rlv3.RateLimitDescriptor{desc("key_1", "value_1", "user", "bkthomps"), desc("key_2", "value_2", "user", "bkthomps")}
 		for i := range 10 {
 			if r := ask(t, c, call{domain: "example7", ds: both}); codesOf(r) != "OK OK OK" {
