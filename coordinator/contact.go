@@ -160,6 +160,8 @@ func (c *Core) checkMembership(now time.Time) {
 	silent, gone, alive := c.regionStates(now)
 	c.alloc.SetLive(alive)
 	changed := false
+	c.countLost(silent, c.silent, "silent")
+	c.countLost(gone, c.dead, "reclaimed")
 	if !slices.Equal(silent, c.silent) {
 		c.silent = silent
 		changed = c.alloc.SetSilent(now, silent)
@@ -171,6 +173,15 @@ func (c *Core) checkMembership(now time.Time) {
 	}
 	if changed && c.balanced {
 		c.publish(now)
+	}
+}
+
+// countLost counts the regions of now that were not in before.
+func (c *Core) countLost(now, before []string, stage string) {
+	for _, r := range now {
+		if !slices.Contains(before, r) {
+			c.m.Lost.WithLabelValues(r, stage).Inc()
+		}
 	}
 }
 

@@ -4,8 +4,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluice-rl/sluice/coordinator/msg"
 )
+
+// lost is what nd's sluice_globalshare_region_lost_total says of region
+// at stage.
+func lost(nd *coreNode, region, stage string) float64 {
+	return testutil.ToFloat64(nd.core.m.Lost.WithLabelValues(region, stage))
+}
 
 // TestCoreDeadRegion: when ap crashes, eu and us reclaim its share Hold
 // after their last answered ping to it, at once (no RaiseDelay: the hold
@@ -115,6 +123,13 @@ func TestCorePausedPingsDecideNothing(t *testing.T) {
 			t.Fatalf("%v into ap's pause: shares eu, us, ap %.3f, were %.3f: want no cut and no reclaim", n.now.Sub(pause), s, before)
 		}
 	})
+	for _, nd := range n.nodes {
+		for _, r := range []string{"eu", "us", "ap"} {
+			if l := lost(nd, r, "silent") + lost(nd, r, "reclaimed"); l != 0 {
+				t.Errorf("%s counted region %s lost %v times during ap's pause, want 0", nd.name, r, l)
+			}
+		}
+	}
 }
 
 // TestCorePartitionedRegionCuts: a region cut off from the other two is
@@ -136,6 +151,18 @@ func TestCorePartitionedRegionCuts(t *testing.T) {
 	}
 	if s := sum(n.shares("eu-1", "us-1")); s < 0.95 {
 		t.Errorf("majority eu+us = %v, want ≥ 0.95", s)
+	}
+	// Each side counts each loss once, however many ticks it lasts.
+	for _, c := range []struct{ node, region, stage string }{
+		{"eu-1", "ap", "silent"}, {"eu-1", "ap", "reclaimed"}, {"us-1", "ap", "silent"}, {"us-1", "ap", "reclaimed"},
+		{"ap-1", "eu", "silent"}, {"ap-1", "us", "silent"},
+	} {
+		if l := lost(n.node(c.node), c.region, c.stage); l != 1 {
+			t.Errorf("%s counted region %s %s %v times, want once", c.node, c.region, c.stage, l)
+		}
+	}
+	if l := lost(n.node("eu-1"), "us", "silent"); l != 0 {
+		t.Errorf("eu-1 counted us, which it could reach, silent %v times", l)
 	}
 }
 

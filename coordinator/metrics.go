@@ -13,6 +13,11 @@ type Metrics struct {
 	CoordKeys      prometheus.Gauge
 	Regions        prometheus.Gauge
 	Isolated       prometheus.Gauge
+	// Lost counts, per other region, the times this node found it out of
+	// contact: stage silent (for Silence) and reclaimed (for Hold, its
+	// share taken back). Sampled gauges miss a loss shorter than the
+	// scrape; a counter does not.
+	Lost *prometheus.CounterVec
 	Borrow         *prometheus.CounterVec
 	Dropped        *prometheus.CounterVec
 }
@@ -34,6 +39,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Regions known to the allocation (failed ones included until reclaimed)."}),
 		Isolated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_globalshare_isolated",
 			Help: "1 while this region cannot reach a majority and runs at the safe share."}),
+		Lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_region_lost_total",
+			Help: "Times another region went out of contact: stage silent (for the silence bound), reclaimed (for the hold: its share taken back)."},
+			[]string{"region", "stage"}),
 		Borrow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_globalshare_borrow_total",
 			Help: "Borrowing events on this node: requested (a borrow request sent), lent (a loan sent, own share cut), " +
 				"accepted (a loan applied), mirrored (another node of this region lent: cut applied here), " +
@@ -46,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"number (NaN, infinite, negative or above the whole limit), malformed, queue_full."}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Rebalances, m.ReportsSent, m.ReportsMissing, m.ReportKeys, m.CoordKeys, m.Regions, m.Isolated, m.Borrow, m.Dropped)
+		reg.MustRegister(m.Rebalances, m.ReportsSent, m.ReportsMissing, m.ReportKeys, m.CoordKeys, m.Regions, m.Isolated, m.Lost, m.Borrow, m.Dropped)
 	}
 	return m
 }
