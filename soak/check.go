@@ -136,6 +136,9 @@ const (
 	RuleLatency       = "latency"
 	RuleLeak          = "leak"
 	RuleDegraded      = "degraded-healthy"
+	// RuleFalsePartition: a daemon found another region out of contact
+	// that no fault cut off (FalsePartitions).
+	RuleFalsePartition = "false-partition"
 )
 
 // Check judges reqs against the policies in force (policies, in the order
@@ -218,8 +221,9 @@ func (c *checker) versions(id string, from, to time.Time) []PolicyState {
 }
 
 // DegradedShares returns, per region in order of name, the answers
-// with the region's stores and daemons up (b.Settle
-// after a fault included in the fault) and how many of them were degraded.
+// with the region's stores and daemons up and not starved (b.Settle
+// after a fault included in the fault) and how many of them were degraded:
+// a daemon stopped in the middle of a store call misses its deadline.
 func DegradedShares(reqs []Request, faults []Span, b Bounds) []DegradedFigure {
 	c := checker{faults: faults, b: b}
 	return c.degradedShares(reqs)
@@ -233,7 +237,7 @@ func (c *checker) degradedShares(reqs []Request) []DegradedFigure {
 		if r.Err != "" || !r.Decided {
 			continue
 		}
-		if len(c.active(r.Start, r.End, c.b.Settle, r.Region, append(slices.Clip(storeFaults), daemonFaults...)...)) > 0 {
+		if len(c.active(r.Start, r.End, c.b.Settle, r.Region, append(append(slices.Clip(storeFaults), daemonFaults...), Starve)...)) > 0 {
 			continue
 		}
 		f, ok := by[r.Region]

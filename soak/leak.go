@@ -20,6 +20,9 @@ type Sample struct {
 	// for within the policy's window and a second before At: the keys
 	// Redis should hold if TTLs work (CountActive fills it in).
 	ActiveKeys int64 `json:"active_keys"`
+	// Losses is, per daemon and other region, how many times the daemon
+	// has found that region out of contact (FalsePartitions reads them).
+	Losses []Loss `json:"losses,omitempty"`
 }
 
 // CountActive fills in each sample's ActiveKeys from the requests: a

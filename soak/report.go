@@ -34,9 +34,12 @@ type Report struct {
 	Leaks        []LeakFigure   `json:"leaks"`
 	// Degraded is, per region, how many answers with every store and
 	// daemon of the region up the fallback decided (Bounds.DegradedHealthy).
-	Degraded   []DegradedFigure `json:"degraded"`
-	Violations []Violation      `json:"violations"`
-	Errors     []string         `json:"errors,omitempty"` // what the runner could not do
+	Degraded []DegradedFigure `json:"degraded"`
+	// Losses is how many times a daemon found another region out of
+	// contact, and how many of those no fault explains (FalsePartitions).
+	Losses     LossFigure  `json:"losses"`
+	Violations []Violation `json:"violations"`
+	Errors     []string    `json:"errors,omitempty"` // what the runner could not do
 }
 
 // LatencyPoint is the latency quantiles of the answers sent in one
@@ -111,7 +114,7 @@ func (r *Report) Summary() string {
 	for _, d := range r.Degraded {
 		deg = append(deg, fmt.Sprintf("%s %d/%d", d.Region, d.Degraded, d.Answers))
 	}
-	s += fmt.Sprintf(" degraded_healthy=[%s]", strings.Join(deg, ", "))
+	s += fmt.Sprintf(" degraded_healthy=[%s] regions_lost=%d unexplained=%d", strings.Join(deg, ", "), r.Losses.Explained+r.Losses.Unexplained, r.Losses.Unexplained)
 	if r.Injected != "" {
 		s += fmt.Sprintf(" injected_seen=%d", r.InjectedSeen)
 	}

@@ -29,10 +29,16 @@ const (
 	// RollRegion restarts every daemon of the region one by one, waiting
 	// for each to be ready before the next, as a deploy would.
 	RollRegion Kind = "roll-region"
+	// Starve starves every daemon of the region of CPU for For, as an
+	// overcommitted host does: each is stopped (SIGSTOP) for tens to
+	// hundreds of milliseconds at a time and let run for a few tens
+	// between. Its store and its network are whole: the region must not
+	// look partitioned to the others, nor they to it.
+	Starve Kind = "starve"
 )
 
 // Kinds is every fault the nemesis knows, in a fixed order.
-var Kinds = []Kind{KillDaemon, KillPrimary, PauseRedis, Partition, PolicyChange, RollRegion}
+var Kinds = []Kind{KillDaemon, KillPrimary, PauseRedis, Partition, PolicyChange, RollRegion, Starve}
 
 // The actions of a PolicyChange.
 const (
@@ -160,7 +166,7 @@ func Plan(cfg PlanConfig) []Fault {
 }
 
 // faultLength is how long a fault of kind k lasts: the down time of a
-// killed process, the pause, the partition.
+// killed process, the pause, the partition, the starvation.
 func faultLength(rng *rand.Rand, k Kind) time.Duration {
 	between := func(lo, hi int) time.Duration {
 		return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Second
@@ -176,6 +182,8 @@ func faultLength(rng *rand.Rand, k Kind) time.Duration {
 		return between(10, 20)
 	case RollRegion:
 		return 0 // as long as the roll takes
+	case Starve:
+		return between(20, 60)
 	}
 	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -121,6 +122,10 @@ func (n *nemesis) apply(ctx context.Context, f soak.Fault) error {
 		err := n.net.heal(f.Region)
 		span.End = time.Now()
 		return err
+	case soak.Starve:
+		starve(ctx, r.daemons, f)
+		span.End = time.Now()
+		return nil
 	case soak.PolicyChange:
 		span.Detail = f.Action
 		err := n.policyChange(ctx, f)
@@ -128,6 +133,38 @@ func (n *nemesis) apply(ctx context.Context, f soak.Fault) error {
 		return err
 	}
 	return fmt.Errorf("unknown fault %q", f.Kind)
+}
+
+// Starvation's pattern: a daemon stopped for starveStop and let run for
+// starveRun, each drawn anew every round. Stops shorter than memberlist's
+// probe timeout (500 ms) but several times the daemon's store deadline.
+const (
+	starveStopMin, starveStopMax = 20 * time.Millisecond, 300 * time.Millisecond
+	starveRunMin, starveRunMax   = 10 * time.Millisecond, 50 * time.Millisecond
+)
+
+// starve stops and continues ds together, in rounds drawn from the
+// fault's time, for f.For or until ctx is done; every daemon is continued
+// when it returns. A daemon killed and started again meanwhile is starved
+// as its new process.
+func starve(ctx context.Context, ds []*daemon, f soak.Fault) {
+	rng := rand.New(rand.NewPCG(uint64(f.At), 0x57a4))
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	signal := func(sig syscall.Signal) {
+		for _, d := range ds {
+			if pid := d.pid(); pid != 0 {
+				_ = syscall.Kill(pid, sig)
+			}
+		}
+	}
+	defer signal(syscall.SIGCONT)
+	end := time.Now().Add(f.For)
+	for ctx.Err() == nil && time.Now().Before(end) {
+		signal(syscall.SIGSTOP)
+		sleep(ctx, between(starveStopMin, starveStopMax))
+		signal(syscall.SIGCONT)
+		sleep(ctx, between(starveRunMin, starveRunMax))
+	}
 }
 
 // restart starts d again and waits until it answers.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -148,6 +149,10 @@ func finish(rep *soak.Report, o options, rc *recorder, tl *timeline, nem *nemesi
 	rep.Bounds = soak.Bounds{DaemonsPerRegion: daemonsPerRegion, ReportDelay: 2 * o.interval, Settle: 6 * time.Second,
 		PolicySlack: 5 * time.Second, Latency: o.latency, ChartSubject: soak.HotSubject, DegradedHealthy: degradedHealthy}
 	rep.Violations, rep.Windows = soak.Check(reqs, rep.Policies, rep.Faults, rep.Bounds)
+	var lost []soak.Violation
+	lost, rep.Losses = soak.FalsePartitions(rep.Samples, rep.Faults, rep.Bounds.Settle)
+	rep.Violations = append(rep.Violations, lost...)
+	sort.SliceStable(rep.Violations, func(i, j int) bool { return rep.Violations[i].Time.Before(rep.Violations[j].Time) })
 	rep.Degraded = soak.DegradedShares(reqs, rep.Faults, rep.Bounds)
 	rep.Counts = soak.Counts(reqs)
 	if unsent > 0 {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -42,7 +43,7 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 		if pid == 0 {
 			continue
 		}
-		g, err := goroutines(ctx, d.addr)
+		g, losses, err := daemonMetrics(ctx, d.addr)
 		if err != nil {
 			continue
 		}
@@ -58,6 +59,9 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 		s.Goroutines += g
 		s.RSSBytes += rss
 		s.FDs += int64(len(fds))
+		for lost, n := range losses {
+			s.Losses = append(s.Losses, soak.Loss{Daemon: d.name, Region: d.region, Lost: lost, Count: n})
+		}
 	}
 	for _, r := range dp.regions {
 		for _, n := range r.nodes() {
@@ -87,24 +91,57 @@ func rssBytes(pid int) (int64, error) {
 	return 0, fmt.Errorf("no VmRSS for %d", pid)
 }
 
-func goroutines(ctx context.Context, addr string) (int64, error) {
+// daemonMetrics reads a daemon's /metrics: its goroutines and, per other
+// region, how many times it found it out of contact.
+func daemonMetrics(ctx context.Context, addr string) (goroutines int64, lost map[string]float64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/metrics", nil)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
+	return parseMetrics(res.Body, addr)
+}
+
+// parseMetrics reads go_goroutines and the silent stage of
+// sluice_globalshare_region_lost_total from a Prometheus text exposition.
+func parseMetrics(r io.Reader, addr string) (goroutines int64, lost map[string]float64, err error) {
+	const lostPrefix = `sluice_globalshare_region_lost_total{region="`
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	found := false
+	lost = map[string]float64{}
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return int64(f), err
+			if err != nil {
+				return 0, nil, fmt.Errorf("%s/metrics: go_goroutines: %w", addr, err)
+			}
+			goroutines, found = int64(f), true
+			continue
+		}
+		rest, ok := strings.CutPrefix(line, lostPrefix)
+		if !ok {
+			continue
+		}
+		region, rest, ok := strings.Cut(rest, `",stage="silent"} `)
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
+			lost[region] = n
 		}
 	}
-	return 0, fmt.Errorf("%s/metrics: no go_goroutines", addr)
+	if err := sc.Err(); err != nil {
+		return 0, nil, fmt.Errorf("%s/metrics: %w", addr, err)
+	}
+	if !found {
+		return 0, nil, fmt.Errorf("%s/metrics: no go_goroutines", addr)
+	}
+	return goroutines, lost, nil
 }
 
 // redisFigures returns a node's key count and used memory, and whether it
