@@ -151,7 +151,9 @@ func TestServerDiesWithTestBinary(t *testing.T) {
 	}
 	t.Parallel()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServerDiesWithTestBinary$")
-	cmd.Env = append(os.Environ(), "REDISTEST_HELPER=1")
+	// The helper exits without its cleanups, so its temporary directory
+	// stays: put it inside this test's, which is removed.
+	cmd.Env = append(os.Environ(), "REDISTEST_HELPER=1", "TMPDIR="+t.TempDir())
 	out, _ := cmd.CombinedOutput()
 	pid := 0
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
