@@ -136,8 +136,11 @@ func (n *nemesis) apply(ctx context.Context, f soak.Fault) error {
 }
 
 // Starvation's pattern: a daemon stopped for starveStop and let run for
-// starveRun, each drawn anew every round. Stops shorter than memberlist's
-// probe timeout (500 ms) but several times the daemon's store deadline.
+// starveRun, each drawn anew every round. The longest stops outlast the
+// probe timeout of the soak's gossip preset (local: 200 ms), so single
+// pings go unanswered, as on a starved host, but not the second of
+// silence the daemons take for a partition; every stop is many store
+// deadlines long.
 const (
 	starveStopMin, starveStopMax = 20 * time.Millisecond, 300 * time.Millisecond
 	starveRunMin, starveRunMax   = 10 * time.Millisecond, 50 * time.Millisecond
