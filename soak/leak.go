@@ -15,7 +15,10 @@ type Sample struct {
 	FDs         int64     `json:"fds"`
 	RedisKeys   int64     `json:"redis_keys"`
 	RedisMemory int64     `json:"redis_memory_bytes"`
-	Daemons     int       `json:"daemons"` // daemons that answered
+	// RedisDataset is the primaries' used_memory_dataset: their memory
+	// but the overhead (replication backlogs, client buffers, scripts).
+	RedisDataset int64 `json:"redis_dataset_bytes"`
+	Daemons      int   `json:"daemons"` // daemons that answered
 	// ActiveKeys is how many (store, policy, subject) the clients asked
 	// for within the policy's window and a second before At: the keys
 	// Redis should hold if TTLs work (CountActive fills it in).
@@ -66,7 +69,8 @@ const LeakTolerance = 1.10
 // Leaks compares the mean of the samples taken from settle after the
 // start to the first fault (from) with the mean of those taken settle
 // after the last one ended (to). Redis keys are compared per active key,
-// since the traffic before and after differs. A resource whose level after is above LeakTolerance times
+// since the traffic before and after differs, and so is the primaries'
+// dataset memory: the memory the data takes is bounded by the active keys. A resource whose level after is above LeakTolerance times
 // its level before is not OK; shrinking is fine. Only samples in which
 // every daemon answered count, so a daemon down does not read as
 // recovery. With no sample on either side there is no figure.
@@ -94,6 +98,7 @@ func Leaks(samples []Sample, start, from, to time.Time, settle time.Duration, da
 		{"goroutines", func(s Sample) int64 { return s.Goroutines }},
 		{"fds", func(s Sample) int64 { return s.FDs }},
 		{"redis_keys_per_1000_active", func(s Sample) int64 { return 1000 * s.RedisKeys / max(s.ActiveKeys, 1) }},
+		{"redis_dataset_bytes_per_active", func(s Sample) int64 { return s.RedisDataset / max(s.ActiveKeys, 1) }},
 	}
 	var out []LeakFigure
 	for _, g := range get {

@@ -7,7 +7,7 @@ import (
 
 func TestLeaks(t *testing.T) {
 	s := func(sec int, rss, g int64, daemons int) Sample {
-		return Sample{At: t0.Add(time.Duration(sec) * time.Second), RSSBytes: rss, Goroutines: g, FDs: 40, RedisKeys: 100, Daemons: daemons}
+		return Sample{At: t0.Add(time.Duration(sec) * time.Second), RSSBytes: rss, Goroutines: g, FDs: 40, RedisKeys: 100, RedisDataset: 20_000, Daemons: daemons}
 	}
 	from, to := t0.Add(30*time.Second), t0.Add(100*time.Second)
 	tests := []struct {
@@ -26,12 +26,17 @@ func TestLeaks(t *testing.T) {
 			x.RedisKeys = 300
 			return x
 		}()}, []string{"redis_keys_per_1000_active"}},
+		{"dataset per active key grew", []Sample{s(10, 100, 50, 6), func() Sample {
+			x := s(150, 100, 50, 6)
+			x.RedisDataset = 30_000
+			return x
+		}()}, []string{"redis_dataset_bytes_per_active"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			figs := Leaks(tc.samples, t0, from, to, 10*time.Second, 6)
-			if len(figs) != 4 {
-				t.Fatalf("Leaks() = %d figures, want 4", len(figs))
+			if len(figs) != 5 {
+				t.Fatalf("Leaks() = %d figures, want 5", len(figs))
 			}
 			var bad []string
 			for _, v := range LeakViolations(figs, to) {

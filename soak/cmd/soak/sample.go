@@ -68,7 +68,8 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 			keys, mem, primary := redisFigures(ctx, n.Addr())
 			if primary {
 				s.RedisKeys += keys
-				s.RedisMemory += mem
+				s.RedisMemory += mem.used
+				s.RedisDataset += mem.dataset
 			}
 		}
 	}
@@ -144,25 +145,39 @@ func parseMetrics(r io.Reader, addr string) (goroutines int64, lost map[string]f
 	return goroutines, lost, nil
 }
 
-// redisFigures returns a node's key count and used memory, and whether it
-// is a primary (only primaries are summed: replicas hold copies).
-func redisFigures(ctx context.Context, addr string) (keys, mem int64, primary bool) {
+// redisMemory is what a node's INFO memory says: used_memory and
+// used_memory_dataset.
+type redisMemory struct{ used, dataset int64 }
+
+// redisFigures returns a node's key count and memory, and whether it is a
+// primary (only primaries are summed: replicas hold copies).
+func redisFigures(ctx context.Context, addr string) (keys int64, mem redisMemory, primary bool) {
 	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	info, err := c.Info(ctx, "replication", "memory").Result()
 	if err != nil || !strings.Contains(info, "role:master") {
-		return 0, 0, false
+		return 0, mem, false
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			mem, _ = strconv.ParseInt(v, 10, 64)
-		}
-	}
+	mem = parseRedisMemory(info)
 	keys, err = c.DBSize(ctx).Result()
 	if err != nil {
-		return 0, 0, false
+		return 0, mem, false
 	}
 	return keys, mem, true
+}
+
+func parseRedisMemory(info string) redisMemory {
+	var m redisMemory
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			m.used, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(line, "used_memory_dataset:"); ok {
+			m.dataset, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return m
 }

@@ -1,9 +1,15 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
 func TestParseMetrics(t *testing.T) {
@@ -36,5 +42,27 @@ func TestParseMetrics(t *testing.T) {
 				t.Errorf("parseMetrics = %d, %v, %v, want %d, %v", g, lost, err, tc.g, tc.lost)
 			}
 		})
+	}
+}
+
+// redisFigures reads a real primary's keys and memory: the dataset is part
+// of the memory, and grows with the keys.
+func TestRedisFigures(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	keys, empty, primary := redisFigures(ctx, srv.Addr())
+	if !primary || keys != 0 || empty.used <= 0 || empty.dataset < 0 || empty.dataset > empty.used {
+		t.Fatalf("redisFigures(empty) = %d, %+v, %v, want a primary with no keys and 0 ≤ dataset ≤ used", keys, empty, primary)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	for i := range 1000 {
+		if err := c.Set(ctx, fmt.Sprintf("k%d", i), strings.Repeat("v", 100), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, full, _ := redisFigures(ctx, srv.Addr())
+	if keys != 1000 || full.dataset < empty.dataset+100_000 || full.dataset > full.used {
+		t.Errorf("redisFigures(1000 keys of 100 bytes) = %d, %+v (empty: %+v), want 1000 keys and 100 kB more dataset", keys, full, empty)
 	}
 }
