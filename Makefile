@@ -103,13 +103,15 @@ gossip-traffic:
 # seeded traffic and nemesis for SOAK (60m; SOAK=5m for a quick one), an
 # independent checker of what the clients saw, leak figures; the report in
 # out/soak/report.{json,html}. Exits non-zero on any violation. Not part
-# of make test; needs test-deps' redis-server and nginx.
-SOAK      ?= 60m
-SOAK_SEED ?= 1
+# of make test; needs test-deps' redis-server and nginx. SOAK_FAULTS
+# names the nemesis's faults (all, or a comma-separated list).
+SOAK        ?= 60m
+SOAK_SEED   ?= 1
+SOAK_FAULTS ?= all
 soak:
 	@mkdir -p out/soak
 	$(GO) build -o bin/soak ./soak/cmd/soak
-	bin/soak -duration $(SOAK) -seed $(SOAK_SEED) -out out/soak
+	bin/soak -duration $(SOAK) -seed $(SOAK_SEED) -faults $(SOAK_FAULTS) -out out/soak
 
 # The checker shown able to fail: a 2-minute soak without faults in which
 # the api policy is raised through one daemon half-way, hidden from the
