@@ -229,7 +229,7 @@ func (dp *deployment) daemons() []*daemon {
 
 // newDaemons lays out the daemons of every region: each on its own ports,
 // joined into one gossip cluster through the first daemon.
-func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Duration) error {
+func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Duration, preset string) error {
 	var seed string
 	for _, r := range dp.regions {
 		for i := 0; i < daemonsPerRegion; i++ {
@@ -248,7 +248,7 @@ func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Dur
 			d.args = []string{"serve", "--listen", d.addr, "--store", r.store, "--policies", policies,
 				"--admin-token-file", filepath.Join(dp.dir, "admin-token"), "--trusted-proxies", "127.0.0.1/32",
 				"--region", r.name, "--node", d.name, "--dev", "--gossip-listen", d.gossip, "--gossip-advertise", d.advertise,
-				"--gossip-preset", "local", "--gossip-interval", gossipInterval.String(), "--log-level", "warn"}
+				"--gossip-preset", preset, "--gossip-interval", gossipInterval.String(), "--log-level", "warn"}
 			if seed == "" {
 				seed = d.advertise
 			} else {

@@ -47,6 +47,7 @@ type options struct {
 	interval time.Duration
 	base     float64
 	storeTO  string
+	preset   string
 }
 
 // parseFlags reads the command line; any error is one line.
@@ -62,6 +63,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.inject, "inject", "", "over-admission: raise a policy through one daemon half-way, hidden from the checker, which must report it")
 	fs.DurationVar(&o.latency, "latency-bound", 1500*time.Millisecond, "slowest answer allowed: store deadline, queue wait and the gateway's margin on a shared machine")
 	fs.DurationVar(&o.interval, "gossip-interval", 10*time.Second, "the daemons' --gossip-interval (the daemon's default: 10s)")
+	fs.StringVar(&o.preset, "gossip-preset", "local", "the daemons' --gossip-preset: local (loopback timings), lan or wan")
 	fs.StringVar(&o.storeTO, "store-timeout", "", "the daemons' --store-timeout (empty: the daemon's default)")
 	fs.Float64Var(&o.base, "rate", 0, "requests per second per region and client kind (default: soak.DefaultTraffic's)")
 	if err := fs.Parse(args); err != nil {
@@ -87,6 +89,9 @@ func parseFlags(args []string) (options, error) {
 		if _, err := time.ParseDuration(o.storeTO); err != nil {
 			return o, fmt.Errorf("-store-timeout %q: not a duration", o.storeTO)
 		}
+	}
+	if o.preset != "local" && o.preset != "lan" && o.preset != "wan" {
+		return o, fmt.Errorf("-gossip-preset %q: want local, lan or wan", o.preset)
 	}
 	if o.inject != "" && o.inject != "over-admission" {
 		return o, fmt.Errorf("-inject %q: only over-admission", o.inject)
@@ -163,7 +168,7 @@ func setup(ctx context.Context, o options, tb *harnessTB, log *slog.Logger) (*de
 		}
 		dp.regions = append(dp.regions, r)
 	}
-	if err := dp.newDaemons(filepath.Join(o.out, "policies.json"), filepath.Join(o.out, "envoy.yaml"), o.interval); err != nil {
+	if err := dp.newDaemons(filepath.Join(o.out, "policies.json"), filepath.Join(o.out, "envoy.yaml"), o.interval, o.preset); err != nil {
 		return dp, err
 	}
 	if o.storeTO != "" {

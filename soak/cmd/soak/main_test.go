@@ -7,6 +7,7 @@ import (
 	"time"
 
 	sluice "github.com/sluice-rl/sluice/region"
+	"github.com/sluice-rl/sluice/soak"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -22,6 +23,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-duration", "30s"}, "at least 2m"},
 		{[]string{"-faults", "kill-daemon,meteor"}, `unknown fault "meteor"`},
 		{[]string{"-inject", "gremlins"}, `-inject "gremlins"`},
+		{[]string{"-gossip-preset", "lan"}, ""},
+		{[]string{"-gossip-preset", "moon"}, `-gossip-preset "moon": want local, lan or wan`},
 		{[]string{"-nope"}, "flag provided but not defined"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	}
@@ -39,7 +42,7 @@ func TestParseFlags(t *testing.T) {
 		_ = o
 	}
 	o, _ := parseFlags([]string{"-duration", "5m", "-seed", "3"})
-	if o.duration != 5*time.Minute || o.seed != 3 || len(o.kinds) != 6 {
+	if o.duration != 5*time.Minute || o.seed != 3 || len(o.kinds) != len(soak.Kinds) || o.preset != "local" {
 		t.Errorf("parseFlags(-duration 5m -seed 3) = %+v", o)
 	}
 }
