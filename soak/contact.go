@@ -5,14 +5,16 @@ import (
 	"time"
 )
 
-// Loss is what one daemon's sluice_globalshare_region_lost_total (stage
-// silent) said at a sample: how many times since it started it found
-// another region out of contact.
+// Loss is what one daemon's sluice_globalshare_region_lost_total said at
+// a sample: how many times since it started it found another region out
+// of contact (stage silent), and how many times it took that region's
+// share back (stage reclaimed).
 type Loss struct {
-	Daemon string  `json:"daemon"`
-	Region string  `json:"region"` // the daemon's
-	Lost   string  `json:"lost"`   // the region it found out of contact
-	Count  float64 `json:"count"`
+	Daemon    string  `json:"daemon"`
+	Region    string  `json:"region"` // the daemon's
+	Lost      string  `json:"lost"`   // the region it found out of contact
+	Count     float64 `json:"count"`
+	Reclaimed float64 `json:"reclaimed,omitempty"`
 }
 
 // LossFigure is how many times a daemon found a region out of contact,
@@ -22,6 +24,9 @@ type Loss struct {
 type LossFigure struct {
 	Explained   int `json:"explained"`
 	Unexplained int `json:"unexplained"`
+	// UnexplainedReclaimed is how many of the unexplained losses lasted
+	// long enough for the finder to take the lost region's share back.
+	UnexplainedReclaimed int `json:"unexplained_reclaimed"`
 }
 
 // FalsePartitions reads the losses the samples counted and returns a
@@ -36,8 +41,8 @@ func FalsePartitions(samples []Sample, faults []Span, slack time.Duration) ([]Vi
 	c := checker{faults: faults}
 	type key struct{ daemon, lost string }
 	type reading struct {
-		at    time.Time
-		count float64
+		at               time.Time
+		count, reclaimed float64
 	}
 	last := map[key]reading{}
 	var fig LossFigure
@@ -46,13 +51,13 @@ func FalsePartitions(samples []Sample, faults []Span, slack time.Duration) ([]Vi
 		for _, l := range s.Losses {
 			k := key{l.Daemon, l.Lost}
 			was, seen := last[k]
-			last[k] = reading{s.At, l.Count}
-			from, n := was.at, l.Count-was.count
+			last[k] = reading{s.At, l.Count, l.Reclaimed}
+			from, n, nr := was.at, l.Count-was.count, l.Reclaimed-was.reclaimed
 			if !seen {
 				from = s.At.Add(-time.Minute) // before the first sample: the daemon's start
 			}
-			if l.Count < was.count {
-				n = l.Count // a daemon started again counts from zero
+			if l.Count < was.count || l.Reclaimed < was.reclaimed {
+				n, nr = l.Count, l.Reclaimed // a daemon started again counts from zero
 			}
 			if n <= 0 {
 				continue
@@ -64,10 +69,11 @@ func FalsePartitions(samples []Sample, faults []Span, slack time.Duration) ([]Vi
 				continue
 			}
 			fig.Unexplained += int(n)
+			fig.UnexplainedReclaimed += int(max(nr, 0))
 			out = append(out, Violation{Rule: RuleFalsePartition, Time: s.At, Key: l.Daemon + ">" + l.Lost,
 				Admitted: int(n), Faults: names(c.active(from, s.At, 0, "")),
-				Detail: fmt.Sprintf("%s found region %s out of contact %v times in (%s, %s], with neither region partitioned and a daemon of %s up",
-					l.Daemon, l.Lost, n, from.UTC().Format("15:04:05"), s.At.UTC().Format("15:04:05"), l.Lost)})
+				Detail: fmt.Sprintf("%s found region %s out of contact %v times (its share taken back %v times) in (%s, %s], with neither region partitioned and a daemon of %s up",
+					l.Daemon, l.Lost, n, max(nr, 0), from.UTC().Format("15:04:05"), s.At.UTC().Format("15:04:05"), l.Lost)})
 		}
 	}
 	return out, fig

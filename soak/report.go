@@ -114,7 +114,7 @@ func (r *Report) Summary() string {
 	for _, d := range r.Degraded {
 		deg = append(deg, fmt.Sprintf("%s %d/%d", d.Region, d.Degraded, d.Answers))
 	}
-	s += fmt.Sprintf(" degraded_healthy=[%s] regions_lost=%d unexplained=%d", strings.Join(deg, ", "), r.Losses.Explained+r.Losses.Unexplained, r.Losses.Unexplained)
+	s += fmt.Sprintf(" degraded_healthy=[%s] regions_lost=%d unexplained=%d (reclaimed %d)", strings.Join(deg, ", "), r.Losses.Explained+r.Losses.Unexplained, r.Losses.Unexplained, r.Losses.UnexplainedReclaimed)
 	if r.Injected != "" {
 		s += fmt.Sprintf(" injected_seen=%d", r.InjectedSeen)
 	}

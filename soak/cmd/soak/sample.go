@@ -59,8 +59,9 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 		s.Goroutines += g
 		s.RSSBytes += rss
 		s.FDs += int64(len(fds))
-		for lost, n := range losses {
-			s.Losses = append(s.Losses, soak.Loss{Daemon: d.name, Region: d.region, Lost: lost, Count: n})
+		for lost, l := range losses {
+			l.Daemon, l.Region, l.Lost = d.name, d.region, lost
+			s.Losses = append(s.Losses, l)
 		}
 	}
 	for _, r := range dp.regions {
@@ -93,8 +94,9 @@ func rssBytes(pid int) (int64, error) {
 }
 
 // daemonMetrics reads a daemon's /metrics: its goroutines and, per other
-// region, how many times it found it out of contact.
-func daemonMetrics(ctx context.Context, addr string) (goroutines int64, lost map[string]float64, err error) {
+// region, how many times it found it out of contact and took its share
+// back (Loss's Count and Reclaimed).
+func daemonMetrics(ctx context.Context, addr string) (goroutines int64, lost map[string]soak.Loss, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/metrics", nil)
@@ -106,14 +108,14 @@ func daemonMetrics(ctx context.Context, addr string) (goroutines int64, lost map
 	return parseMetrics(res.Body, addr)
 }
 
-// parseMetrics reads go_goroutines and the silent stage of
+// parseMetrics reads go_goroutines and the silent and reclaimed stages of
 // sluice_globalshare_region_lost_total from a Prometheus text exposition.
-func parseMetrics(r io.Reader, addr string) (goroutines int64, lost map[string]float64, err error) {
+func parseMetrics(r io.Reader, addr string) (goroutines int64, lost map[string]soak.Loss, err error) {
 	const lostPrefix = `sluice_globalshare_region_lost_total{region="`
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	found := false
-	lost = map[string]float64{}
+	lost = map[string]soak.Loss{}
 	for sc.Scan() {
 		line := sc.Text()
 		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
@@ -128,13 +130,25 @@ func parseMetrics(r io.Reader, addr string) (goroutines int64, lost map[string]f
 		if !ok {
 			continue
 		}
-		region, rest, ok := strings.Cut(rest, `",stage="silent"} `)
+		region, rest, ok := strings.Cut(rest, `",stage="`)
 		if !ok {
 			continue
 		}
-		if n, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
-			lost[region] = n
+		stage, v, ok := strings.Cut(rest, `"} `)
+		n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if !ok || err != nil {
+			continue
 		}
+		l := lost[region]
+		switch stage {
+		case "silent":
+			l.Count = n
+		case "reclaimed":
+			l.Reclaimed = n
+		default:
+			continue
+		}
+		lost[region] = l
 	}
 	if err := sc.Err(); err != nil {
 		return 0, nil, fmt.Errorf("%s/metrics: %w", addr, err)

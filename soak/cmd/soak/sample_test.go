@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/soak"
 )
 
 func TestParseMetrics(t *testing.T) {
@@ -17,15 +18,15 @@ func TestParseMetrics(t *testing.T) {
 		name    string
 		in      string
 		g       int64
-		lost    map[string]float64
+		lost    map[string]soak.Loss
 		wantErr string
 	}{
 		{"both", "# HELP go_goroutines x\ngo_goroutines 42\n" +
 			`sluice_globalshare_region_lost_total{region="cluster",stage="reclaimed"} 1` + "\n" +
 			`sluice_globalshare_region_lost_total{region="cluster",stage="silent"} 2` + "\n" +
 			`sluice_globalshare_region_lost_total{region="single",stage="silent"} 0` + "\n",
-			42, map[string]float64{"cluster": 2, "single": 0}, ""},
-		{"no losses yet", "go_goroutines 7\n", 7, map[string]float64{}, ""},
+			42, map[string]soak.Loss{"cluster": {Count: 2, Reclaimed: 1}, "single": {}}, ""},
+		{"no losses yet", "go_goroutines 7\n", 7, map[string]soak.Loss{}, ""},
 		{"no goroutines", `sluice_globalshare_region_lost_total{region="a",stage="silent"} 1`, 0, nil, "no go_goroutines"},
 		{"bad goroutines", "go_goroutines many\n", 0, nil, "go_goroutines"},
 	}
