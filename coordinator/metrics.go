@@ -17,9 +17,9 @@ type Metrics struct {
 	// contact: stage silent (for Silence) and reclaimed (for Hold, its
 	// share taken back). Sampled gauges miss a loss shorter than the
 	// scrape; a counter does not.
-	Lost *prometheus.CounterVec
-	Borrow         *prometheus.CounterVec
-	Dropped        *prometheus.CounterVec
+	Lost    *prometheus.CounterVec
+	Borrow  *prometheus.CounterVec
+	Dropped *prometheus.CounterVec
 }
 
 // NewMetrics returns the collectors, registered with reg unless it is nil.
