@@ -13,19 +13,20 @@ import (
 	"github.com/sluice-rl/sluice/soak"
 )
 
-// procState is the state letter of pid in /proc/pid/stat (T: stopped).
-func procState(t *testing.T, pid int) string {
-	t.Helper()
+// procState is the state letter of pid in /proc/pid/stat (T: stopped), ""
+// if it cannot be read.
+func procState(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		t.Fatal(err)
+		return ""
 	}
 	_, rest, _ := strings.Cut(string(b), ") ")
 	return rest[:1]
 }
 
-// starve stops the region's processes together, more often than not, for
-// the fault's length, and leaves every one of them running when it ends.
+// starve stops the region's processes together, more often than not but
+// not all the time, for the fault's length, and leaves every one of them
+// running when it ends.
 func TestStarveStopsAndLeavesRunning(t *testing.T) {
 	var ds []*daemon
 	for i := range 2 {
@@ -46,17 +47,17 @@ func TestStarveStopsAndLeavesRunning(t *testing.T) {
 		select {
 		case <-done:
 			tick.Stop()
-			if n == 0 || stopped*3 < n || both*3 < n {
-				t.Errorf("stopped in %d of %d looks (both at once in %d), want most", stopped, n, both)
+			if n == 0 || stopped*3 < n || both*3 < n || stopped == n {
+				t.Errorf("stopped in %d of %d looks (both at once in %d), want most but not all: let run between", stopped, n, both)
 			}
 			for _, d := range ds {
-				if s := procState(t, d.pid()); s == "T" {
-					t.Errorf("%s is %s after the starvation, want it running", d.name, s)
+				if s := procState(d.pid()); s != "S" && s != "R" {
+					t.Errorf("%s is %q after the starvation, want it running", d.name, s)
 				}
 			}
 			return
 		case <-tick.C:
-			a, b := procState(t, ds[0].pid()), procState(t, ds[1].pid())
+			a, b := procState(ds[0].pid()), procState(ds[1].pid())
 			n++
 			if a == "T" {
 				stopped++
@@ -78,7 +79,7 @@ func TestStarveInterruptedLeavesRunning(t *testing.T) {
 	t.Cleanup(func() { d.signal(syscall.SIGKILL) })
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		for procState(t, d.pid()) != "T" {
+		for procState(d.pid()) != "T" && ctx.Err() == nil {
 			time.Sleep(time.Millisecond)
 		}
 		cancel()
@@ -88,7 +89,7 @@ func TestStarveInterruptedLeavesRunning(t *testing.T) {
 	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("starve ran %v after its context ended", took)
 	}
-	if s := procState(t, d.pid()); s == "T" {
-		t.Errorf("the process is %s after an interrupted starvation, want it running", s)
+	if s := procState(d.pid()); s != "S" && s != "R" {
+		t.Errorf("the process is %q after an interrupted starvation, want it running", s)
 	}
 }
