@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-rl/sluice/internal/redistest"
@@ -66,4 +68,43 @@ func TestRedisFigures(t *testing.T) {
 	if keys != 1000 || full.dataset < empty.dataset+100_000 || full.dataset > full.used {
 		t.Errorf("redisFigures(1000 keys of 100 bytes) = %d, %+v (empty: %+v), want 1000 keys and 100 kB more dataset", keys, full, empty)
 	}
+}
+
+// exposition is a daemon's /metrics as the soak reads it every 10 s: a few
+// hundred series, two of which it wants.
+func exposition() string {
+	var b strings.Builder
+	for i := range 300 {
+		fmt.Fprintf(&b, "# TYPE sluice_series_%d gauge\nsluice_series_%d{shard=\"%d\"} %d\n", i, i, i%4, i)
+	}
+	b.WriteString("# TYPE go_goroutines gauge\ngo_goroutines 750\n# TYPE sluice_globalshare_region_lost_total counter\n")
+	for _, r := range []string{"cluster", "sentinel"} {
+		fmt.Fprintf(&b, "sluice_globalshare_region_lost_total{region=%q,stage=\"reclaimed\"} 1\n", r)
+		fmt.Fprintf(&b, "sluice_globalshare_region_lost_total{region=%q,stage=\"silent\"} 3\n", r)
+	}
+	return b.String()
+}
+
+// parseMetrics scans for its two metrics; expfmt, the library's parser,
+// builds every family first.
+func BenchmarkParseMetrics(b *testing.B) {
+	in := exposition()
+	b.Run("parseMetrics", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := parseMetrics(strings.NewReader(in), "d:1"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("expfmt", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			fams, err := p.TextToMetricFamilies(strings.NewReader(in))
+			if err != nil || len(fams["sluice_globalshare_region_lost_total"].GetMetric()) != 4 {
+				b.Fatal(err)
+			}
+		}
+	})
 }
