@@ -54,7 +54,7 @@ func TestInterruptStopsEverything(t *testing.T) {
 	select {
 	case <-up:
 	case <-time.After(3 * time.Minute):
-		t.Fatal("the deployment did not come up within 3 minutes")
+		t.Fatalf("the deployment did not come up within 3 minutes; the soak's log:\n%s", log.String())
 	}
 	// A little traffic, so that the report has something to say.
 	time.Sleep(3 * time.Second)
