@@ -77,11 +77,13 @@ type Config struct {
 	// until a restart. The other times a message carries are judged by its
 	// receiver (the coordinator's Step), not here.
 	ClockTolerance time.Duration
-	// ContactEvery is how often this node pings one node of every other
-	// region, through memberlist's own ping, to measure when it was last in
-	// contact with each (Member.Contact). Default Interval/40 (250 ms at a
-	// 10 s interval). The coordinator cuts and reclaims shares from these
-	// times; see region/globalshare.
+	// ContactEvery is how often this node pings the nodes of every other
+	// region it watches (coordinator.PingTargets) with a contact ping of
+	// its own, to measure when it was last in contact with each
+	// (Member.Contact); a node of an older build is pinged through
+	// memberlist's. Default Interval/40 (250 ms at a 10 s interval). The
+	// coordinator cuts and reclaims shares from these times; see
+	// region/globalshare.
 	ContactEvery time.Duration
 	// Now is the clock received messages are judged by; nil is time.Now.
 	// Tests that drive the allocation on a virtual clock pass theirs.
@@ -230,6 +232,14 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	mc.DeadNodeReclaimTime = c.DeadNodeReclaim
 	return mc
 }
+
+// lateAnswers is how long after it was sent a contact ping's answer still
+// counts as contact (Member.Contact) when it comes after the ping was
+// given up: Interval/4, longer than the coordinator's hold before it
+// reclaims a region's share (Silence + two polls + the contact lag, 2.25 s
+// at a 10 s interval), so that every answer that could keep a slow region
+// in contact does.
+func (c Config) lateAnswers() time.Duration { return c.Interval / 4 }
 
 // RejoinInterval is how often a node that knows of dead peers, or is alone
 // while seeds are configured, tries to reach them again, so a partition

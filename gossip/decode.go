@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 )
 
@@ -652,6 +653,21 @@ func (r *reader) loan(l *share.Loan) error {
 	})
 }
 
+func (r *reader) ping(p *msg.Ping) error {
+	return r.fields(func(key string) (bool, error) {
+		var err error
+		switch key {
+		case "s":
+			p.Seq, err = r.uint(math.MaxUint64)
+		case "a":
+			p.Ack, err = r.bool()
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
 func (r *reader) meta(m *nodeMeta) error {
 	return r.fields(func(key string) (bool, error) {
 		var err error
@@ -670,6 +686,8 @@ func (r *reader) meta(m *nodeMeta) error {
 			m.PolicyHash, err = r.str(MaxNameLen)
 		case "f":
 			m.Relays, err = r.bool()
+		case "c":
+			m.Pings, err = r.bool()
 		default:
 			return false, nil
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/internal/testwait"
 	"github.com/sluice-rl/sluice/share"
 	"github.com/vmihailenco/msgpack/v5"
@@ -99,6 +100,9 @@ func TestHostileMessagesToLiveNode(t *testing.T) {
 		{"NaN share", rawEnvelope(t, KindReport, "h-ap", "ap", report("ap", func(r *share.Report) { r.Keys[0].Share = math.NaN() })), ReasonValue},
 		{"+Inf limit", rawEnvelope(t, KindReport, "h-ap", "ap", report("ap", func(r *share.Report) { r.Keys[0].Limit = math.Inf(1) })), ReasonValue},
 		{"node usage into another region", rawEnvelope(t, KindNodeUsage, "h-ap", "ap", mustMarshal(t, NodeUsage{Node: "h-ap", Region: "ap", Epoch: nowEpoch})), ReasonRegion},
+		{"contact ping from no member", rawEnvelope(t, KindPing, "ghost", "ap", mustMarshal(t, msg.Ping{Seq: 1})), ReasonSender},
+		{"contact ping claiming another region", rawEnvelope(t, KindPing, "h-ap", "us", mustMarshal(t, msg.Ping{Seq: 1})), ReasonRegion},
+		{"contact ping with a negative sequence", rawEnvelope(t, KindPing, "h-ap", "ap", []byte{0x81, 0xa1, 's', 0xff}), ReasonMalformed},
 	}
 	host, port, _ := net.SplitHostPort(victim.Addr())
 	p, _ := strconv.Atoi(port)
@@ -341,6 +345,10 @@ func FuzzDecodePolicy(f *testing.F) {
 func FuzzDecodeBorrow(f *testing.F) { fuzzKind(f, KindBorrow, testBorrow("eu")) }
 
 func FuzzDecodeLoan(f *testing.F) { fuzzKind(f, KindLoan, testLoan("eu", "us")) }
+
+func FuzzDecodePing(f *testing.F) {
+	fuzzKind(f, KindPing, msg.Ping{Seq: 7}, msg.Ping{Seq: math.MaxUint64, Ack: true})
+}
 
 // FuzzDecodeMeta: node metadata comes from any member; decodeMeta never
 // panics and allocates little (under 64 KiB: the counter also sees the

@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"kind"}),
 		pings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gossip_contact_pings_total",
-			Help: "Contact pings this node sent to nodes of other regions, by result (answered, unanswered).",
+			Help: "Contact pings this node sent to nodes of other regions, by result: answered within the probe timeout, unanswered within it, late (answered after it: also counted unanswered) or stale (an answer to no ping kept).",
 		}, []string{"result"}),
 		relayChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gossip_relay_changes_total",

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/sluice-rl/sluice/coordinator"
 	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 	"golang.org/x/sync/errgroup"
@@ -53,6 +52,7 @@ type member struct {
 	Member
 	leaving bool      // announced a graceful leave
 	since   time.Time // when the state last changed
+	pings   bool      // answers contact pings of its own (nodeMeta.Pings)
 }
 
 // Node is one daemon's gossip endpoint: a memberlist node plus the
@@ -78,11 +78,14 @@ type Node struct {
 
 	pingTimeout time.Duration // memberlist's ProbeTimeout, which bounds Ping
 
-	mu      sync.Mutex
-	members map[string]member
-	contact map[string]time.Time // node → send time of its last answered ping
-	failed  map[string]time.Time // node → send time of its last unanswered ping
-	pinging map[string]bool      // nodes with a ping in flight
+	mu       sync.Mutex
+	members  map[string]member
+	contact  map[string]time.Time // node → send time of its last answered ping
+	failed   map[string]time.Time // node → send time of its last unanswered ping
+	pinging  map[string]bool      // nodes with a ping in flight
+	book     pingBook             // this node's own contact pings (KindPing)
+	pingedBy map[string]bool      // nodes whose contact ping arrived since start
+	joined   atomic.Bool          // a seed answered (or there were none)
 
 	hmu       sync.RWMutex
 	onMessage []func(Message)
@@ -116,6 +119,7 @@ func New(cfg Config) (*Node, error) {
 		contact:      map[string]time.Time{},
 		failed:       map[string]time.Time{},
 		pinging:      map[string]bool{},
+		pingedBy:     map[string]bool{},
 		reportSeen:   map[string]uint64{},
 		rejectLogged: map[string]time.Time{},
 		metrics:      newMetrics(cfg.Registerer),
@@ -123,7 +127,7 @@ func New(cfg Config) (*Node, error) {
 		relayVia:     map[string]string{},
 	}
 	watchCluster(n, cfg.Registerer)
-	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region, Relays: true}
+	n.metaFields = nodeMeta{V: WireVersion, Region: cfg.Region, Relays: true, Pings: true}
 	meta, err := marshal(n.metaFields)
 	if err != nil {
 		return nil, err
@@ -142,6 +146,7 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 	n.pingTimeout = mc.ProbeTimeout
+	n.book = newPingBook(n.pingTimeout, cfg.lateAnswers())
 	n.bq = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: n.numLive}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -260,6 +265,7 @@ func (n *Node) stop(leave bool) {
 func (n *Node) joinLoop(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	joined := len(n.cfg.Join) == 0
+	n.joined.Store(joined)
 	rounds := 0
 	for {
 		if n.down.Load() {
@@ -269,6 +275,7 @@ func (n *Node) joinLoop(ctx context.Context) {
 		if !joined {
 			if k, err := n.ml.Join(n.cfg.Join); err == nil && k > 0 {
 				joined = true
+				n.joined.Store(true)
 				n.cfg.Logger.Info("gossip: joined", "node", n.cfg.Node, "region", n.cfg.Region, "contacted", k)
 			} else {
 				n.cfg.Logger.Debug("gossip: join failed, retrying", "err", err, "in", backoff)
@@ -371,6 +378,10 @@ func (n *Node) handle(b []byte) {
 // deliverRelayed delivers m and, the first time it is delivered, sends it
 // on inside this region when its sender asked this node to relay it.
 func (n *Node) deliverRelayed(m Message, env envelopeView, b []byte) {
+	if m.Kind == KindPing {
+		n.onPing(m) // the transport's own: never handed on
+		return
+	}
 	if !n.deliver(m, b) || !env.Relay || m.Region == n.cfg.Region {
 		return
 	}
@@ -691,15 +702,10 @@ func (n *Node) sendOne(ctx context.Context, b []byte, kind Kind, path string, t 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// Addresses come from our own member table: the *Node values
-	// memberlist returns are mutated by its goroutines without a lock we
-	// can take.
-	host, port, err := net.SplitHostPort(t.Addr)
-	p, perr := strconv.Atoi(port)
-	if err != nil || perr != nil {
-		return fmt.Errorf("gossip: send %s to %s: bad address %q", kind, t.Node, t.Addr)
+	mn, err := mlNode(t)
+	if err != nil {
+		return fmt.Errorf("gossip: send %s to %s: %w", kind, t.Node, err)
 	}
-	mn := &memberlist.Node{Name: t.Node, Addr: net.ParseIP(host), Port: uint16(p)}
 	if err := n.ml.SendReliable(mn, b); err != nil {
 		n.metrics.sendErrors.WithLabelValues(kind.String()).Inc()
 		return fmt.Errorf("gossip: send %s to %s: %w", kind, t.Node, err)
@@ -864,11 +870,11 @@ func (n *Node) announceMeta() {
 func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	meta, _ := decodeMeta(mn.Meta)
 	m := member{Member: Member{Node: mn.Name, Region: meta.Region, Addr: net.JoinHostPort(mn.Addr.String(), strconv.Itoa(int(mn.Port))), State: StateAlive,
-		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash, Relays: meta.Relays}}
+		PolicyRevision: meta.PolicyRev, PolicyHash: meta.PolicyHash, Relays: meta.Relays}, pings: meta.Pings}
 	n.mu.Lock()
 	old, known := n.members[m.Node]
 	if m.Region == "" && known {
-		m.Region, m.Relays = old.Region, old.Relays
+		m.Region, m.Relays, m.pings = old.Region, old.Relays, old.pings
 	}
 	if gone {
 		m.State = StateDead
@@ -884,90 +890,6 @@ func (n *Node) noteMember(mn *memberlist.Node, gone bool) {
 	n.members[m.Node] = m
 	n.mu.Unlock()
 	n.metrics.members.Set(float64(n.numLive()))
-}
-
-// ContactLag bounds how old a reachable member's Contact may be: the ping
-// period (Config.ContactEvery) plus the longest a ping waits for its
-// answer (memberlist's probe timeout).
-func (n *Node) ContactLag() time.Duration { return n.cfg.ContactEvery + n.pingTimeout }
-
-// contactLoop pings coordinator.PingsPerRegion nodes of each other region
-// each Config.ContactEvery (coordinator.PingTargets), through memberlist's Ping (one UDP packet and
-// its ack, within the preset's probe timeout, through the same transport as
-// the failure detector, faults included), and records the send time of
-// each answered ping as the node's Contact, of each unanswered one as its
-// Unanswered. A node whose last ping is still unanswered is not pinged
-// again until it is answered or given up, so at most one ping per node is
-// in flight. The pings run on goroutines of wg and stop with ctx.
-func (n *Node) contactLoop(ctx context.Context, wg *sync.WaitGroup) {
-	t := time.NewTicker(n.cfg.ContactEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, m := range n.pingTargets() {
-			addr, err := net.ResolveUDPAddr("udp", m.Addr)
-			if err != nil {
-				n.donePing(m.Node, time.Time{}, false)
-				continue
-			}
-			wg.Go(func() {
-				sent := n.cfg.Now()
-				_, err := n.ml.Ping(m.Node, addr)
-				if ctx.Err() != nil {
-					sent = time.Time{} // stopped, not unanswered
-				}
-				n.donePing(m.Node, sent, err == nil)
-			})
-		}
-	}
-}
-
-// pingTargets returns the members of other regions to ping now,
-// coordinator.PingsPerRegion of each region as coordinator.PingTargets
-// picks them (none with a ping in flight), marking them in flight.
-func (n *Node) pingTargets() []member {
-	if n.down.Load() {
-		return nil
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	all := make([]Member, 0, len(n.members))
-	for _, m := range n.members {
-		all = append(all, m.Member)
-	}
-	names := coordinator.PingTargets(all, n.cfg.Node, n.cfg.Region, func(node string) bool { return n.pinging[node] })
-	out := make([]member, 0, len(names))
-	for _, name := range names {
-		n.pinging[name] = true
-		out = append(out, n.members[name])
-	}
-	return out
-}
-
-// donePing records the end of a ping to node sent at sent (zero: none
-// was sent).
-func (n *Node) donePing(node string, sent time.Time, answered bool) {
-	n.mu.Lock()
-	delete(n.pinging, node)
-	to := n.failed
-	if answered {
-		to = n.contact
-	}
-	if !sent.IsZero() && sent.After(to[node]) {
-		to[node] = sent
-	}
-	n.mu.Unlock()
-	if !sent.IsZero() {
-		result := "unanswered"
-		if answered {
-			result = "answered"
-		}
-		n.metrics.pings.WithLabelValues(result).Inc()
-	}
 }
 
 // delegate implements memberlist.Delegate; every method returns at once.

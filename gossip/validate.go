@@ -84,9 +84,16 @@ func (c clockCheck) check(m Message) error {
 // from this region, reports and borrow requests from another, loans from
 // the lender's own region or to this one. Policy updates are not bound to
 // a region and are relayed and replayed (push/pull) long after their
-// author may have left, so they are not checked here.
+// author may have left, so they are not checked here. A contact ping, or
+// its answer, comes from another region, from a member in any state.
 func checkSender(m Message, sender Member, known bool, self string) error {
 	if m.Kind == KindPolicy {
+		return nil
+	}
+	if m.Kind == KindPing && known && sender.Region == m.Region && m.Region != self {
+		// Answered whatever state membership gives the sender: a node this
+		// one takes for dead may be alive and pinging, and an unanswered
+		// ping would tell it this region is out of reach.
 		return nil
 	}
 	if !known || !sender.State.Live() {
@@ -100,7 +107,7 @@ func checkSender(m Message, sender Member, known bool, self string) error {
 		if m.Region != self {
 			return decodeErr(ReasonRegion, fmt.Errorf("node usage of region %q sent to a node of %q", m.Region, self))
 		}
-	case KindReport, KindBorrow:
+	case KindReport, KindBorrow, KindPing:
 		if m.Region == self {
 			return decodeErr(ReasonRegion, fmt.Errorf("%s of this node's own region %q", m.Kind, self))
 		}

@@ -32,6 +32,7 @@ const (
 	KindPolicy    = msg.KindPolicy
 	KindBorrow    = msg.KindBorrow
 	KindLoan      = msg.KindLoan
+	KindPing      = msg.KindPing
 )
 
 // envelope is the outer layer of every message.
@@ -93,8 +94,8 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 func decodeErr(reason string, err error) error { return &DecodeError{Reason: reason, Err: err} }
 
 // Encode returns the wire form of payload (a share.Report, NodeUsage,
-// PolicyUpdate, share.BorrowRequest or share.Loan, by value) sent by node
-// from in region.
+// PolicyUpdate, share.BorrowRequest, share.Loan or msg.Ping, by value)
+// sent by node from in region.
 func Encode(from, region string, payload any) ([]byte, error) {
 	b, _, err := encode(from, region, payload, false)
 	return b, err
@@ -115,6 +116,8 @@ func encode(from, region string, payload any, relayed bool) (direct, relay []byt
 		kind = KindBorrow
 	case share.Loan:
 		kind = KindLoan
+	case msg.Ping:
+		kind = KindPing
 	default:
 		return nil, nil, fmt.Errorf("gossip: cannot encode %T", payload)
 	}
@@ -212,6 +215,9 @@ func decodePayload(b []byte, env envelopeView) (m Message, err error) {
 	case KindLoan:
 		err = decodeWhole(env.Payload, func(r *reader) error { return r.loan(&m.Loan) })
 		check = func() error { return checkLoan(m.Loan, env.Region) }
+	case KindPing:
+		err = decodeWhole(env.Payload, func(r *reader) error { return r.ping(&m.Ping) })
+		check = func() error { return nil }
 	default:
 		return hdr, decodeErr(ReasonKind, fmt.Errorf("unknown kind %d", env.Kind))
 	}
@@ -348,6 +354,10 @@ type nodeMeta struct {
 	// Relays advertises that this node forwards relayed messages
 	// (envelope.Relay) inside its region.
 	Relays bool `msgpack:"f,omitempty"`
+	// Pings advertises that this node answers contact pings of its own
+	// (KindPing); a node of an older build is pinged through memberlist's
+	// Ping instead.
+	Pings bool `msgpack:"c,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, bool) {

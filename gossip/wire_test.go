@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/sluice-rl/sluice/coordinator/msg"
 	"github.com/sluice-rl/sluice/share"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -40,6 +41,8 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		{"policy", PolicyUpdate{Version: 9, Data: []byte(`{"policies":[]}`)}, func(m Message) any { return m.Policy }},
 		{"borrow", testBorrow("eu"), func(m Message) any { return m.Borrow }},
 		{"loan", testLoan("eu", "us"), func(m Message) any { return m.Loan }},
+		{"contact ping", msg.Ping{Seq: 1 << 63}, func(m Message) any { return m.Ping }},
+		{"contact ping's answer", msg.Ping{Seq: 3, Ack: true}, func(m Message) any { return m.Ping }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

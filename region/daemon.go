@@ -201,6 +201,7 @@ type Daemon struct {
 	routes      []Route
 
 	ready          atomic.Bool
+	readyAt        atomic.Int64 // when ready was set, Unix nanoseconds
 	stopping       atomic.Bool
 	lastRefreshErr atomic.Pointer[string]
 	// storeDown says why the policy store has not been reached since
@@ -737,7 +738,7 @@ func (d *Daemon) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 // Readiness is the body of /readyz.
 type Readiness struct {
-	Status string `json:"status"` // ready, degraded, store_unreachable, stopping
+	Status string `json:"status"` // ready, degraded, store_unreachable, joining, stopping
 	Store  string `json:"store"`
 	// Breakers maps each store shard to closed, half-open or open.
 	Breakers map[string]string `json:"breakers"`
@@ -745,9 +746,11 @@ type Readiness struct {
 	// PolicyStoreError is the last failure to refresh shared policies; the
 	// last good set stays in force meanwhile.
 	PolicyStoreError string `json:"policy_store_error,omitempty"`
-	// Reason says why the daemon is not ready: it is stopping, or it has
-	// not reached its store since it started (it then decides by each
-	// policy's on_store_failure, on policies that may be stale).
+	// Reason says why the daemon is not ready: it is stopping, it has not
+	// reached its store since it started (it then decides by each
+	// policy's on_store_failure, on policies that may be stale), or, in a
+	// multi-region deployment, the other regions have not pinged it yet
+	// (joining; see cluster.unconfirmed).
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -767,6 +770,12 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 	if down := d.storeDown.Load(); down != nil {
 		rd.Status, rd.Reason = "store_unreachable", *down
 		code = http.StatusServiceUnavailable
+	}
+	if d.cl != nil && code == http.StatusOK && d.ready.Load() {
+		if why := d.cl.unconfirmed(time.Since(time.Unix(0, d.readyAt.Load()))); why != "" {
+			rd.Status, rd.Reason = "joining", why
+			code = http.StatusServiceUnavailable
+		}
 	}
 	if d.stopping.Load() || !d.ready.Load() {
 		rd.Status, rd.Reason = "stopping", "not serving yet or shutting down"
@@ -838,6 +847,7 @@ func (d *Daemon) Serve(ctx context.Context, ln, aln net.Listener) error {
 		}
 		cancel()
 	}
+	d.readyAt.Store(time.Now().UnixNano())
 	d.ready.Store(true)
 	d.log.Info("ready", "store", storeKind(d.cfg.Store))
 	g.Go(func() error {

@@ -122,6 +122,29 @@ type cluster struct {
 	from string // node the revision came from
 }
 
+// unconfirmed says, while the other regions cannot yet confirm contact
+// with this daemon (gossip.Node.Unconfirmed), why, for /readyz; "" once
+// they can, or once up has reached half the gossip interval (5 s at 10 s),
+// so that a daemon some region never pings (an older build, or one
+// region's nodes watching others) is still ready. A roll that waits for
+// /readyz before it stops the next daemon of a region thereby keeps one
+// daemon of the region in contact with every other region throughout:
+// moving on at once would leave, for a moment, none that the other
+// regions can confirm, and a healthy region would look partitioned.
+func (cl *cluster) unconfirmed(up time.Duration) string {
+	if up >= cl.g.Interval()/2 {
+		return ""
+	}
+	joined, waiting := cl.g.Unconfirmed()
+	switch {
+	case !joined:
+		return "not joined the gossip cluster yet"
+	case len(waiting) > 0:
+		return "waiting for the first contact ping of " + strings.Join(waiting, ", ")
+	}
+	return ""
+}
+
 // newCluster creates the gossip node and the coordinator (before either
 // runs, so the handlers are in place when messages arrive).
 func (d *Daemon) newCluster(gcfg *GossipConfig, reg prometheus.Registerer) error {

@@ -295,3 +295,72 @@ func TestGlobalBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyWaitsForOtherRegionsPings: in a multi-region deployment a
+// daemon answers /readyz 503 "joining" while the other regions cannot yet
+// confirm contact with it (alone, without seeds, or not yet pinged by the
+// nodes of other regions that watch it), 200 once they can, and ready
+// anyway after half the gossip interval.
+func TestReadyWaitsForOtherRegionsPings(t *testing.T) {
+	t.Parallel()
+	start := func(region, node, join string) *liveDaemon {
+		cfg := DefaultConfig()
+		cfg.AdminToken = testToken
+		cfg.Listen = "127.0.0.1:0"
+		cfg.ShutdownTimeout = time.Second
+		// At a 20 s interval the wait is bounded at 10 s: what the test sees
+		// before that is the pings', not the bound's.
+		cfg.Gossip = &GossipConfig{Region: region, Node: node, Listen: "127.0.0.1:0", Interval: 20 * time.Second, Dev: true, Preset: "local"}
+		if join != "" {
+			cfg.Gossip.Join = []string{join}
+		}
+		return serveDaemon(t, cfg)
+	}
+	ready := func(l *liveDaemon) (int, Readiness) {
+		res, err := http.Get(l.base + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var rd Readiness
+		if err := json.NewDecoder(res.Body).Decode(&rd); err != nil {
+			t.Fatal(err)
+		}
+		return res.StatusCode, rd
+	}
+	serving := func(l *liveDaemon) bool { _, rd := ready(l); return rd.Status != "stopping" }
+
+	eu := start("eu", "eu-1", "")
+	testwait.For(t, 30*time.Second, "eu-1 to serve", func() bool { return serving(eu) })
+	if code, rd := ready(eu); code != 503 || rd.Status != "joining" || !strings.Contains(rd.Reason, "not joined") {
+		t.Errorf("/readyz of a seedless daemon alone = %d %+v, want 503 joining, not joined", code, rd)
+	}
+
+	us := start("us", "us-1", eu.d.cl.g.Addr())
+	testwait.For(t, 30*time.Second, "both daemons ready", func() bool {
+		c1, _ := ready(eu)
+		c2, _ := ready(us)
+		return c1 == 200 && c2 == 200
+	})
+	for _, l := range []*liveDaemon{eu, us} {
+		if why := l.d.cl.unconfirmed(0); why != "" {
+			t.Errorf("%s ready before the bound while unconfirmed: %s", l.d.cl.g.Name(), why)
+		}
+	}
+
+	// A seed that never answers: not joined, until the bound.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	ap := start("ap", "ap-1", dead)
+	testwait.For(t, 30*time.Second, "ap-1 to serve", func() bool { return serving(ap) })
+	if why := ap.d.cl.unconfirmed(0); !strings.Contains(why, "not joined") {
+		t.Errorf("unconfirmed with a dead seed = %q, want not joined", why)
+	}
+	if why := ap.d.cl.unconfirmed(10 * time.Second); why != "" {
+		t.Errorf("unconfirmed at half the interval = %q, want ready anyway", why)
+	}
+}

@@ -39,6 +39,10 @@ const (
 	// borrower region's nodes and to the lender region's other nodes, which
 	// must cut as their region's acting node already has.
 	KindLoan Kind = 5
+	// KindPing carries a Ping: a contact ping between nodes of two regions,
+	// or its answer. It is the transport's own (gossip answers it and turns
+	// the answers into Member.Contact); the coordinator never sees one.
+	KindPing Kind = 6
 )
 
 func (k Kind) String() string {
@@ -53,6 +57,8 @@ func (k Kind) String() string {
 		return "borrow"
 	case KindLoan:
 		return "loan"
+	case KindPing:
+		return "ping"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -102,6 +108,15 @@ type Message struct {
 	Policy PolicyUpdate        // KindPolicy
 	Borrow share.BorrowRequest // KindBorrow
 	Loan   share.Loan          // KindLoan
+	Ping   Ping                // KindPing
+}
+
+// Ping is a contact ping (Ack false) or its answer (Ack true, the ping's
+// Seq): whenever the answer arrives, the member answered the ping sent
+// with that Seq, however late.
+type Ping struct {
+	Seq uint64 `msgpack:"s"`
+	Ack bool   `msgpack:"a,omitempty"`
 }
 
 // State is a member's state as a node sees it.
@@ -135,13 +150,14 @@ type Member struct {
 	Relays bool `json:"relays,omitempty"`
 
 	// Contact is when this node last sent a ping to the member that was
-	// answered (on this node's clock): the member was reachable at some
-	// instant after it. Zero until one is. Only members of other regions
-	// are pinged.
+	// answered (on this node's clock), however late the answer came: the
+	// member was reachable at some instant after it. Zero until one is.
+	// Only members of other regions are pinged.
 	Contact time.Time `json:"contact,omitzero"`
 	// Unanswered is when this node last sent the member a ping that went
-	// unanswered (zero if none): with Contact, fresh evidence that the
-	// member is out of reach, rather than this node having been too busy
-	// to ask.
+	// unanswered within the ping timeout (zero if none): when it is later
+	// than Contact, fresh evidence that the member is out of reach, rather
+	// than this node having been too busy to ask. A late answer to that
+	// ping moves Contact up to it, and the evidence is gone.
 	Unanswered time.Time `json:"unanswered,omitzero"`
 }

@@ -34,7 +34,8 @@ import (
 // different regions only, never inside a region and never on packets: they
 // model what the virtual-time simulator's loss and delay model, reports
 // that arrive late or not at all, while membership notices partitions and
-// crashes only. A lost stream is accepted by the sender and never arrives
+// crashes only. SetSlowPackets delays packets between regions instead (a
+// slow region, whose every answer comes late). A lost stream is accepted by the sender and never arrives
 // (a fire-and-forget message vanishes; a request/response stream reads
 // EOF); a delayed one is delivered Delay plus up to Jitter later, without
 // holding up its sender.
@@ -70,6 +71,7 @@ type FaultNet struct {
 	loss     float64
 	delay    time.Duration
 	jitter   time.Duration
+	slow     time.Duration  // delay of packets between regions
 	refuse   map[string]int // "ip:port" → stream dials still to refuse
 	counts   FaultCounts
 }
@@ -79,8 +81,8 @@ type FaultCounts struct {
 	// CutPackets and CutStreams were refused by a partition.
 	CutPackets, CutStreams int64
 	// LostStreams were accepted and never delivered; DelayedStreams were
-	// delivered late.
-	LostStreams, DelayedStreams int64
+	// delivered late, and so were SlowPackets.
+	LostStreams, DelayedStreams, SlowPackets int64
 	// RefusedDials failed as RefuseDials asked.
 	RefusedDials int64
 }
@@ -139,6 +141,16 @@ func (f *FaultNet) SetDelay(d, jitter time.Duration) {
 	f.mu.Unlock()
 }
 
+// SetSlowPackets delays every packet between two regions by d (zero: no
+// delay), without holding up its sender: memberlist's probes and acks and
+// the daemons' contact pings and their answers, as between regions whose
+// daemons are starved of CPU and answer late.
+func (f *FaultNet) SetSlowPackets(d time.Duration) {
+	f.mu.Lock()
+	f.slow = max(d, 0)
+	f.mu.Unlock()
+}
+
 // Counts returns what the network has done so far.
 func (f *FaultNet) Counts() FaultCounts {
 	f.mu.Lock()
@@ -181,7 +193,10 @@ func (f *FaultNet) fate(src, dst string, stream bool) fate {
 		return fate{cut: true}
 	}
 	if !stream {
-		return fate{}
+		if f.slow > 0 {
+			f.counts.SlowPackets++
+		}
+		return fate{delay: f.slow}
 	}
 	var ft fate
 	if f.loss > 0 && f.rng.Float64() < f.loss {
@@ -262,8 +277,14 @@ type faultTransport struct {
 var _ memberlist.NodeAwareTransport = (*faultTransport)(nil)
 
 func (t *faultTransport) WriteTo(b []byte, addr string) (time.Time, error) {
-	if t.net.fate(t.region, addr, false).cut {
+	ft := t.net.fate(t.region, addr, false)
+	switch {
+	case ft.cut:
 		return time.Now(), nil // sent into the void, as on a real network
+	case ft.delay > 0:
+		late := bytes.Clone(b) // memberlist reuses its buffer
+		time.AfterFunc(ft.delay, func() { _, _ = t.NetTransport.WriteTo(late, addr) })
+		return time.Now(), nil
 	}
 	return t.NetTransport.WriteTo(b, addr)
 }
