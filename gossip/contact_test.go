@@ -188,14 +188,4 @@ func TestLateAnswersKeepContact(t *testing.T) {
 
 // noOwnPings makes n advertise no contact pings of its own, as a node of
 // an older build: the others ping it through memberlist's Ping.
-func noOwnPings(n *Node) {
-	n.metaFields.Pings = false
-	meta, err := marshal(n.metaFields)
-	if err != nil {
-		panic(err)
-	}
-	n.meta.Store(&meta)
-	if err := n.ml.UpdateNode(time.Second); err != nil {
-		panic(err)
-	}
-}
+func noOwnPings(n *Node) { readvertise(n, func(m *nodeMeta) { m.Pings = false }) }

@@ -52,8 +52,11 @@ func counterValue(v *prometheus.CounterVec, labels ...string) float64 {
 }
 
 // oldBuild makes n advertise no relaying, as a node of an older build.
-func oldBuild(n *Node) {
-	n.metaFields.Relays = false
+func oldBuild(n *Node) { readvertise(n, func(m *nodeMeta) { m.Relays = false }) }
+
+// readvertise changes what n advertises in its metadata and announces it.
+func readvertise(n *Node, edit func(*nodeMeta)) {
+	edit(&n.metaFields)
 	meta, err := marshal(n.metaFields)
 	if err != nil {
 		panic(err)
