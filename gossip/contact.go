@@ -168,7 +168,7 @@ func (n *Node) sendPing(m member) {
 	n.mu.Lock()
 	seq := n.book.send(m.Node, n.cfg.Now(), time.Now())
 	n.mu.Unlock()
-	b, err := Encode(n.cfg.Node, n.cfg.Region, msg.Ping{Seq: seq})
+	b, err := Encode(n.cfg.Node, n.cfg.Region, msg.Ping{Seq: seq, Addr: n.addr})
 	if err == nil {
 		err = n.sendPacket(m.Member, b)
 	}
@@ -223,12 +223,16 @@ func (n *Node) expirePings(now time.Time) {
 func (n *Node) onPing(m Message) {
 	n.mu.Lock()
 	if !m.Ping.Ack {
-		n.pingedBy[m.From] = true
-		to := n.members[m.From].Member
+		to, known := n.members[m.From]
+		if known {
+			n.pingedBy[m.From] = true
+		} else {
+			to.Member = Member{Node: m.From, Addr: m.Ping.Addr} // checkSender admits it only with one
+		}
 		n.mu.Unlock()
 		b, err := Encode(n.cfg.Node, n.cfg.Region, msg.Ping{Seq: m.Ping.Seq, Ack: true})
 		if err == nil {
-			err = n.sendPacket(to, b)
+			err = n.sendPacket(to.Member, b)
 		}
 		if err != nil {
 			n.metrics.sendErrors.WithLabelValues(KindPing.String()).Inc()

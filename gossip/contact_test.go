@@ -186,6 +186,24 @@ func TestLateAnswersKeepContact(t *testing.T) {
 	}
 }
 
+// TestPingFromUnknownNodeAnswered: a node answers a contact ping from a
+// node it does not know (restarted, its membership still partial) at the
+// address the ping gives, so the pinger keeps contact with it.
+func TestPingFromUnknownNodeAnswered(t *testing.T) {
+	t.Parallel()
+	eu := startNode(t, "u-eu", "eu", keyA)
+	us := startNode(t, "u-us", "us", keyA) // joins no one: neither knows the other
+	us.sendPing(member{Member: Member{Node: "u-eu", Region: "eu", Addr: eu.Addr()}})
+	testwait.For(t, 15*time.Second, "u-eu's answer to a ping from a node it does not know", func() bool {
+		us.mu.Lock()
+		defer us.mu.Unlock()
+		return !us.contact["u-eu"].IsZero()
+	})
+	if _, known := memberState(eu.Node, "u-us"); known {
+		t.Fatal("u-eu knows u-us: the test needs a pinger it does not know")
+	}
+}
+
 // noOwnPings makes n advertise no contact pings of its own, as a node of
 // an older build: the others ping it through memberlist's Ping.
 func noOwnPings(n *Node) { readvertise(n, func(m *nodeMeta) { m.Pings = false }) }

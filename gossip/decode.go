@@ -661,6 +661,8 @@ func (r *reader) ping(p *msg.Ping) error {
 			p.Seq, err = r.uint(math.MaxUint64)
 		case "a":
 			p.Ack, err = r.bool()
+		case "d":
+			p.Addr, err = r.str(MaxNameLen)
 		default:
 			return false, nil
 		}

@@ -100,7 +100,8 @@ func TestHostileMessagesToLiveNode(t *testing.T) {
 		{"NaN share", rawEnvelope(t, KindReport, "h-ap", "ap", report("ap", func(r *share.Report) { r.Keys[0].Share = math.NaN() })), ReasonValue},
 		{"+Inf limit", rawEnvelope(t, KindReport, "h-ap", "ap", report("ap", func(r *share.Report) { r.Keys[0].Limit = math.Inf(1) })), ReasonValue},
 		{"node usage into another region", rawEnvelope(t, KindNodeUsage, "h-ap", "ap", mustMarshal(t, NodeUsage{Node: "h-ap", Region: "ap", Epoch: nowEpoch})), ReasonRegion},
-		{"contact ping from no member", rawEnvelope(t, KindPing, "ghost", "ap", mustMarshal(t, msg.Ping{Seq: 1})), ReasonSender},
+		{"contact ping from no member, no answer address", rawEnvelope(t, KindPing, "ghost", "ap", mustMarshal(t, msg.Ping{Seq: 1})), ReasonSender},
+		{"contact ping with a bad answer address", rawEnvelope(t, KindPing, "h-ap", "ap", mustMarshal(t, msg.Ping{Seq: 1, Addr: "nowhere"})), ReasonInvalid},
 		{"contact ping claiming another region", rawEnvelope(t, KindPing, "h-ap", "us", mustMarshal(t, msg.Ping{Seq: 1})), ReasonRegion},
 		{"contact ping with a negative sequence", rawEnvelope(t, KindPing, "h-ap", "ap", []byte{0x81, 0xa1, 's', 0xff}), ReasonMalformed},
 	}

@@ -85,15 +85,19 @@ func (c clockCheck) check(m Message) error {
 // the lender's own region or to this one. Policy updates are not bound to
 // a region and are relayed and replayed (push/pull) long after their
 // author may have left, so they are not checked here. A contact ping, or
-// its answer, comes from another region, from a member in any state.
+// its answer, comes from another region, from a member in any state; a
+// ping that says where to answer it, and an answer, from anyone.
 func checkSender(m Message, sender Member, known bool, self string) error {
 	if m.Kind == KindPolicy {
 		return nil
 	}
-	if m.Kind == KindPing && known && sender.Region == m.Region && m.Region != self {
-		// Answered whatever state membership gives the sender: a node this
-		// one takes for dead may be alive and pinging, and an unanswered
-		// ping would tell it this region is out of reach.
+	if m.Kind == KindPing && m.Region != self && ((known && sender.Region == m.Region) || (!known && (m.Ping.Ack || m.Ping.Addr != ""))) {
+		// Answered whatever state membership gives the sender, and from a
+		// sender not known yet at the address it gives: a node this one
+		// takes for dead may be alive and pinging, a node restarted knows
+		// few members at first, and an unanswered ping would tell the
+		// pinger this region is out of reach. An answer is taken only if
+		// it answers a ping sent to its sender (pingBook.answer).
 		return nil
 	}
 	if !known || !sender.State.Live() {

@@ -217,7 +217,7 @@ func decodePayload(b []byte, env envelopeView) (m Message, err error) {
 		check = func() error { return checkLoan(m.Loan, env.Region) }
 	case KindPing:
 		err = decodeWhole(env.Payload, func(r *reader) error { return r.ping(&m.Ping) })
-		check = func() error { return nil }
+		check = func() error { return checkPing(m.Ping) }
 	default:
 		return hdr, decodeErr(ReasonKind, fmt.Errorf("unknown kind %d", env.Kind))
 	}
@@ -301,6 +301,18 @@ func checkQuotas(qs []share.QuotaCounter, only string) error {
 				return decodeErr(ReasonValue, fmt.Errorf("quota counter %s/%s: component %q of %d > %d", q.Policy, q.Subject, c.Region, c.Count, uint64(MaxQuotaCount)))
 			}
 		}
+	}
+	return nil
+}
+
+// checkPing validates a decoded contact ping: its answer address, if any,
+// is a host and a port.
+func checkPing(p msg.Ping) error {
+	if p.Addr == "" {
+		return nil
+	}
+	if _, err := mlNode(Member{Addr: p.Addr}); err != nil {
+		return decodeErr(ReasonInvalid, fmt.Errorf("ping answer address %q: %w", p.Addr, err))
 	}
 	return nil
 }

@@ -41,7 +41,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		{"policy", PolicyUpdate{Version: 9, Data: []byte(`{"policies":[]}`)}, func(m Message) any { return m.Policy }},
 		{"borrow", testBorrow("eu"), func(m Message) any { return m.Borrow }},
 		{"loan", testLoan("eu", "us"), func(m Message) any { return m.Loan }},
-		{"contact ping", msg.Ping{Seq: 1 << 63}, func(m Message) any { return m.Ping }},
+		{"contact ping", msg.Ping{Seq: 1 << 63, Addr: "10.0.0.7:7946"}, func(m Message) any { return m.Ping }},
 		{"contact ping's answer", msg.Ping{Seq: 3, Ack: true}, func(m Message) any { return m.Ping }},
 	}
 	for _, tt := range tests {

@@ -117,6 +117,10 @@ type Message struct {
 type Ping struct {
 	Seq uint64 `msgpack:"s"`
 	Ack bool   `msgpack:"a,omitempty"`
+	// Addr is where the pinger is reached (host:port), so that a node that
+	// does not know it yet (restarted, its membership still partial) can
+	// answer, as memberlist answers its own pings at their source address.
+	Addr string `msgpack:"d,omitempty"`
 }
 
 // State is a member's state as a node sees it.

@@ -228,9 +228,9 @@ func (dp *deployment) daemons() []*daemon {
 }
 
 // newDaemons lays out the daemons of every region: each on its own ports,
-// joined into one gossip cluster through the first daemon.
+// joined into one gossip cluster through the seeds the Helm chart gives a
+// daemon (seeds).
 func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Duration, preset string) error {
-	var seed string
 	for _, r := range dp.regions {
 		for i := 0; i < daemonsPerRegion; i++ {
 			d := &daemon{name: fmt.Sprintf("%s-%d", r.name, i), region: r.name, bin: dp.bin}
@@ -249,11 +249,6 @@ func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Dur
 				"--admin-token-file", filepath.Join(dp.dir, "admin-token"), "--trusted-proxies", "127.0.0.1/32",
 				"--region", r.name, "--node", d.name, "--dev", "--gossip-listen", d.gossip, "--gossip-advertise", d.advertise,
 				"--gossip-preset", preset, "--gossip-interval", gossipInterval.String(), "--log-level", "warn"}
-			if seed == "" {
-				seed = d.advertise
-			} else {
-				d.args = append(d.args, "--join", seed)
-			}
 			// Every daemon loads the Envoy file, since policies are shared
 			// across the cluster; the Sentinel region serves RLS.
 			d.args = append(d.args, "--envoy-config", envoy)
@@ -266,7 +261,33 @@ func (dp *deployment) newDaemons(policies, envoy string, gossipInterval time.Dur
 			r.daemons = append(r.daemons, d)
 		}
 	}
+	all := dp.daemons()
+	for _, d := range all {
+		if join := seeds(all, d); len(join) > 0 {
+			d.args = append(d.args, "--join", strings.Join(join, ","))
+		}
+	}
 	return nil
+}
+
+// seeds are the gossip addresses d joins, as the Helm chart sets them: the
+// other daemons of its region (the chart's headless Service) and the first
+// daemon of every other region (region.join). With one seed for the whole
+// deployment, two regions rolled at once left the daemons restarted in
+// them knowing only each other: they turned the third region's contact
+// pings away as from no member, and it found both rolled regions out of
+// contact.
+func seeds(all []*daemon, d *daemon) []string {
+	var out []string
+	first := map[string]bool{}
+	for _, o := range all {
+		lead := !first[o.region]
+		first[o.region] = true
+		if o != d && (o.region == d.region || lead) {
+			out = append(out, o.advertise)
+		}
+	}
+	return out
 }
 
 // startNginx renders the shipped deploy/nginx/sluice.conf in front of the
