@@ -13,6 +13,10 @@ type Sample struct {
 	RSSBytes    int64     `json:"rss_bytes"`
 	Goroutines  int64     `json:"goroutines"`
 	FDs         int64     `json:"fds"`
+	// FDKinds splits FDs by kind: "redis" (connections to the
+	// deployment's Redis servers and Sentinels), "listen", "tcp" (other
+	// TCP), "udp", "other" (files, pipes, epoll, Unix sockets).
+	FDKinds map[string]int64 `json:"fd_kinds,omitempty"`
 	RedisKeys   int64     `json:"redis_keys"`
 	RedisMemory int64     `json:"redis_memory_bytes"`
 	// RedisDataset is the primaries' used_memory_dataset: their memory
@@ -59,6 +63,9 @@ type LeakFigure struct {
 	Before float64 `json:"before"`
 	After  float64 `json:"after"`
 	Ratio  float64 `json:"ratio"`
+	// Mark, when set, is the high-water mark the level after may reach
+	// (redis_conns: the pool's, during the faults).
+	Mark float64 `json:"mark,omitempty"`
 	OK     bool    `json:"ok"`
 }
 
@@ -70,15 +77,32 @@ const LeakTolerance = 1.10
 // start to the first fault (from) with the mean of those taken settle
 // after the last one ended (to). Redis keys are compared per active key,
 // since the traffic before and after differs, and so is the primaries'
-// dataset memory: the memory the data takes is bounded by the active keys. A resource whose level after is above LeakTolerance times
-// its level before is not OK; shrinking is fine. Only samples in which
-// every daemon answered count, so a daemon down does not read as
-// recovery. With no sample on either side there is no figure.
+// dataset memory: the memory the data takes is bounded by the active
+// keys. A resource whose level after is above LeakTolerance times its
+// level before is not OK; shrinking is fine.
+//
+// Descriptors are two figures. "fds" is every descriptor but the
+// connections to Redis. "redis_conns" is those: a daemon's Redis client
+// keeps the connections a burst opened (a paused Redis leaves batches
+// waiting while new ones go out on new connections) idle in its pool, up
+// to the pool's size, and never closes them, so their level after the
+// faults is the pool's high-water mark, not the level before. It is not
+// OK above LeakTolerance times the highest level the samples up to the
+// last fault's end reached (or the level before, if higher): a pool
+// stays at its mark, a leak grows past it once the faults are over.
+//
+// Only samples in which every daemon answered count, so a daemon down
+// does not read as recovery. With no sample on either side there is no
+// figure.
 func Leaks(samples []Sample, start, from, to time.Time, settle time.Duration, daemons int) []LeakFigure {
 	var before, after []Sample
+	peakRedis := int64(0)
 	for _, s := range samples {
 		if s.Daemons < daemons {
 			continue
+		}
+		if !s.At.After(to) {
+			peakRedis = max(peakRedis, s.FDKinds["redis"])
 		}
 		switch {
 		case s.At.Before(from) && !s.At.Before(start.Add(settle)):
@@ -93,18 +117,20 @@ func Leaks(samples []Sample, start, from, to time.Time, settle time.Duration, da
 	get := []struct {
 		name string
 		f    func(Sample) int64
+		mark float64 // the level after may reach this
 	}{
-		{"rss_bytes", func(s Sample) int64 { return s.RSSBytes }},
-		{"goroutines", func(s Sample) int64 { return s.Goroutines }},
-		{"fds", func(s Sample) int64 { return s.FDs }},
-		{"redis_keys_per_1000_active", func(s Sample) int64 { return 1000 * s.RedisKeys / max(s.ActiveKeys, 1) }},
-		{"redis_dataset_bytes_per_active", func(s Sample) int64 { return s.RedisDataset / max(s.ActiveKeys, 1) }},
+		{"rss_bytes", func(s Sample) int64 { return s.RSSBytes }, 0},
+		{"goroutines", func(s Sample) int64 { return s.Goroutines }, 0},
+		{"fds", func(s Sample) int64 { return s.FDs - s.FDKinds["redis"] }, 0},
+		{"redis_conns", func(s Sample) int64 { return s.FDKinds["redis"] }, float64(peakRedis)},
+		{"redis_keys_per_1000_active", func(s Sample) int64 { return 1000 * s.RedisKeys / max(s.ActiveKeys, 1) }, 0},
+		{"redis_dataset_bytes_per_active", func(s Sample) int64 { return s.RedisDataset / max(s.ActiveKeys, 1) }, 0},
 	}
 	var out []LeakFigure
 	for _, g := range get {
 		b, a := mean(before, g.f), mean(after, g.f)
 		r := a / max(b, 1)
-		out = append(out, LeakFigure{Name: g.name, Before: b, After: a, Ratio: r, OK: a <= b*LeakTolerance})
+		out = append(out, LeakFigure{Name: g.name, Before: b, After: a, Ratio: r, Mark: g.mark, OK: a <= max(b, g.mark)*LeakTolerance})
 	}
 	return out
 }
@@ -122,8 +148,11 @@ func LeakViolations(figs []LeakFigure, at time.Time) []Violation {
 	var out []Violation
 	for _, f := range figs {
 		if !f.OK {
-			out = append(out, Violation{Rule: RuleLeak, Time: at, Key: f.Name, Faults: []string{},
-				Detail: fmt.Sprintf("%s %.0f before the faults, %.0f after (x%.2f, tolerance x%.2f)", f.Name, f.Before, f.After, f.Ratio, LeakTolerance)})
+			detail := fmt.Sprintf("%s %.0f before the faults, %.0f after (x%.2f, tolerance x%.2f)", f.Name, f.Before, f.After, f.Ratio, LeakTolerance)
+			if f.Mark > 0 {
+				detail += fmt.Sprintf(", above %.0f, the mark during the faults", f.Mark)
+			}
+			out = append(out, Violation{Rule: RuleLeak, Time: at, Key: f.Name, Faults: []string{}, Detail: detail})
 		}
 	}
 	return out

@@ -7,7 +7,14 @@ import (
 
 func TestLeaks(t *testing.T) {
 	s := func(sec int, rss, g int64, daemons int) Sample {
-		return Sample{At: t0.Add(time.Duration(sec) * time.Second), RSSBytes: rss, Goroutines: g, FDs: 40, RedisKeys: 100, RedisDataset: 20_000, Daemons: daemons}
+		return Sample{At: t0.Add(time.Duration(sec) * time.Second), RSSBytes: rss, Goroutines: g, FDs: 40, FDKinds: map[string]int64{"redis": 10, "tcp": 30},
+			RedisKeys: 100, RedisDataset: 20_000, Daemons: daemons}
+	}
+	// conns is s with redis Redis connections of its descriptors.
+	conns := func(x Sample, redis int64) Sample {
+		x.FDs += redis - x.FDKinds["redis"]
+		x.FDKinds = map[string]int64{"redis": redis, "tcp": x.FDKinds["tcp"]}
+		return x
 	}
 	from, to := t0.Add(30*time.Second), t0.Add(100*time.Second)
 	tests := []struct {
@@ -26,6 +33,15 @@ func TestLeaks(t *testing.T) {
 			x.RedisKeys = 300
 			return x
 		}()}, []string{"redis_keys_per_1000_active"}},
+		{"descriptors other than Redis's grew", []Sample{s(10, 100, 50, 6), func() Sample {
+			x := s(150, 100, 50, 6)
+			x.FDs, x.FDKinds["tcp"] = 60, 50
+			return x
+		}()}, []string{"fds"}},
+		{"Redis pool back at its mark from the faults", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 6), 20), conns(s(150, 100, 50, 6), 21)}, nil},
+		{"Redis connections past the mark", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 6), 20), conns(s(150, 100, 50, 6), 23)}, []string{"redis_conns"}},
+		{"Redis connections grew with no fault's mark", []Sample{s(10, 100, 50, 6), conns(s(150, 100, 50, 6), 12)}, []string{"redis_conns"}},
+		{"a mark in a sample with a daemon down does not count", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 5), 40), conns(s(150, 100, 50, 6), 20)}, []string{"redis_conns"}},
 		{"dataset per active key grew", []Sample{s(10, 100, 50, 6), func() Sample {
 			x := s(150, 100, 50, 6)
 			x.RedisDataset = 30_000
@@ -35,8 +51,8 @@ func TestLeaks(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			figs := Leaks(tc.samples, t0, from, to, 10*time.Second, 6)
-			if len(figs) != 5 {
-				t.Fatalf("Leaks() = %d figures, want 5", len(figs))
+			if len(figs) != 6 {
+				t.Fatalf("Leaks() = %d figures, want 6", len(figs))
 			}
 			var bad []string
 			for _, v := range LeakViolations(figs, to) {

@@ -37,7 +37,8 @@ func sampler(ctx context.Context, dp *deployment, out chan<- soak.Sample) {
 }
 
 func sample(ctx context.Context, dp *deployment) soak.Sample {
-	s := soak.Sample{At: time.Now()}
+	s := soak.Sample{At: time.Now(), FDKinds: map[string]int64{}}
+	redisPorts := dp.redisPorts()
 	for _, d := range dp.daemons() {
 		pid := d.pid()
 		if pid == 0 {
@@ -51,14 +52,17 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 		if err != nil {
 			continue
 		}
-		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		kinds, err := fdKinds(pid, redisPorts)
 		if err != nil {
 			continue
 		}
 		s.Daemons++
 		s.Goroutines += g
 		s.RSSBytes += rss
-		s.FDs += int64(len(fds))
+		for k, n := range kinds {
+			s.FDs += n
+			s.FDKinds[k] += n
+		}
 		for lost, l := range losses {
 			l.Daemon, l.Region, l.Lost = d.name, d.region, lost
 			s.Losses = append(s.Losses, l)
@@ -75,6 +79,23 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 		}
 	}
 	return s
+}
+
+// redisPorts is the ports of every Redis server and Sentinel of the
+// deployment, which a daemon's connections to them are told apart by.
+func (dp *deployment) redisPorts() map[int]bool {
+	out := map[int]bool{}
+	for _, r := range dp.regions {
+		for _, n := range r.nodes() {
+			out[n.Port()] = true
+		}
+		if r.sentinel != nil {
+			for _, n := range r.sentinel.Sentinels() {
+				out[n.Port()] = true
+			}
+		}
+	}
+	return out
 }
 
 func rssBytes(pid int) (int64, error) {
