@@ -9,16 +9,16 @@ import (
 // daemons (RSS, goroutines, open file descriptors) and its Redis
 // primaries (keys, memory).
 type Sample struct {
-	At          time.Time `json:"at"`
-	RSSBytes    int64     `json:"rss_bytes"`
-	Goroutines  int64     `json:"goroutines"`
-	FDs         int64     `json:"fds"`
+	At         time.Time `json:"at"`
+	RSSBytes   int64     `json:"rss_bytes"`
+	Goroutines int64     `json:"goroutines"`
+	FDs        int64     `json:"fds"`
 	// FDKinds splits FDs by kind: "redis" (connections to the
 	// deployment's Redis servers and Sentinels), "listen", "tcp" (other
 	// TCP), "udp", "other" (files, pipes, epoll, Unix sockets).
-	FDKinds map[string]int64 `json:"fd_kinds,omitempty"`
-	RedisKeys   int64     `json:"redis_keys"`
-	RedisMemory int64     `json:"redis_memory_bytes"`
+	FDKinds     map[string]int64 `json:"fd_kinds,omitempty"`
+	RedisKeys   int64            `json:"redis_keys"`
+	RedisMemory int64            `json:"redis_memory_bytes"`
 	// RedisDataset is the primaries' used_memory_dataset: their memory
 	// but the overhead (replication backlogs, client buffers, scripts).
 	RedisDataset int64 `json:"redis_dataset_bytes"`
@@ -66,7 +66,7 @@ type LeakFigure struct {
 	// Mark, when set, is the high-water mark the level after may reach
 	// (redis_conns: the pool's, during the faults).
 	Mark float64 `json:"mark,omitempty"`
-	OK     bool    `json:"ok"`
+	OK   bool    `json:"ok"`
 }
 
 // LeakTolerance is how far above its level before the faults a resource
