@@ -260,7 +260,7 @@ func (c *checker) degradedShares(reqs []Request) []DegradedFigure {
 }
 
 // storeFaults are the faults that take a region's store away.
-var storeFaults = []Kind{KillPrimary, PauseRedis}
+var storeFaults = []Kind{KillPrimary, PauseRedis, Failover}
 
 // daemonFaults are the faults that take a daemon away.
 var daemonFaults = []Kind{KillDaemon, RollRegion}

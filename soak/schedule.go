@@ -35,6 +35,15 @@ const (
 	// between. Its store and its network are whole: the region must not
 	// look partitioned to the others, nor they to it.
 	Starve Kind = "starve"
+	// Failover is no fault of the nemesis's but one the soak saw: a
+	// replica promoted while no fault that takes a store away was under
+	// way. A loaded machine can keep a primary from answering its peers
+	// within cluster-node-timeout (or Sentinel's down-after-milliseconds),
+	// and the writes it had not replicated are lost as in a killed
+	// primary's failover; the checker widens the region's bound as it does
+	// for one (FailoverWatch records them, Spontaneous keeps those no
+	// injected fault explains).
+	Failover Kind = "failover"
 )
 
 // Kinds is every fault the nemesis knows, in a fixed order.

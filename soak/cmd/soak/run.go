@@ -67,6 +67,9 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	samples := make(chan soak.Sample)
 	go sampler(runCtx, dp, samples)
 	var wg sync.WaitGroup
+	var failovers []soak.Span
+	wg.Add(1)
+	go func() { defer wg.Done(); failovers = watchFailovers(runCtx, dp) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); nem.run(runCtx, plan) }()
 	var injectedAt time.Time
@@ -84,7 +87,7 @@ func run(ctx context.Context, o options) (*soak.Report, error) {
 	if err := rc.markGatewayDegraded(dp.nginxLog); err != nil {
 		rep.Errors = append(rep.Errors, err.Error())
 	}
-	finish(rep, o, rc, tl, nem)
+	finish(rep, o, rc, tl, nem, failovers)
 	for _, v := range rep.Violations {
 		if !injectedAt.IsZero() && v.Rule == soak.RuleOverAdmission && strings.Contains(v.Key, "/api/") && v.Time.After(injectedAt) {
 			rep.InjectedSeen++
@@ -138,16 +141,19 @@ func inject(ctx context.Context, dp *deployment, tl *timeline, d time.Duration, 
 // is the margin this deployment is held to.
 const degradedHealthy = 0.005
 
-// finish checks what the clients saw and fills the report.
-func finish(rep *soak.Report, o options, rc *recorder, tl *timeline, nem *nemesis) {
+// finish checks what the clients saw and fills the report. The faults are
+// the nemesis's and the failovers the watch saw that none of them explains.
+func finish(rep *soak.Report, o options, rc *recorder, tl *timeline, nem *nemesis, failovers []soak.Span) {
 	reqs, unsent := rc.all()
+	rep.Bounds = soak.Bounds{DaemonsPerRegion: daemonsPerRegion, ReportDelay: 2 * o.interval, Settle: 6 * time.Second,
+		PolicySlack: 5 * time.Second, Latency: o.latency, ChartSubject: soak.HotSubject, DegradedHealthy: degradedHealthy}
 	nem.mu.Lock()
 	rep.Faults = append([]soak.Span(nil), nem.spans...)
 	rep.Errors = append(rep.Errors, nem.errors...)
 	nem.mu.Unlock()
+	rep.Faults = append(rep.Faults, soak.Spontaneous(failovers, rep.Faults, rep.Bounds.Settle)...)
+	sort.SliceStable(rep.Faults, func(i, j int) bool { return rep.Faults[i].Start.Before(rep.Faults[j].Start) })
 	rep.Policies = tl.snapshot()
-	rep.Bounds = soak.Bounds{DaemonsPerRegion: daemonsPerRegion, ReportDelay: 2 * o.interval, Settle: 6 * time.Second,
-		PolicySlack: 5 * time.Second, Latency: o.latency, ChartSubject: soak.HotSubject, DegradedHealthy: degradedHealthy}
 	rep.Violations, rep.Windows = soak.Check(reqs, rep.Policies, rep.Faults, rep.Bounds)
 	var lost []soak.Violation
 	lost, rep.Losses = soak.FalsePartitions(rep.Samples, rep.Faults, rep.Bounds.Settle)
