@@ -106,7 +106,11 @@ func (r *Report) Summary() string {
 	}
 	leaks := []string{}
 	for _, l := range r.Leaks {
-		leaks = append(leaks, fmt.Sprintf("%s %.0f->%.0f", l.Name, l.Before, l.After))
+		f := fmt.Sprintf("%s %.0f->%.0f", l.Name, l.Before, l.After)
+		if l.Mark > 0 {
+			f += fmt.Sprintf(" (mark %.0f)", l.Mark)
+		}
+		leaks = append(leaks, f)
 	}
 	s := fmt.Sprintf("SOAK seed=%d duration=%s requests=%d faults=%d violations=%d %v interrupted=%v leaks=[%s]",
 		r.Seed, r.Duration, n, len(r.Faults), len(r.Violations), rules, r.Interrupted, strings.Join(leaks, ", "))
@@ -180,9 +184,13 @@ func (r *Report) WriteHTML(w io.Writer) error {
 }
 
 func (r *Report) tables(b *strings.Builder) {
-	b.WriteString("<h2>Leaks: before the faults and after</h2><table><tr><th>resource<th>before<th>after<th>ratio<th>ok</tr>")
+	b.WriteString("<h2>Leaks: before the faults and after</h2><table><tr><th>resource<th>before<th>after<th>ratio<th>high-water mark allowed<th>ok</tr>")
 	for _, l := range r.Leaks {
-		fmt.Fprintf(b, "<tr><td>%s<td>%.0f<td>%.0f<td>%.3f<td>%v</tr>", l.Name, l.Before, l.After, l.Ratio, l.OK)
+		mark := ""
+		if l.Mark > 0 {
+			mark = fmt.Sprintf("%.0f", l.Mark)
+		}
+		fmt.Fprintf(b, "<tr><td>%s<td>%.0f<td>%.0f<td>%.3f<td>%s<td>%v</tr>", l.Name, l.Before, l.After, l.Ratio, mark, l.OK)
 	}
 	b.WriteString("</table><h2>Faults</h2><table><tr><th>fault<th>start<th>end</tr>")
 	for _, f := range r.Faults {
