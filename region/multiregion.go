@@ -90,7 +90,16 @@ func (g *GossipConfig) gossipConfig(log *slog.Logger, reg prometheus.Registerer)
 			return gossip.Config{}, err
 		}
 	}
-	return gc, gc.Validate()
+	if err := gc.Validate(); err != nil {
+		return gc, err
+	}
+	if len(g.Join) == 0 {
+		// Valid for the first node of a new cluster, but such a node,
+		// once restarted, is found only if another node gossips to the
+		// address it had: a lone region until then.
+		log.Warn("no --join seeds: other nodes must find this one; give every node the same seeds (one of its own region's others and one of each other region's)", "node", g.Node, "region", g.Region)
+	}
+	return gc, nil
 }
 
 func splitHostPort(s, what string) (string, int, error) {

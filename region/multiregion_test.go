@@ -364,3 +364,28 @@ func TestReadyWaitsForOtherRegionsPings(t *testing.T) {
 		t.Errorf("unconfirmed at half the interval = %q, want ready anyway", why)
 	}
 }
+
+// TestSeedlessNodeIsWarned: a node given no seeds logs one warning that
+// says so; one given seeds logs none.
+func TestSeedlessNodeIsWarned(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		join []string
+		warn bool
+	}{
+		{"no seeds", nil, true},
+		{"seeds", []string{"127.0.0.1:7946"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf testlog.Buffer
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			g := GossipConfig{Node: "n1", Region: "eu", Listen: "127.0.0.1:0", Join: tc.join, Dev: true}
+			if _, err := g.gossipConfig(log, prometheus.NewRegistry()); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(buf.String(), "no --join seeds"); got != tc.warn {
+				t.Errorf("warned %v, want %v; log: %s", got, tc.warn, buf.String())
+			}
+		})
+	}
+}
