@@ -95,6 +95,9 @@ func (r *ChargeRequest) Validate() error {
 	if len(r.Reservation) > MaxReservationID {
 		return fmt.Errorf("%w: reservation id of %d bytes, at most %d", ErrBadRequest, len(r.Reservation), MaxReservationID)
 	}
+	if r.Reservation != "" && req.Spans() {
+		return fmt.Errorf("%w: a reservation is of one subject; its checks name others", ErrBadRequest)
+	}
 	for i := range r.Checks {
 		c := &r.Checks[i]
 		if c.Deposit {
@@ -228,6 +231,9 @@ func ValidateReservation(subject, id string, checks []Check, ttl time.Duration) 
 	for i := range checks {
 		if checks[i].Cost < 0 || checks[i].Policy == "" {
 			return fmt.Errorf("%w: check %d: a reservation holds a named policy and a cost of zero or more", ErrBadRequest, i)
+		}
+		if s := checks[i].Subject; s != "" && s != subject {
+			return fmt.Errorf("%w: check %d: a reservation is of one subject; the check names another", ErrBadRequest, i)
 		}
 	}
 	return nil

@@ -59,6 +59,15 @@ type Check struct {
 	// request's only check, of a token bucket, with a positive cost, and
 	// is never tracked or answered from the deny cache.
 	Deposit bool
+	// Subject, when set, is the subject whose state this check spends in
+	// place of the request's. One request may then span subjects, still
+	// decided all or nothing, on a store that can decide them in one call:
+	// the memory store (its shards locked in a fixed order), a single
+	// Redis server or Sentinel (one script over keys of several hash
+	// tags). A Redis Cluster refuses it: one call reaches one slot. What
+	// the Limiter keeps per subject (the deny cache, demand and admissions
+	// for shares, leases) stays under the request's subject and the policy.
+	Subject string
 	// Lease, when positive, lets the Limiter serve this policy from a
 	// local lease of at most Lease tokens taken from the store's bucket in
 	// one call (see engine/limiter's lease.go) when the request has no
@@ -127,7 +136,7 @@ func (r *Request) Validate() error {
 			return fmt.Errorf("%w: policy %q: a lease is of a token bucket, positive, and not a deposit", ErrBadRequest, c.Policy)
 		}
 		for j := 0; j < i; j++ {
-			if r.Checks[j].Policy == c.Policy {
+			if r.Checks[j].Policy == c.Policy && r.Checks[j].SubjectOf(r.Subject) == c.SubjectOf(r.Subject) {
 				return fmt.Errorf("%w: policy %q named twice", ErrBadRequest, c.Policy)
 			}
 		}
@@ -136,6 +145,25 @@ func (r *Request) Validate() error {
 		}
 	}
 	return nil
+}
+
+// SubjectOf is the subject whose state c spends in a request of subject:
+// c.Subject if set, else subject.
+func (c *Check) SubjectOf(subject string) string {
+	if c.Subject != "" {
+		return c.Subject
+	}
+	return subject
+}
+
+// Spans reports whether r has a check of a subject other than its own.
+func (r *Request) Spans() bool {
+	for i := range r.Checks {
+		if s := r.Checks[i].Subject; s != "" && s != r.Subject {
+			return true
+		}
+	}
+	return false
 }
 
 // Units is the cost the algorithms apply: Cost, or its negative for a

@@ -25,30 +25,17 @@ func (s *MemoryStore) Charge(_ context.Context, req ChargeRequest) (Decision, er
 		}
 		held, at = r.costs, r.at
 	}
-	sh, sub := s.shardFor(req.Subject)
 	var all [MaxChecks]pending
 	p := all[:len(req.Checks)]
-	for i := range p {
-		p[i].key = s.key(sub, req.Checks[i].Policy)
-		p[i].lim = req.Checks[i].Effective()
-	}
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	for i := range p {
-		if sh.tab.Load().find(p[i].key) < 0 {
-			s.insert(sh, p[i].key, p, s.recency(now), expirySeconds(now, s.base))
-		}
-	}
-	tab := sh.tab.Load()
-	for i := range p {
-		p[i].idx = tab.find(p[i].key)
-	}
-	tab.lockAll(p)
+	s.placeAll(req.Subject, req.Checks, p)
+	var buf [MaxChecks]*memShard
+	shards := s.lockAcross(buf[:0], req.Checks, p, now, func(int) bool { return true })
+	defer s.releaseAcross(shards, p, s.recency(now))
 	d := Decision{N: len(p)}
 	nowSec := expirySeconds(now, s.base)
 	for i := range p {
 		c, q := &req.Checks[i], &p[i]
-		e := &tab.e[q.idx]
+		e := &q.tab.e[q.idx]
 		var st State
 		if e.meta>>algShift == uint32(q.lim.Algorithm) && e.expiry() >= nowSec {
 			st = State{A: e.a, B: e.b, T: e.t}
@@ -58,14 +45,13 @@ func (s *MemoryStore) Charge(_ context.Context, req ChargeRequest) (Decision, er
 			req.Held[i] = held[c.Policy]
 		}
 		if e.meta>>algShift == uint32(SlidingWindowLog) {
-			delete(sh.logs, q.key)
+			delete(q.sh.logs, q.key)
 		}
 		e.a, e.b, e.t = next.A, next.B, next.T
 		keep := int64(ChargeTTL(now, next, q.lim, c.ScaleFactor()) / time.Microsecond)
 		e.meta = packMeta(expirySeconds(now+keep, s.base), q.lim.Algorithm)
 		d.Results[i] = r
 	}
-	tab.releaseUsed(p, s.recency(now))
 	d.Finish(nil)
 	return d, nil
 }

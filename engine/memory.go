@@ -125,6 +125,20 @@ type pending struct {
 	drop  int  // expired log timestamps a commit removes
 	lim   Limit
 	next  counters
+	// sh and tab are the shard and table of a check of a request whose
+	// states lie in several shards (checkAcross); nil otherwise, the
+	// request's one shard then holding every state.
+	sh   *memShard
+	tab  *memTable
+	key0 uint64 // the subject's hash, whose low bits name the shard
+}
+
+// in is the shard and table holding q's state: its own, or the request's.
+func (q *pending) in(sh *memShard, tab *memTable) (*memShard, *memTable) {
+	if q.sh != nil {
+		return q.sh, q.tab
+	}
+	return sh, tab
 }
 
 // Check decides a request: all of its policies or none.
@@ -151,6 +165,12 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 		p[i].key = s.key(sub, req.Checks[i].Policy)
 		p[i].lim = req.Checks[i].Effective()
 	}
+	if req.Spans() {
+		if sh = s.spread(req, p); sh == nil {
+			s.checkAcross(req.Checks, p, now, &d)
+			return d, nil
+		}
+	}
 	if tab, ok := sh.acquire(req.Checks, p); ok {
 		s.decide(sh, tab, now, req.Checks, p, &d)
 		tab.releaseUsed(p, s.recency(now))
@@ -175,6 +195,100 @@ func (s *MemoryStore) Check(_ context.Context, req Request) (d Decision, err err
 	tab.releaseUsed(p, s.recency(now))
 	sh.mu.Unlock()
 	return d, nil
+}
+
+// spread keys each check of a request that spans subjects by its own
+// subject (placeAll) and returns the one shard they all fall in, the
+// checks then decided as that shard's, or nil when they fall in several.
+func (s *MemoryStore) spread(req Request, p []pending) *memShard {
+	s.placeAll(req.Subject, req.Checks, p)
+	one := p[0].sh
+	for i := range p {
+		if p[i].sh != one {
+			return nil
+		}
+	}
+	for i := range p {
+		p[i].sh = nil
+	}
+	return one
+}
+
+// checkAcross decides checks whose states lie in several shards (p[i].sh),
+// all or nothing, under lockAcross.
+func (s *MemoryStore) checkAcross(checks []Check, p []pending, now int64, d *Decision) {
+	var buf [MaxChecks]*memShard
+	shards := s.lockAcross(buf[:0], checks, p, now, func(i int) bool { return checks[i].Cost != 0 })
+	s.decide(nil, nil, now, checks, p, d)
+	s.releaseAcross(shards, p, s.recency(now))
+}
+
+// placeAll keys each check by its own subject (Check.SubjectOf) and notes
+// its shard in p.
+func (s *MemoryStore) placeAll(subject string, checks []Check, p []pending) {
+	for i := range p {
+		c := &checks[i]
+		h := maphash.String(s.seed, c.SubjectOf(subject)) // as shardFor
+		p[i].key, p[i].sh, p[i].key0 = s.key(h, c.Policy), &s.shards[h&s.mask], h
+		p[i].lim = c.Effective()
+	}
+}
+
+// lockAcross takes the mutexes of the shards of p (placeAll) in the order
+// of the shards, so that two such calls cannot deadlock; creates the
+// states that need(i) asks for and are missing; and then, shard by shard,
+// locks the entries in table order, as the slow path of one shard does.
+// A check of one shard takes no mutex but its own shard's, and never
+// waits for one while it holds an entry, so it cannot close a cycle with
+// this one. It returns the shards, into buf, for releaseAcross.
+func (s *MemoryStore) lockAcross(buf []*memShard, checks []Check, p []pending, now int64, need func(int) bool) []*memShard {
+	var order [MaxChecks]uint64
+	idx := order[:0]
+	for i := range p {
+		if j := p[i].key0 & s.mask; !slices.Contains(idx, j) {
+			idx = append(idx, j)
+		}
+	}
+	slices.Sort(idx)
+	shards := buf[:0]
+	for _, j := range idx {
+		shards = append(shards, &s.shards[j])
+		s.shards[j].mu.Lock()
+	}
+	used, nowSec := s.recency(now), expirySeconds(now, s.base)
+	for i := range p {
+		if need(i) && p[i].sh.tab.Load().find(p[i].key) < 0 {
+			s.insert(p[i].sh, p[i].key, p, used, nowSec)
+		}
+	}
+	for i := range p {
+		p[i].tab = p[i].sh.tab.Load()
+		p[i].idx = p[i].tab.find(p[i].key)
+	}
+	var one [MaxChecks]pending
+	for _, sh := range shards {
+		n := 0
+		for i := range p {
+			if p[i].sh == sh {
+				one[n].idx = p[i].idx
+				n++
+			}
+		}
+		sh.tab.Load().lockAll(one[:n])
+	}
+	return shards
+}
+
+// releaseAcross unlocks what lockAcross locked, recording the use.
+func (s *MemoryStore) releaseAcross(shards []*memShard, p []pending, used uint32) {
+	for i := range p {
+		if j := p[i].idx; j >= 0 {
+			atomic.StoreUint32(&p[i].tab.e[j].lw, used<<1)
+		}
+	}
+	for _, sh := range shards {
+		sh.mu.Unlock()
+	}
 }
 
 // Reset forgets subject's state under each of policies: its next check
@@ -203,6 +317,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 	for i := range p {
 		c, q := &checks[i], &p[i]
 		q.stale, q.next = true, counters{}
+		sh, tab := q.in(sh, tab)
 		var e *memEntry
 		if q.idx >= 0 {
 			e = &tab.e[q.idx]
@@ -228,6 +343,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 	if !d.Allowed {
 		for i := range p {
 			if q := &p[i]; q.keep {
+				sh, tab := q.in(sh, tab)
 				e := &tab.e[q.idx]
 				if e.meta>>algShift == uint32(SlidingWindowLog) {
 					delete(sh.logs, q.key) // only on the slow path: acquire refuses logs
@@ -243,6 +359,7 @@ func (s *MemoryStore) decide(sh *memShard, tab *memTable, now int64, checks []Ch
 		if c.Cost == 0 {
 			continue
 		}
+		sh, tab := q.in(sh, tab)
 		var log []int64
 		if q.lim.Algorithm == SlidingWindowLog {
 			old := sh.logs[q.key]

@@ -94,12 +94,15 @@ func (s *Store) Charge(ctx context.Context, req engine.ChargeRequest) (engine.De
 	if s.cfgErr != nil {
 		return engine.Decision{Decider: -1}, s.cfgErr
 	}
+	if r := (engine.Request{Subject: req.Subject, Checks: req.Checks}); s.cluster && r.Spans() {
+		return engine.Decision{Decider: -1}, errSpansCluster
+	}
 	n := len(req.Checks)
 	keys := make([]string, 0, n+1)
 	args := make([]any, 0, 3+7*n)
 	settle := "0"
 	for i := range req.Checks {
-		keys = append(keys, s.Key(req.Subject, req.Checks[i].Policy))
+		keys = append(keys, s.Key(req.Checks[i].SubjectOf(req.Subject), req.Checks[i].Policy))
 	}
 	if req.Reservation != "" {
 		settle = "1"

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -219,4 +220,36 @@ func moveSlot(t *testing.T, cl *redistest.Cluster, key string) (from, to string)
 		}
 	}
 	return src.Addr(), dst.Addr()
+}
+
+// TestRedisClusterRefusesSpanningRequests holds a Cluster to the one kind
+// of request it cannot decide in one call: checks of other subjects, whose
+// keys may lie in other slots. Check, the merged path and Charge refuse
+// it as a bad request and spend nothing; a check that names the request's
+// own subject is no span and is decided.
+func TestRedisClusterRefusesSpanningRequests(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	s := New(cl.Client(t), Config{Timeout: time.Second, Prefix: "span:"})
+	ctx := context.Background()
+	lim := engine.Limit{Algorithm: engine.FixedWindow, Count: 1, Window: time.Minute}
+	spanning := engine.Request{Subject: "alice", Checks: []engine.Check{
+		{Policy: "p", Limit: lim, Cost: 1},
+		{Policy: "p", Limit: lim, Cost: 1, Subject: "bob"},
+	}}
+	if _, err := s.Check(ctx, spanning); !errors.Is(err, engine.ErrBadRequest) {
+		t.Fatalf("spanning check: err = %v, want ErrBadRequest", err)
+	}
+	if _, err := s.Charge(ctx, engine.ChargeRequest{Subject: spanning.Subject, Checks: spanning.Checks}); !errors.Is(err, engine.ErrBadRequest) {
+		t.Fatalf("spanning charge: err = %v, want ErrBadRequest", err)
+	}
+	own := engine.Request{Subject: "alice", Checks: []engine.Check{{Policy: "p", Limit: lim, Cost: 1, Subject: "alice"}}}
+	for i, want := range []bool{true, false} {
+		d, err := s.Check(ctx, own)
+		if err != nil {
+			t.Fatalf("own-subject check %d: %v", i, err)
+		}
+		if d.Allowed != want {
+			t.Errorf("own-subject check %d: allowed = %v, want %v (the refused requests spent nothing)", i, d.Allowed, want)
+		}
+	}
 }

@@ -292,6 +292,9 @@ func (s *Store) CheckWithin(ctx context.Context, req engine.Request, roundTrip t
 	if s.cfgErr != nil {
 		return engine.Decision{Decider: -1}, s.cfgErr
 	}
+	if s.cluster && req.Spans() {
+		return engine.Decision{Decider: -1}, errSpansCluster
+	}
 	var d engine.Decision
 	d.N = len(req.Checks)
 	if d.N == 0 {
@@ -308,6 +311,11 @@ func (s *Store) CheckWithin(ctx context.Context, req engine.Request, roundTrip t
 	}
 	return scriptDecision(req, v)
 }
+
+// errSpansCluster refuses a request whose checks name other subjects
+// (engine.Check.Subject) on a Cluster: their keys may lie in other slots,
+// which one script call cannot reach.
+var errSpansCluster = fmt.Errorf("%w: on a Redis Cluster a request's checks are of its own subject (one call reaches one slot)", engine.ErrBadRequest)
 
 // scriptDecision reads the script's five integers per policy of req.
 func scriptDecision(req engine.Request, v []int64) (engine.Decision, error) {
@@ -348,6 +356,9 @@ func (s *Store) newQueuedCheck(req engine.Request, roundTrip time.Duration) *que
 		c := &req.Checks[0]
 		l := c.Effective()
 		a := &p.one
+		if c.Subject != "" {
+			subject = redisSubject(c.Subject)
+		}
 		a.key = s.prefix + "{" + subject + "}:" + c.Policy
 		a.alg, a.window, a.cost, a.scale = int64(l.Algorithm), l.Window.Microseconds(), c.Units(), c.ScaleFactor()
 		a.p1, a.p2 = scriptLimit(&l)
@@ -359,7 +370,12 @@ func (s *Store) newQueuedCheck(req engine.Request, roundTrip time.Duration) *que
 	p.cmd = append(p.cmd, "evalsha", s.sha, strconv.Itoa(n))
 	tag := s.prefix + "{" + subject + "}:"
 	for i := range req.Checks {
-		p.cmd = append(p.cmd, tag+req.Checks[i].Policy)
+		c := &req.Checks[i]
+		if c.Subject != "" && c.Subject != req.Subject {
+			p.cmd = append(p.cmd, s.Key(c.Subject, c.Policy))
+			continue
+		}
+		p.cmd = append(p.cmd, tag+c.Policy)
 	}
 	p.cmd = append(p.cmd, now, pad, "1", n)
 	for i := range req.Checks {

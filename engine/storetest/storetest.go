@@ -67,6 +67,7 @@ func Run(t *testing.T, cases ...Case) {
 		{"ResetForgetsState", resetForgetsState},
 	}
 	tests = append(tests, chargeTests...)
+	tests = append(tests, spanTests...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, cases) })
 	}
