@@ -138,7 +138,7 @@ func (dc *Decider) ChargeStates(ctx context.Context, subject string, applied []q
 func (dc *Decider) chargeCheck(a quota.Applied, subject string, cost int64) engine.Check {
 	p := a.Policy
 	scale, _ := dc.scaleOf(a, subject)
-	c := engine.Check{Policy: a.StateName(), Limit: a.Limit, Cost: cost, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure)}
+	c := engine.Check{Policy: a.StateName(), Subject: a.Subject, Limit: a.Limit, Cost: cost, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure)}
 	if p.Scope == quota.ScopeGlobal {
 		c.Track = dc.track
 	}

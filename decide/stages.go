@@ -78,7 +78,7 @@ func (dc *Decider) scale(pl *plan, v *Verdict, who quota.Principal, applied []qu
 			}
 		}
 		scale, isQuota := dc.scaleOf(a, who.Subject)
-		ch := engine.Check{Policy: a.StateName(), Limit: a.Limit, Cost: c, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure), Lease: p.LeaseSize()}
+		ch := engine.Check{Policy: a.StateName(), Subject: a.Subject, Limit: a.Limit, Cost: c, Scale: scale, Version: uint64(p.Version), OnFailure: failureOf(p.OnStoreFailure), Lease: p.LeaseSize()}
 		v.Policies[i] = PolicyResult{ID: p.ID, Version: p.Version, Mode: p.Mode, Class: p.Class, Scope: p.Scope, Cost: c, Override: a.Override, Allowed: true}
 		if p.Scope == quota.ScopeGlobal {
 			v.Policies[i].Scale = scale

@@ -307,6 +307,11 @@ type Applied struct {
 	// subject; empty means the policy id. A descriptor policy counts each
 	// descriptor's values apart under one subject.
 	State string
+	// Subject, when set, is the engine subject whose store state the
+	// policy spends (engine.Check.Subject): where the state lives, so a
+	// caller can spread states over memory shards and Redis hash tags
+	// while one call still decides them all. Empty is the request's.
+	Subject string
 }
 
 // StateName is the engine state name of a: State, or the policy id.

@@ -5,15 +5,17 @@
 // (LoadEnvoyConfigs).
 //
 // A request's descriptors are matched one by one, as envoyproxy/ratelimit
-// matches them. By default every descriptor state of a domain shares one
-// engine subject, and a request's descriptors are decided together in one
-// all-or-nothing engine call: either every limited descriptor spends its
-// hits or none does, unless its policies count hits over the limit
-// (overlimit.go), as envoyproxy/ratelimit does. With Config.SpreadDescriptors each descriptor's
-// states have a subject of their own (the domain and the descriptor's
-// entries), so a domain spreads over a Redis Cluster's slots; a request
-// whose descriptors have different subjects is then decided descriptor by
-// descriptor, as envoyproxy/ratelimit decides it (see decideSpread).
+// matches them. By default a request's descriptors are decided together
+// in one all-or-nothing engine call of the domain's subject: either every
+// limited descriptor spends its hits or none does, unless its policies
+// count hits over the limit (overlimit.go), as envoyproxy/ratelimit does;
+// each descriptor's states still live in a place of their own (placeOf), so
+// a domain spreads over the memory store's shards and Redis hash tags.
+// With Config.SpreadDescriptors, for a store whose one call reaches one
+// subject (a Redis Cluster), each descriptor's states have a subject of
+// their own (the domain and the descriptor's entries) and a request whose
+// descriptors have different subjects is decided descriptor by descriptor,
+// as envoyproxy/ratelimit decides it (see decideSpread).
 //
 // Serve answers a proxy's connections (those whose first call is
 // ShouldRateLimit) with a small HTTP/2 transport of its own
@@ -483,9 +485,10 @@ func stateName(policy string, entries []quota.DescriptorEntry) string {
 	return b.String()
 }
 
-// subjectOf is the engine subject of every descriptor state of a domain:
-// one subject, so that one engine call decides a request's descriptors
-// together.
+// subjectOf is the engine subject of a domain's requests when their
+// descriptors are decided together: what the limiter keeps per subject
+// (the deny cache, usage for shares, leases) is kept under it and each
+// state's name, while the states themselves live at placeOf.
 func subjectOf(domain string) string { return "rls:" + domain }
 
 // descriptorSubject is the engine subject of one descriptor's states when
@@ -493,6 +496,34 @@ func subjectOf(domain string) string { return "rls:" + domain }
 // joined as stateName joins them.
 func descriptorSubject(domain string, entries []quota.DescriptorEntry) string {
 	return stateName("rls:"+domain, entries)
+}
+
+// placeOf is where a descriptor's states live when a request's
+// descriptors are decided together (engine.Check.Subject): the domain and
+// a 64-bit FNV-1a hash of the entries, so that a domain's descriptors
+// spread over the memory store's shards and over Redis hash tags while one
+// engine call still decides them all. Two descriptors whose hashes collide
+// share a place, never a state: the state's name (stateName) holds the
+// entries themselves.
+func placeOf(domain string, entries []quota.DescriptorEntry) string {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	mix := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= prime
+		}
+	}
+	for _, e := range entries {
+		mix(e.Key)
+		h ^= 0x1e
+		h *= prime
+		mix(e.Value)
+		h ^= 0x1f
+		h *= prime
+	}
+	var b [16]byte
+	return subjectOf(domain) + ":" + string(strconv.AppendUint(b[:0], h, 16))
 }
 
 // use is one policy applied to one descriptor.
@@ -710,10 +741,13 @@ func (s *Server) match(domain string, ds []descriptor, into matched, sc *scratch
 					return matched{}, nil, invalidArg("descriptors", "the descriptors match more than %d limits; send fewer descriptors", quota.MaxPoliciesPerRequest)
 				}
 				u.applied = len(applied)
-				applied = append(applied, quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name})
+				a := quota.Applied{Policy: u.policy, Cost: d.hits, Limit: u.limit, State: name}
 				if spread {
 					subjects = append(subjects, subject)
+				} else {
+					a.Subject = placeOf(domain, d.entries)
 				}
+				applied = append(applied, a)
 			}
 		}
 		m.uses = append(m.uses, u)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -562,4 +564,87 @@ func TestDegradedAnswerSaysSo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Without SpreadDescriptors a request's descriptors are still decided in
+// one call, but each descriptor's states have a place of their own: on a
+// single Redis server 200 users and one route make 201 hash tags, none of
+// them the domain's, and a request over one descriptor's limit spends
+// nothing in the others' tags (TestDescriptorsOnRedis).
+func TestDescriptorStatesPlacedApartOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := rlsv3.NewRateLimitServiceClient(startRLSOn(t, "redis://"+srv.Addr(), []quota.Policy{
+		{ID: "per-user", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 10, Window: 60, Match: quota.Match{Domain: "api", Descriptors: []quota.DescriptorEntry{{Key: "user"}}}},
+		{ID: "per-route", Mode: quota.ModeEnforce, Algorithm: "fixed_window", Count: 1000, Window: 60, Match: quota.Match{Domain: "api", Descriptors: []quota.DescriptorEntry{{Key: "route"}}}},
+	}))
+	const users = 200
+	for i := range users {
+		r := ask(t, c, call{domain: "api", ds: []*rlv3.RateLimitDescriptor{desc("user", fmt.Sprintf("u%03d", i)), desc("route", "/x")}})
+		if codesOf(r) != "OK OK OK" {
+			t.Fatalf("u%03d = %s, want OK", i, codesOf(r))
+		}
+	}
+	keys, err := srv.Client(t).Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := map[string]int{}
+	for _, k := range keys {
+		open, close := strings.IndexByte(k, '{'), strings.IndexByte(k, '}')
+		if open < 0 || close < open || !strings.HasPrefix(k[open+1:], "rls:") {
+			continue // not a descriptor state (the policy store's)
+		}
+		tags[k[open+1:close]]++
+	}
+	if len(tags) != users+1 {
+		t.Errorf("%d hash tags over %d keys, want %d: one per descriptor", len(tags), len(keys), users+1)
+	}
+	if n := tags[subjectOf("api")]; n != 0 {
+		t.Errorf("%d states under the domain's own tag, want none", n)
+	}
+}
+
+// A descriptor's place depends on its entries alone, the same in every
+// daemon and release (its states in Redis are found by it after a
+// restart), and distinct entries rarely share one.
+func TestPlaceOf(t *testing.T) {
+	e := func(kv ...string) []quota.DescriptorEntry {
+		var out []quota.DescriptorEntry
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, quota.DescriptorEntry{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	// FNV-1a of "user" 0x1e "ann" 0x1f, computed apart: a change here
+	// moves every state an upgraded daemon looks for.
+	if got, want := placeOf("api", e("user", "ann")), "rls:api:"+strconv.FormatUint(fnv1a("user\x1eann\x1f"), 16); got != want {
+		t.Errorf("placeOf(api, user=ann) = %q, want %q", got, want)
+	}
+	for _, tt := range []struct{ a, b []quota.DescriptorEntry }{
+		{e("user", "ann"), e("user", "bob")},
+		{e("user", "ann"), e("use", "rann")},
+		{e("a", "b", "c", "d"), e("a", "bc", "d", "")},
+		{e("a", "b", "c", "d"), e("c", "d", "a", "b")},
+	} {
+		if placeOf("api", tt.a) == placeOf("api", tt.b) {
+			t.Errorf("%v and %v share a place", tt.a, tt.b)
+		}
+	}
+	if placeOf("api", e("user", "ann")) == placeOf("web", e("user", "ann")) {
+		t.Error("two domains share a place")
+	}
+	seen := map[string]bool{}
+	for i := range 100000 {
+		seen[placeOf("api", e("user", strconv.Itoa(i)))] = true
+	}
+	if len(seen) != 100000 {
+		t.Errorf("100000 users in %d places", len(seen))
+	}
+}
+
+// fnv1a is hash/fnv's 64-bit FNV-1a of s.
+func fnv1a(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
 }
