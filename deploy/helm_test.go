@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/loopback"
 	"github.com/sluice-rl/sluice/internal/testenv"
 
 	"github.com/sluice-rl/sluice/internal/testtools"
@@ -414,12 +414,10 @@ func runInEmptyRoot(t *testing.T, bin string) {
 	if err := os.WriteFile(filepath.Join(root, "sluice"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := loopback.Addr(false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
 	cmd := exec.Command(chroot, "--userspec=65532:65532", root, "/sluice", "serve", "--listen", addr)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs

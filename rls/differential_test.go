@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluice-rl/sluice/internal/loopback"
 	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testlog"
 	"github.com/sluice-rl/sluice/internal/testtools"
@@ -43,14 +43,15 @@ func ratelimitBin(t *testing.T) string {
 	return p
 }
 
+// freePort is a loopback port for envoyproxy/ratelimit's listeners, free
+// until it binds them (loopback.Port).
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := loopback.Port(false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(p)
 }
 
 // startRatelimit runs envoyproxy/ratelimit on Redis at redisAddr with the

@@ -16,6 +16,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -395,15 +396,11 @@ func withoutFlag(flags []string, flag string) []string {
 	return out
 }
 
-// freeLoopbackAddr returns 127.0.0.1:port for a port free a moment ago.
+// freeLoopbackAddr returns 127.0.0.1:port for a port that stays free
+// until a daemon or a gateway binds it (freePort).
 func freeLoopbackAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(freePort(t, false))
 }
 
 // attackBackend is the API behind the gateway. Like most backends it serves

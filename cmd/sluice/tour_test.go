@@ -2,18 +2,17 @@ package main
 
 import (
 	"context"
-	mrand "math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/internal/loopback"
 )
 
 // tourBlocks returns the ```sh blocks of a Markdown document, in order.
@@ -158,50 +157,16 @@ func freeLoopbackPort(t *testing.T) int {
 	return freePort(t, false)
 }
 
-// handedOut are the ports freePort has returned.
-var handedOut = struct {
-	sync.Mutex
-	ports map[int]bool
-}{ports: map[int]bool{}}
-
-// freePort is a loopback port nothing listens on (for UDP as well, if udp),
-// picked below the kernel's ephemeral range (32768 up). A port picked
-// there stays free until a daemon binds it: an outgoing connection of
-// another test takes its local port from the ephemeral range, and it could
-// take the port meanwhile, or, connecting to it while nothing listens,
-// connect to itself.
-//
-// No two calls in one test binary return the same port: the picks are
-// random, and a tour takes thirteen of them, so without the record two
-// of its listeners would share a port about once in three hundred runs.
+// freePort is a loopback port nothing listens on (for UDP as well, if
+// udp), below the kernel's ephemeral range (loopback.Port), so that it stays
+// free until a daemon binds it.
 func freePort(t *testing.T, udp bool) int {
 	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	for range 100 {
-		port := 10000 + mrand.IntN(22000)
-		if handedOut.ports[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		free := true
-		if udp {
-			u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-			if free = err == nil; free {
-				u.Close()
-			}
-		}
-		l.Close()
-		if free {
-			handedOut.ports[port] = true
-			return port
-		}
+	p, err := loopback.Port(udp)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free loopback port below 32768")
-	return 0
+	return p
 }
 
 func goEnv(t *testing.T, name string) string {

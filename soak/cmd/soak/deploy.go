@@ -1,20 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/sluice-rl/sluice/internal/loopback"
 	"github.com/sluice-rl/sluice/internal/redistest"
 )
 
@@ -99,25 +101,11 @@ type daemon struct {
 	done chan struct{}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		return 0, err
-	}
-	u.Close()
-	return port, nil
-}
-
-func freeAddr() (string, error) {
-	p, err := freePort()
-	return "127.0.0.1:" + strconv.Itoa(p), err
-}
+// freeAddr is a loopback address for a daemon's listener, free for TCP
+// and UDP (gossip) a moment ago, below the kernel's ephemeral range: the
+// daemon binds it only once it starts, and a port-0 listener of another
+// test (an HTTP/2 server once) would otherwise take it first.
+func freeAddr() (string, error) { return loopback.Addr(true) }
 
 // start launches the process; it does not wait for it to be ready.
 func (d *daemon) start() error {
@@ -190,13 +178,28 @@ func (d *daemon) waitReady(ctx context.Context) error {
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s not ready within 60 s: %v", d.name, err)
+			return fmt.Errorf("%s not ready within 60 s: %v; its log ends: %s", d.name, err, d.logTail(1024))
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// logTail is the last n bytes of the daemon's log, where a daemon that
+// could not bind its address says so.
+func (d *daemon) logTail(n int64) string {
+	f, err := os.Open(d.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		_, _ = f.Seek(-n, io.SeekEnd)
+	}
+	b, _ := io.ReadAll(f)
+	return string(bytes.TrimSpace(b))
 }
 
 // deployment is the whole soak deployment.
