@@ -644,6 +644,37 @@ func (r *Registry) Delete(ctx context.Context, who, id string, ifMatch *int) err
 // alone, so seeding the same file at every start creates no new versions.
 // Seed with DefaultPolicies, or with ParsePolicies of a --policies file.
 func (r *Registry) Seed(ctx context.Context, who string, ps []Policy) error {
+	return r.seed(ctx, who, ps, false)
+}
+
+// SeedAtStart is Seed for the set a daemon's configuration gives it at
+// start, on a store that may hold changes made since that configuration
+// was last seeded: it leaves alone a policy whose kept versions hold the
+// seeded content below a later version, or before a deletion. The
+// configuration has not changed since it put that version in force, and
+// what replaced it (the admin API, a sibling daemon, another region) is
+// the newer word: seeding it again would undo that change at every
+// restart. A content no kept version holds (the file was edited meanwhile,
+// or the version fell out of the kept history) is published as by Seed.
+// So is a content edited back, while no daemon ran, to one the policy
+// held before: a file's past is not kept apart from the policy's.
+func (r *Registry) SeedAtStart(ctx context.Context, who string, ps []Policy) error {
+	return r.seed(ctx, who, ps, true)
+}
+
+// replacedSince reports whether h holds p's content (ignoring Version) in
+// a version that a later one, or a deletion, replaced.
+func replacedSince(h *history, p Policy) bool {
+	for i, v := range h.versions {
+		v.Version = p.Version
+		if reflect.DeepEqual(v, p) {
+			return h.deleted || i < len(h.versions)-1
+		}
+	}
+	return false
+}
+
+func (r *Registry) seed(ctx context.Context, who string, ps []Policy, keepLater bool) error {
 	normalized := make([]Policy, len(ps))
 	ve := &ValidationError{}
 	for i, p := range ps {
@@ -662,6 +693,9 @@ func (r *Registry) Seed(ctx context.Context, who string, ps []Policy) error {
 		var out []change
 		var changed []string
 		for _, p := range normalized {
+			if h := s.policies[p.ID]; keepLater && h != nil && replacedSince(h, p) {
+				continue
+			}
 			if h, have := s.inForce(p.ID); have != 0 {
 				cur := h.versions[len(h.versions)-1]
 				p.Version = cur.Version

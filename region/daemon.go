@@ -374,9 +374,11 @@ func (d *Daemon) syncPolicyStore(ctx context.Context) error {
 	}
 	// Daemons starting together on one Redis race to seed it: the loser
 	// reloads what the winner saved and seeds on top (Seed leaves
-	// identical policies alone).
+	// identical policies alone). A change made to a seeded policy since
+	// (the admin API, another region) is kept: a restart is not an edit
+	// of the file (SeedAtStart).
 	for attempt := 0; ; attempt++ {
-		err := d.reg.Seed(ctx, "system", seed)
+		err := d.reg.SeedAtStart(ctx, "system", seed)
 		if err == nil {
 			return nil
 		}
