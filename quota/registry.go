@@ -656,8 +656,9 @@ func (r *Registry) Seed(ctx context.Context, who string, ps []Policy) error {
 // the newer word: seeding it again would undo that change at every
 // restart. A content no kept version holds (the file was edited meanwhile,
 // or the version fell out of the kept history) is published as by Seed.
-// So is a content edited back, while no daemon ran, to one the policy
-// held before: a file's past is not kept apart from the policy's.
+// A content edited back, while no daemon ran, to one the policy held
+// before is taken for unchanged and not published: a file's past is not
+// kept apart from the policy's.
 func (r *Registry) SeedAtStart(ctx context.Context, who string, ps []Policy) error {
 	return r.seed(ctx, who, ps, true)
 }
