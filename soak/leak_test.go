@@ -42,6 +42,33 @@ func TestLeaks(t *testing.T) {
 		{"Redis connections past the mark", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 6), 20), conns(s(150, 100, 50, 6), 23)}, []string{"redis_conns"}},
 		{"Redis connections grew with no fault's mark", []Sample{s(10, 100, 50, 6), conns(s(150, 100, 50, 6), 12)}, []string{"redis_conns"}},
 		{"a mark in a sample with a daemon down does not count", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 5), 40), conns(s(150, 100, 50, 6), 20)}, []string{"redis_conns"}},
+		{"keys per active key grew up to one per active key", []Sample{func() Sample {
+			x := s(10, 100, 50, 6)
+			x.RedisKeys, x.ActiveKeys = 60, 100
+			return x
+		}(), func() Sample {
+			x := s(150, 100, 50, 6)
+			x.RedisKeys, x.ActiveKeys = 105, 100
+			return x
+		}()}, nil},
+		{"keys per active key past one per active key", []Sample{func() Sample {
+			x := s(10, 100, 50, 6)
+			x.RedisKeys, x.ActiveKeys = 60, 100
+			return x
+		}(), func() Sample {
+			x := s(150, 100, 50, 6)
+			x.RedisKeys, x.ActiveKeys = 120, 100
+			return x
+		}()}, []string{"redis_keys_per_1000_active"}},
+		{"keys without a TTL grew", []Sample{func() Sample {
+			x := s(10, 100, 50, 6)
+			x.RedisPersistent = 3
+			return x
+		}(), func() Sample {
+			x := s(150, 100, 50, 6)
+			x.RedisPersistent = 40
+			return x
+		}()}, []string{"redis_keys_without_ttl"}},
 		{"dataset per active key grew", []Sample{s(10, 100, 50, 6), func() Sample {
 			x := s(150, 100, 50, 6)
 			x.RedisDataset = 30_000
@@ -51,8 +78,8 @@ func TestLeaks(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			figs := Leaks(tc.samples, t0, from, to, 10*time.Second, 6)
-			if len(figs) != 6 {
-				t.Fatalf("Leaks() = %d figures, want 6", len(figs))
+			if len(figs) != 7 {
+				t.Fatalf("Leaks() = %d figures, want 7", len(figs))
 			}
 			var bad []string
 			for _, v := range LeakViolations(figs, to) {

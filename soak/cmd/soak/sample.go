@@ -75,6 +75,7 @@ func sample(ctx context.Context, dp *deployment) soak.Sample {
 				s.RedisKeys += keys
 				s.RedisMemory += mem.used
 				s.RedisDataset += mem.dataset
+				s.RedisPersistent += mem.persistent
 			}
 		}
 	}
@@ -180,9 +181,10 @@ func parseMetrics(r io.Reader, addr string) (goroutines int64, lost map[string]s
 	return goroutines, lost, nil
 }
 
-// redisMemory is what a node's INFO memory says: used_memory and
-// used_memory_dataset.
-type redisMemory struct{ used, dataset int64 }
+// redisMemory is what a node's INFO says of its memory (used_memory and
+// used_memory_dataset) and, from its keyspace, how many of its keys have
+// no TTL (keys less expires, over every database).
+type redisMemory struct{ used, dataset, persistent int64 }
 
 // redisFigures returns a node's key count and memory, and whether it is a
 // primary (only primaries are summed: replicas hold copies).
@@ -191,7 +193,7 @@ func redisFigures(ctx context.Context, addr string) (keys int64, mem redisMemory
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	info, err := c.Info(ctx, "replication", "memory").Result()
+	info, err := c.Info(ctx, "replication", "memory", "keyspace").Result()
 	if err != nil || !strings.Contains(info, "role:master") {
 		return 0, mem, false
 	}
@@ -212,6 +214,20 @@ func parseRedisMemory(info string) redisMemory {
 		}
 		if v, ok := strings.CutPrefix(line, "used_memory_dataset:"); ok {
 			m.dataset, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if _, v, ok := strings.Cut(line, ":keys="); ok && strings.HasPrefix(line, "db") {
+			// db0:keys=3,expires=2,avg_ttl=1500,subexpiry=0
+			var keys, expires int64
+			for _, kv := range strings.Split("keys="+v, ",") {
+				k, n, _ := strings.Cut(kv, "=")
+				switch k {
+				case "keys":
+					keys, _ = strconv.ParseInt(n, 10, 64)
+				case "expires":
+					expires, _ = strconv.ParseInt(n, 10, 64)
+				}
+			}
+			m.persistent += keys - expires
 		}
 	}
 	return m

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -54,19 +55,23 @@ func TestRedisFigures(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	keys, empty, primary := redisFigures(ctx, srv.Addr())
-	if !primary || keys != 0 || empty.used <= 0 || empty.dataset < 0 || empty.dataset > empty.used {
+	if !primary || keys != 0 || empty.used <= 0 || empty.dataset < 0 || empty.dataset > empty.used || empty.persistent != 0 {
 		t.Fatalf("redisFigures(empty) = %d, %+v, %v, want a primary with no keys and 0 ≤ dataset ≤ used", keys, empty, primary)
 	}
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
 	for i := range 1000 {
-		if err := c.Set(ctx, fmt.Sprintf("k%d", i), strings.Repeat("v", 100), 0).Err(); err != nil {
+		ttl := time.Duration(0) // the first 10 keys never expire
+		if i >= 10 {
+			ttl = time.Hour
+		}
+		if err := c.Set(ctx, fmt.Sprintf("k%d", i), strings.Repeat("v", 100), ttl).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	keys, full, _ := redisFigures(ctx, srv.Addr())
-	if keys != 1000 || full.dataset < empty.dataset+100_000 || full.dataset > full.used {
-		t.Errorf("redisFigures(1000 keys of 100 bytes) = %d, %+v (empty: %+v), want 1000 keys and 100 kB more dataset", keys, full, empty)
+	if keys != 1000 || full.dataset < empty.dataset+100_000 || full.dataset > full.used || full.persistent != 10 {
+		t.Errorf("redisFigures(1000 keys of 100 bytes, 10 without a TTL) = %d, %+v (empty: %+v), want 1000 keys, 100 kB more dataset, 10 persistent", keys, full, empty)
 	}
 }
 
