@@ -16,6 +16,11 @@ func TestLeaks(t *testing.T) {
 		x.FDKinds = map[string]int64{"redis": redis, "tcp": x.FDKinds["tcp"]}
 		return x
 	}
+	// keys is s with n Redis keys and active active keys.
+	keys := func(x Sample, n, active int64) Sample {
+		x.RedisKeys, x.ActiveKeys = n, active
+		return x
+	}
 	from, to := t0.Add(30*time.Second), t0.Add(100*time.Second)
 	tests := []struct {
 		name    string
@@ -42,24 +47,8 @@ func TestLeaks(t *testing.T) {
 		{"Redis connections past the mark", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 6), 20), conns(s(150, 100, 50, 6), 23)}, []string{"redis_conns"}},
 		{"Redis connections grew with no fault's mark", []Sample{s(10, 100, 50, 6), conns(s(150, 100, 50, 6), 12)}, []string{"redis_conns"}},
 		{"a mark in a sample with a daemon down does not count", []Sample{s(10, 100, 50, 6), conns(s(50, 100, 50, 5), 40), conns(s(150, 100, 50, 6), 20)}, []string{"redis_conns"}},
-		{"keys per active key grew up to one per active key", []Sample{func() Sample {
-			x := s(10, 100, 50, 6)
-			x.RedisKeys, x.ActiveKeys = 60, 100
-			return x
-		}(), func() Sample {
-			x := s(150, 100, 50, 6)
-			x.RedisKeys, x.ActiveKeys = 105, 100
-			return x
-		}()}, nil},
-		{"keys per active key past one per active key", []Sample{func() Sample {
-			x := s(10, 100, 50, 6)
-			x.RedisKeys, x.ActiveKeys = 60, 100
-			return x
-		}(), func() Sample {
-			x := s(150, 100, 50, 6)
-			x.RedisKeys, x.ActiveKeys = 120, 100
-			return x
-		}()}, []string{"redis_keys_per_1000_active"}},
+		{"keys per active key grew up to one per active key", []Sample{keys(s(10, 100, 50, 6), 60, 100), keys(s(150, 100, 50, 6), 105, 100)}, nil},
+		{"keys per active key past one per active key", []Sample{keys(s(10, 100, 50, 6), 60, 100), keys(s(150, 100, 50, 6), 120, 100)}, []string{"redis_keys_per_1000_active"}},
 		{"keys without a TTL grew", []Sample{func() Sample {
 			x := s(10, 100, 50, 6)
 			x.RedisPersistent = 3
