@@ -289,13 +289,15 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 		if wait, bound := now.Sub(p.queuedAt), s.queueWait+ln.stall; wait > bound {
 			if behind < 0 {
 				behind = 0
-				if runnableGoroutines() {
+				if runnableGoroutines() || s.pressure.short(now) {
 					behind = 1
 				}
 			}
 			if behind == 1 && wait <= starvedQueueWaits*bound {
-				// The daemon has goroutines waiting to run: the
-				// check waited for this process, not for Redis.
+				// The daemon has goroutines waiting to run, or the
+				// machine is short of CPU: the check waited for this
+				// process, or for a Redis server the machine did not
+				// run, not for a store that failed.
 				if p.state.CompareAndSwap(checkQueued, checkSent) {
 					batch = append(batch, p)
 				}
@@ -393,16 +395,20 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // moved, has passed at two fires in a row that were both on time, slack
 // apart, with no goroutine kept waiting to run longer than slack in
 // between (the runtime's scheduling latencies), none waiting to run at the
-// second, and no reply from the primary waiting unread in a socket (Go
-// polls the network late when it always has goroutines to run): the
-// daemon was running for that long, with time for the reading goroutine
-// to take the reply, and none came. A store that does not answer thus
-// fails a check within its deadline plus one to two slacks (a fifth of the
+// second, no reply from the primary waiting unread in a socket (Go polls
+// the network late when it always has goroutines to run), and the machine
+// not short of CPU (cpuPressure: a Redis server on a loaded machine
+// answers late for want of CPU, and its late reply is its decision): the
+// daemon was running for that long, with time for the reading goroutine to
+// take the reply, and none came. A store that does not answer thus fails a
+// check within its deadline plus one to two slacks (a fifth of the
 // deadline, 1 to 5 ms) on a daemon with CPU to spare; a daemon short of
 // CPU fails what is left at the queue's bound (Config.QueueWait) past the
 // longest deadline (giveUp), pushed back by as long as its timer was late,
-// and cuts the client's reads then: a connection is not held longer than
-// that by a server that stopped answering.
+// and a machine short of CPU at the client's read deadline, starvedQueueWaits
+// queue bounds past it; the watch cuts the client's reads then: a
+// connection is not held longer than that by a server that stopped
+// answering.
 type deadlineWatch struct {
 	s          *Store
 	ln         *lane
@@ -455,11 +461,22 @@ func (w *deadlineWatch) expire() {
 		w.late += now.Sub(w.due)
 	}
 	giveUp := w.giveUp.Add(w.late)
-	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now)) {
+	if !now.Before(giveUp) && giveUp.Before(w.readBy) && w.s.pressure.short(now) {
+		// The machine is short of CPU (cpuPressure): a Redis server
+		// on it may be what waits to run, and its reply, however late,
+		// decides the checks. They wait for it as long as the client
+		// reads, starvedQueueWaits queue bounds, as for a daemon that
+		// did not run.
+		giveUp = w.readBy
+	}
+	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now) ||
+		w.s.pressure.short(now)) {
 		// The timer ran on time, but other goroutines waited to run or
 		// wait now (the reader may be one of them, or not yet told of
 		// its reply), or a reply from this primary waits unread in a
-		// socket: the daemon is behind, not Redis.
+		// socket: the daemon is behind, not Redis. Or the machine is
+		// short of CPU, and the Redis server may be behind for want of
+		// it.
 		onTime = false
 		w.stall += w.slack
 	}
