@@ -630,7 +630,7 @@ func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 		// copy it into a new slice; and an IntSliceCmd reads the reply's
 		// integers straight into a []int64, where a Cmd would box each.
 		cmds[i] = redis.NewIntSliceCmd(ctx, p.cmd...)
-		_ = pipe.Process(ctx, cmds[i])
+		_ = pipe.Process(ctx, onceIntSliceCmd{cmds[i]})
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var again redis.Pipeliner
@@ -640,7 +640,7 @@ func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 				again = s.c.Pipeline()
 			}
 			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd, redisScript)...)
-			_ = again.Process(ctx, cmds[i])
+			_ = again.Process(ctx, onceIntSliceCmd{cmds[i]})
 		}
 	}
 	if again != nil {
@@ -663,6 +663,23 @@ func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 		r.ReloadState(ctx)
 	}
 }
+
+// A script call is sent once. go-redis sends a command again (MaxRetries)
+// when its connection broke, or passed its socket timeout, before the
+// reply was read; Redis may have run the script by then, and running it
+// again would spend a check's or a charge's units twice. A call so lost
+// fails, as a reply lost on the network does. The once types mark a
+// command for go-redis not to resend (Cmder.NoRetry); a redirection
+// (MOVED, ASK) is still followed, since the node that sent it ran nothing.
+type (
+	onceSliceCmd    struct{ *redis.SliceCmd }
+	onceIntSliceCmd struct{ *redis.IntSliceCmd }
+	onceCmd         struct{ *redis.Cmd }
+)
+
+func (onceSliceCmd) NoRetry() bool    { return true }
+func (onceIntSliceCmd) NoRetry() bool { return true }
+func (onceCmd) NoRetry() bool         { return true }
 
 // processor is the part of a go-redis client that sends one command.
 type processor interface {
@@ -704,9 +721,9 @@ func (s *Store) execMerged(ctx context.Context, c processor, batch []*queuedChec
 		}
 	}
 	cmd := redis.NewSliceCmd(ctx, args...)
-	if err := c.Process(ctx, cmd); isNoScript(err) {
+	if err := c.Process(ctx, onceSliceCmd{cmd}); isNoScript(err) {
 		cmd = redis.NewSliceCmd(ctx, evalCommand(args, script)...)
-		_ = c.Process(ctx, cmd)
+		_ = c.Process(ctx, onceSliceCmd{cmd})
 	}
 	v, err := cmd.Result()
 	if err != nil {
