@@ -41,6 +41,7 @@ type loadedPolicy struct {
 	// store and fallback count the admissions by who decided them,
 	// degraded the answers without the store, denied the rest.
 	store, fallback, degraded, denied atomic.Int64
+	firstErr                          atomic.Pointer[error]
 	// windows counts a fixed window's admissions by window, of the
 	// checks that began and ended within one window.
 	mu      sync.Mutex
@@ -106,6 +107,9 @@ func loadedAdmitsWithinLimit(t *testing.T, url func(i int) string) {
 					t.Error(err)
 					return
 				}
+				if o.Degraded {
+					p.firstErr.CompareAndSwap(nil, &o.Err)
+				}
 				switch {
 				case o.Degraded && o.Allowed:
 					p.degraded.Add(1)
@@ -146,6 +150,9 @@ func loadedAdmitsWithinLimit(t *testing.T, url func(i int) string) {
 			}
 			t.Logf("subject %d %s: %d admitted by the store, %d by the fallback (%d degraded answers), %d denied; at most %.0f",
 				si, p.name, p.store.Load(), p.fallback.Load(), p.degraded.Load(), p.denied.Load(), bound)
+			if err := p.firstErr.Load(); err != nil {
+				t.Logf("subject %d %s: the first degraded answer's error: %v", si, p.name, *err)
+			}
 			if float64(admitted) > bound {
 				t.Errorf("subject %d %s admitted %d (%d by the store, %d by the fallback) in %v, want at most %.0f",
 					si, p.name, admitted, p.store.Load(), p.fallback.Load(), elapsed.Round(time.Millisecond), bound)

@@ -282,22 +282,26 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	n := 0
-	behind := -1 // unknown: read once, and only for a check past the bound
+	behind := -1 // bounds a check may wait: unknown, read once, and only for a check past the bound
 	for n < len(ln.queue) && len(batch) < ln.size {
 		p := ln.queue[n]
 		n++
 		if wait, bound := now.Sub(p.queuedAt), s.queueWait+ln.stall; wait > bound {
 			if behind < 0 {
 				behind = 0
-				if runnableGoroutines() || s.pressure.short(now) {
-					behind = 1
+				switch {
+				case s.pressure.short(now):
+					behind = pressedReads * starvedQueueWaits
+				case runnableGoroutines():
+					behind = starvedQueueWaits
 				}
 			}
-			if behind == 1 && wait <= starvedQueueWaits*bound {
+			if wait <= time.Duration(behind)*bound {
 				// The daemon has goroutines waiting to run, or the
 				// machine is short of CPU: the check waited for this
 				// process, or for a Redis server the machine did not
-				// run, not for a store that failed.
+				// run (whose replies the batches in flight wait for as
+				// long), not for a store that failed.
 				if p.state.CompareAndSwap(checkQueued, checkSent) {
 					batch = append(batch, p)
 				}
@@ -361,7 +365,11 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	if s.unread != nil {
 		readBy = now.Add(longest + starvedQueueWaits*queueWait)
 	}
-	w.readBy, w.first = readBy, first
+	w.readBy, w.readUntil, w.readCap, w.first = readBy, readBy, readBy, first
+	if s.unread != nil {
+		w.starved = starvedQueueWaits * queueWait
+		w.readCap = now.Add(longest + pressedReads*w.starved)
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), readBy)
 	defer cancel()
 	w.cut = func() {
@@ -405,10 +413,12 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // deadline, 1 to 5 ms) on a daemon with CPU to spare; a daemon short of
 // CPU fails what is left at the queue's bound (Config.QueueWait) past the
 // longest deadline (giveUp), pushed back by as long as its timer was late,
-// and a machine short of CPU at the client's read deadline, starvedQueueWaits
-// queue bounds past it; the watch cuts the client's reads then: a
-// connection is not held longer than that by a server that stopped
-// answering.
+// at a fire on time with no reply from the primary waiting unread, and a
+// machine short of CPU at the client's read deadline, which the watch
+// keeps starvedQueueWaits queue bounds ahead of its fires, up to
+// pressedReads times that past the longest deadline; the watch cuts the
+// client's reads then: a connection is not held longer than that by a
+// server that stopped answering.
 type deadlineWatch struct {
 	s          *Store
 	ln         *lane
@@ -417,17 +427,23 @@ type deadlineWatch struct {
 	giveUp     time.Time
 	handedOver atomic.Bool
 
-	mu      sync.Mutex
-	due     time.Time // when the timer should fire
-	stall   time.Duration
-	late    time.Duration // the timer's own lateness, part of stall
-	cut     func()        // ends the client's reads of the batch
-	readBy  time.Time     // the client's deadline for the batch's calls
-	first   time.Duration // the batch's shortest deadline
-	confirm bool          // the last fire was on time with a check past its deadline
-	sched   []uint64      // the runtime's scheduling latency counts then
-	timer   *time.Timer
-	stopped bool
+	mu     sync.Mutex
+	due    time.Time // when the timer should fire
+	stall  time.Duration
+	late   time.Duration // the timer's own lateness, part of stall
+	cut    func()        // ends the client's reads of the batch
+	readBy time.Time     // the client's deadline for the batch's calls
+	// readUntil is the client's read deadline as the watch moved it,
+	// while the machine is short of CPU, to starved (starvedQueueWaits
+	// queue bounds; zero for a client whose connections the store cannot
+	// see, whose reads end at readBy) past a fire, at most to readCap.
+	readUntil, readCap time.Time
+	starved            time.Duration
+	first              time.Duration // the batch's shortest deadline
+	confirm            bool          // the last fire was on time with a check past its deadline
+	sched              []uint64      // the runtime's scheduling latency counts then
+	timer              *time.Timer
+	stopped            bool
 }
 
 // arm sets the timer to fire after d; w.mu is held.
@@ -460,17 +476,28 @@ func (w *deadlineWatch) expire() {
 		w.stall += now.Sub(w.due)
 		w.late += now.Sub(w.due)
 	}
+	ran := onTime // the timer was on time: the daemon ran until now
 	giveUp := w.giveUp.Add(w.late)
-	if !now.Before(giveUp) && giveUp.Before(w.readBy) && w.s.pressure.short(now) {
+	pressed := w.s.pressure.short(now)
+	to := now.Add(w.starved)
+	if to.After(w.readCap) {
+		to = w.readCap
+	}
+	if pressed && w.starved > 0 && to.Sub(w.readUntil) > w.starved/4 {
 		// The machine is short of CPU (cpuPressure): a Redis server
 		// on it may be what waits to run, and its reply, however late,
-		// decides the checks. They wait for it as long as the client
-		// reads, starvedQueueWaits queue bounds, as for a daemon that
-		// did not run.
-		giveUp = w.readBy
+		// decides the checks. The client reads on, starvedQueueWaits
+		// queue bounds past this fire, as for a daemon that did not
+		// run, so that a daemon that the machine does not run for less
+		// than that does not find its read cut when it runs again; at
+		// most pressedReads times as long in all.
+		w.s.unread.moveReadDeadline(w.readBy, to)
+		w.readUntil = to
 	}
-	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now) ||
-		w.s.pressure.short(now)) {
+	if pressed && giveUp.Before(w.readUntil) {
+		giveUp = w.readUntil
+	}
+	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now) || pressed) {
 		// The timer ran on time, but other goroutines waited to run or
 		// wait now (the reader may be one of them, or not yet told of
 		// its reply), or a reply from this primary waits unread in a
@@ -480,6 +507,12 @@ func (w *deadlineWatch) expire() {
 		onTime = false
 		w.stall += w.slack
 	}
+	// The checks left fail at giveUp only at a fire on time, with no
+	// reply from the primary waiting unread: the first fire after the
+	// daemon did not run finds the replies that came meanwhile in the
+	// sockets, and the reading goroutine must have its turn to take them.
+	over := !now.Before(giveUp)
+	end := over && ran && !w.s.unreadReply(w.ln)
 	next, past, failed, gaveUp := time.Duration(0), false, false, false
 	for _, p := range w.batch {
 		if p.state.Load() == checkDone {
@@ -487,9 +520,9 @@ func (w *deadlineWatch) expire() {
 		}
 		left := p.deadline.Add(w.stall).Sub(now)
 		switch {
-		case !now.Before(giveUp) || (left <= 0 && onTime && w.confirm):
+		case end || (left <= 0 && onTime && w.confirm):
 			p.finish(nil, engine.ErrDeadline)
-			failed, gaveUp = true, gaveUp || !now.Before(giveUp)
+			failed, gaveUp = true, gaveUp || end
 		case left <= 0:
 			past = true
 		case next == 0 || left < next:
@@ -500,7 +533,7 @@ func (w *deadlineWatch) expire() {
 	if w.confirm {
 		w.sched = schedCounts(w.sched[:0])
 	}
-	if past && (next == 0 || w.slack < next) {
+	if (past || over) && (next == 0 || w.slack < next) {
 		next = w.slack
 	}
 	if failed && w.handedOver.CompareAndSwap(false, true) {
@@ -510,8 +543,11 @@ func (w *deadlineWatch) expire() {
 		w.cut()
 		return
 	}
+	if next > 0 && !over {
+		next = min(next, giveUp.Sub(now)+time.Microsecond)
+	}
 	if next > 0 {
-		w.arm(now, min(next, max(giveUp.Sub(now), 0)+time.Microsecond))
+		w.arm(now, next)
 	}
 }
 
@@ -533,6 +569,13 @@ func (s *Store) unreadReply(ln *lane) bool {
 // daemon has goroutines waiting to run: such a wait is the daemon's, and
 // the check is sent rather than failed as busy, up to this many bounds.
 const starvedQueueWaits = 10
+
+// pressedReads bounds, in starvedQueueWaits queue bounds, how long the
+// client reads a batch's replies while the machine is short of CPU
+// (deadlineWatch), and how long a check may wait in the queue meanwhile
+// (take): a server that stopped answering on a loaded machine still
+// fails its checks, a second after they were sent by default.
+const pressedReads = 2
 
 // runnableMetric counts the goroutines ready to run that wait for a
 // thread.

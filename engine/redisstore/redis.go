@@ -59,7 +59,7 @@ type Config struct {
 	// ErrStoreBusy, which the Limiter does not count as a store failure,
 	// unless the daemon has goroutines waiting to run or the machine is
 	// short of CPU: the wait is then the machine's, and the check is sent,
-	// up to ten times the bound.
+	// up to ten times the bound (twenty on a machine short of CPU).
 	// Zero means 10 x Timeout, at least DefaultRedisQueueWait. It is
 	// larger than Timeout on purpose: under a burst the daemon should slow
 	// down, not give up on Redis.
