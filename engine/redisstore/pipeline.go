@@ -367,8 +367,19 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	}
 	w.readBy, w.readUntil, w.readCap, w.first = readBy, readBy, readBy, first
 	if s.unread != nil {
+		// Counted from when the batch's oldest check was queued: a
+		// check that waited in the queue while the machine was short
+		// of CPU has had its share of the wait already.
+		oldest := now
+		for _, p := range batch {
+			if p.queuedAt.Before(oldest) {
+				oldest = p.queuedAt
+			}
+		}
 		w.starved = starvedQueueWaits * queueWait
-		w.readCap = now.Add(longest + pressedReads*w.starved)
+		if w.readCap = oldest.Add(longest + pressedReads*w.starved); w.readCap.Before(readBy) {
+			w.readCap = readBy
+		}
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), readBy)
 	defer cancel()
@@ -416,7 +427,7 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // at a fire on time with no reply from the primary waiting unread, and a
 // machine short of CPU at the client's read deadline, which the watch
 // keeps starvedQueueWaits queue bounds ahead of its fires, up to
-// pressedReads times that past the longest deadline; the watch cuts the
+// pressedReads times that past the oldest check's queueing; the watch cuts the
 // client's reads then: a connection is not held longer than that by a
 // server that stopped answering.
 type deadlineWatch struct {
@@ -436,7 +447,8 @@ type deadlineWatch struct {
 	// readUntil is the client's read deadline as the watch moved it,
 	// while the machine is short of CPU, to starved (starvedQueueWaits
 	// queue bounds; zero for a client whose connections the store cannot
-	// see, whose reads end at readBy) past a fire, at most to readCap.
+	// see, whose reads end at readBy) past a fire, at most to readCap
+	// (pressedReads).
 	readUntil, readCap time.Time
 	starved            time.Duration
 	first              time.Duration // the batch's shortest deadline
@@ -570,11 +582,12 @@ func (s *Store) unreadReply(ln *lane) bool {
 // the check is sent rather than failed as busy, up to this many bounds.
 const starvedQueueWaits = 10
 
-// pressedReads bounds, in starvedQueueWaits queue bounds, how long the
-// client reads a batch's replies while the machine is short of CPU
-// (deadlineWatch), and how long a check may wait in the queue meanwhile
-// (take): a server that stopped answering on a loaded machine still
-// fails its checks, a second after they were sent by default.
+// pressedReads bounds, in starvedQueueWaits queue bounds, how long a
+// check may wait in the queue while the machine is short of CPU (take),
+// and how long, from when it was queued, the client reads its reply
+// (deadlineWatch), but never less than starvedQueueWaits bounds from when
+// it was sent: a server that stopped answering on a loaded machine still
+// fails its checks, about a second after they were queued by default.
 const pressedReads = 2
 
 // runnableMetric counts the goroutines ready to run that wait for a
