@@ -77,11 +77,22 @@ func (s *Store) evalCharge(ctx context.Context, keys []string, args ...any) (any
 	if s.clock != nil {
 		now, pad = strconv.FormatInt(s.clock.Now().UnixMicro(), 10), strconv.FormatInt(s.ttlPad, 10)
 	}
-	args = append([]any{now, pad}, args...)
-	v, err := s.c.EvalSha(ctx, chargeSHA, keys, args...).Result()
-	if isNoScript(err) {
-		v, err = s.c.Eval(ctx, chargeScript, keys, args...).Result()
+	// The call is built as EvalSha builds it, numkeys a string (which
+	// go-redis reads back to route it on a Cluster), and sent once
+	// (onceCmd): a charge Redis ran must not be charged again.
+	call := make([]any, 0, 3+len(keys)+2+len(args))
+	call = append(call, "evalsha", chargeSHA, strconv.Itoa(len(keys)))
+	for _, k := range keys {
+		call = append(call, k)
 	}
+	call = append(append(call, now, pad), args...)
+	cmd := redis.NewCmd(ctx, call...)
+	err := s.c.Process(ctx, onceCmd{cmd})
+	if isNoScript(err) {
+		cmd = redis.NewCmd(ctx, evalCommand(call, chargeScript)...)
+		err = s.c.Process(ctx, onceCmd{cmd})
+	}
+	v, err := cmd.Result()
 	return v, callErr(ctx, err)
 }
 

@@ -43,9 +43,9 @@ import (
 //     also cuts a blocked socket read; without it go-redis waits for its
 //     ReadTimeout (5 s) whatever the context says.
 //   - MaxRetries 1: one retry covers a pooled connection that a restarted
-//     server closed. More would only spend the caller's few milliseconds;
-//     and a retried script whose first run did execute spends twice, so
-//     retries must stay rare.
+//     server closed. More would only spend the caller's few milliseconds.
+//     The store's script calls are never retried (pipeline.go, the once
+//     types): a retried script whose first run did execute spends twice.
 //   - PoolSize at least 128 per node: 64 or more concurrent checks each
 //     hold a connection for a round trip, and the default (10 per CPU) would
 //     queue them for the pool on a small machine.

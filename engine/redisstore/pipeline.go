@@ -282,20 +282,26 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	n := 0
-	behind := -1 // unknown: read once, and only for a check past the bound
+	behind := -1 // bounds a check may wait: unknown, read once, and only for a check past the bound
 	for n < len(ln.queue) && len(batch) < ln.size {
 		p := ln.queue[n]
 		n++
 		if wait, bound := now.Sub(p.queuedAt), s.queueWait+ln.stall; wait > bound {
 			if behind < 0 {
 				behind = 0
-				if runnableGoroutines() {
-					behind = 1
+				switch {
+				case s.pressure.short(now):
+					behind = pressedReads * starvedQueueWaits
+				case runnableGoroutines():
+					behind = starvedQueueWaits
 				}
 			}
-			if behind == 1 && wait <= starvedQueueWaits*bound {
-				// The daemon has goroutines waiting to run: the
-				// check waited for this process, not for Redis.
+			if wait <= time.Duration(behind)*bound {
+				// The daemon has goroutines waiting to run, or the
+				// machine is short of CPU: the check waited for this
+				// process, or for a Redis server the machine did not
+				// run (whose replies the batches in flight wait for as
+				// long), not for a store that failed.
 				if p.state.CompareAndSwap(checkQueued, checkSent) {
 					batch = append(batch, p)
 				}
@@ -359,7 +365,22 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	if s.unread != nil {
 		readBy = now.Add(longest + starvedQueueWaits*queueWait)
 	}
-	w.readBy, w.first = readBy, first
+	w.readBy, w.readUntil, w.readCap, w.first = readBy, readBy, readBy, first
+	if s.unread != nil {
+		// Counted from when the batch's oldest check was queued: a
+		// check that waited in the queue while the machine was short
+		// of CPU has had its share of the wait already.
+		oldest := now
+		for _, p := range batch {
+			if p.queuedAt.Before(oldest) {
+				oldest = p.queuedAt
+			}
+		}
+		w.starved = starvedQueueWaits * queueWait
+		if w.readCap = oldest.Add(longest + pressedReads*w.starved); w.readCap.Before(readBy) {
+			w.readCap = readBy
+		}
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), readBy)
 	defer cancel()
 	w.cut = func() {
@@ -393,16 +414,22 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // moved, has passed at two fires in a row that were both on time, slack
 // apart, with no goroutine kept waiting to run longer than slack in
 // between (the runtime's scheduling latencies), none waiting to run at the
-// second, and no reply from the primary waiting unread in a socket (Go
-// polls the network late when it always has goroutines to run): the
-// daemon was running for that long, with time for the reading goroutine
-// to take the reply, and none came. A store that does not answer thus
-// fails a check within its deadline plus one to two slacks (a fifth of the
+// second, no reply from the primary waiting unread in a socket (Go polls
+// the network late when it always has goroutines to run), and the machine
+// not short of CPU (cpuPressure: a Redis server on a loaded machine
+// answers late for want of CPU, and its late reply is its decision): the
+// daemon was running for that long, with time for the reading goroutine to
+// take the reply, and none came. A store that does not answer thus fails a
+// check within its deadline plus one to two slacks (a fifth of the
 // deadline, 1 to 5 ms) on a daemon with CPU to spare; a daemon short of
 // CPU fails what is left at the queue's bound (Config.QueueWait) past the
 // longest deadline (giveUp), pushed back by as long as its timer was late,
-// and cuts the client's reads then: a connection is not held longer than
-// that by a server that stopped answering.
+// at a fire on time with no reply from the primary waiting unread, and a
+// machine short of CPU at the client's read deadline, which the watch
+// keeps starvedQueueWaits queue bounds ahead of its fires, up to
+// pressedReads times that past the oldest check's queueing; the watch cuts the
+// client's reads then: a connection is not held longer than that by a
+// server that stopped answering.
 type deadlineWatch struct {
 	s          *Store
 	ln         *lane
@@ -411,17 +438,24 @@ type deadlineWatch struct {
 	giveUp     time.Time
 	handedOver atomic.Bool
 
-	mu      sync.Mutex
-	due     time.Time // when the timer should fire
-	stall   time.Duration
-	late    time.Duration // the timer's own lateness, part of stall
-	cut     func()        // ends the client's reads of the batch
-	readBy  time.Time     // the client's deadline for the batch's calls
-	first   time.Duration // the batch's shortest deadline
-	confirm bool          // the last fire was on time with a check past its deadline
-	sched   []uint64      // the runtime's scheduling latency counts then
-	timer   *time.Timer
-	stopped bool
+	mu     sync.Mutex
+	due    time.Time // when the timer should fire
+	stall  time.Duration
+	late   time.Duration // the timer's own lateness, part of stall
+	cut    func()        // ends the client's reads of the batch
+	readBy time.Time     // the client's deadline for the batch's calls
+	// readUntil is the client's read deadline as the watch moved it,
+	// while the machine is short of CPU, to starved (starvedQueueWaits
+	// queue bounds; zero for a client whose connections the store cannot
+	// see, whose reads end at readBy) past a fire, at most to readCap
+	// (pressedReads).
+	readUntil, readCap time.Time
+	starved            time.Duration
+	first              time.Duration // the batch's shortest deadline
+	confirm            bool          // the last fire was on time with a check past its deadline
+	sched              []uint64      // the runtime's scheduling latency counts then
+	timer              *time.Timer
+	stopped            bool
 }
 
 // arm sets the timer to fire after d; w.mu is held.
@@ -454,15 +488,43 @@ func (w *deadlineWatch) expire() {
 		w.stall += now.Sub(w.due)
 		w.late += now.Sub(w.due)
 	}
+	ran := onTime // the timer was on time: the daemon ran until now
 	giveUp := w.giveUp.Add(w.late)
-	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now)) {
+	pressed := w.s.pressure.short(now)
+	to := now.Add(w.starved)
+	if to.After(w.readCap) {
+		to = w.readCap
+	}
+	if pressed && w.starved > 0 && to.Sub(w.readUntil) > w.starved/4 {
+		// The machine is short of CPU (cpuPressure): a Redis server
+		// on it may be what waits to run, and its reply, however late,
+		// decides the checks. The client reads on, starvedQueueWaits
+		// queue bounds past this fire, as for a daemon that did not
+		// run, so that a daemon that the machine does not run for less
+		// than that does not find its read cut when it runs again; at
+		// most pressedReads times as long in all.
+		w.s.unread.moveReadDeadline(w.readBy, to)
+		w.readUntil = to
+	}
+	if pressed && giveUp.Before(w.readUntil) {
+		giveUp = w.readUntil
+	}
+	if w.confirm && onTime && (schedLatency(w.sched) > w.slack || runnableGoroutines() || w.s.unreadReply(w.ln) || w.behind(now) || pressed) {
 		// The timer ran on time, but other goroutines waited to run or
 		// wait now (the reader may be one of them, or not yet told of
 		// its reply), or a reply from this primary waits unread in a
-		// socket: the daemon is behind, not Redis.
+		// socket: the daemon is behind, not Redis. Or the machine is
+		// short of CPU, and the Redis server may be behind for want of
+		// it.
 		onTime = false
 		w.stall += w.slack
 	}
+	// The checks left fail at giveUp only at a fire on time, with no
+	// reply from the primary waiting unread: the first fire after the
+	// daemon did not run finds the replies that came meanwhile in the
+	// sockets, and the reading goroutine must have its turn to take them.
+	over := !now.Before(giveUp)
+	end := over && ran && !w.s.unreadReply(w.ln)
 	next, past, failed, gaveUp := time.Duration(0), false, false, false
 	for _, p := range w.batch {
 		if p.state.Load() == checkDone {
@@ -470,9 +532,9 @@ func (w *deadlineWatch) expire() {
 		}
 		left := p.deadline.Add(w.stall).Sub(now)
 		switch {
-		case !now.Before(giveUp) || (left <= 0 && onTime && w.confirm):
+		case end || (left <= 0 && onTime && w.confirm):
 			p.finish(nil, engine.ErrDeadline)
-			failed, gaveUp = true, gaveUp || !now.Before(giveUp)
+			failed, gaveUp = true, gaveUp || end
 		case left <= 0:
 			past = true
 		case next == 0 || left < next:
@@ -483,7 +545,7 @@ func (w *deadlineWatch) expire() {
 	if w.confirm {
 		w.sched = schedCounts(w.sched[:0])
 	}
-	if past && (next == 0 || w.slack < next) {
+	if (past || over) && (next == 0 || w.slack < next) {
 		next = w.slack
 	}
 	if failed && w.handedOver.CompareAndSwap(false, true) {
@@ -493,8 +555,11 @@ func (w *deadlineWatch) expire() {
 		w.cut()
 		return
 	}
+	if next > 0 && !over {
+		next = min(next, giveUp.Sub(now)+time.Microsecond)
+	}
 	if next > 0 {
-		w.arm(now, min(next, max(giveUp.Sub(now), 0)+time.Microsecond))
+		w.arm(now, next)
 	}
 }
 
@@ -516,6 +581,14 @@ func (s *Store) unreadReply(ln *lane) bool {
 // daemon has goroutines waiting to run: such a wait is the daemon's, and
 // the check is sent rather than failed as busy, up to this many bounds.
 const starvedQueueWaits = 10
+
+// pressedReads bounds, in starvedQueueWaits queue bounds, how long a
+// check may wait in the queue while the machine is short of CPU (take),
+// and how long, from when it was queued, the client reads its reply
+// (deadlineWatch), but never less than starvedQueueWaits bounds from when
+// it was sent: a server that stopped answering on a loaded machine still
+// fails its checks, about a second after they were queued by default.
+const pressedReads = 2
 
 // runnableMetric counts the goroutines ready to run that wait for a
 // thread.
@@ -613,7 +686,7 @@ func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 		// copy it into a new slice; and an IntSliceCmd reads the reply's
 		// integers straight into a []int64, where a Cmd would box each.
 		cmds[i] = redis.NewIntSliceCmd(ctx, p.cmd...)
-		_ = pipe.Process(ctx, cmds[i])
+		_ = pipe.Process(ctx, onceIntSliceCmd{cmds[i]})
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	var again redis.Pipeliner
@@ -623,7 +696,7 @@ func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 				again = s.c.Pipeline()
 			}
 			cmds[i] = redis.NewIntSliceCmd(ctx, evalCommand(batch[i].cmd, redisScript)...)
-			_ = again.Process(ctx, cmds[i])
+			_ = again.Process(ctx, onceIntSliceCmd{cmds[i]})
 		}
 	}
 	if again != nil {
@@ -646,6 +719,23 @@ func (s *Store) execEach(ctx context.Context, batch []*queuedCheck) {
 		r.ReloadState(ctx)
 	}
 }
+
+// A script call is sent once. go-redis sends a command again (MaxRetries)
+// when its connection broke, or passed its socket timeout, before the
+// reply was read; Redis may have run the script by then, and running it
+// again would spend a check's or a charge's units twice. A call so lost
+// fails, as a reply lost on the network does. The once types mark a
+// command for go-redis not to resend (Cmder.NoRetry); a redirection
+// (MOVED, ASK) is still followed, since the node that sent it ran nothing.
+type (
+	onceSliceCmd    struct{ *redis.SliceCmd }
+	onceIntSliceCmd struct{ *redis.IntSliceCmd }
+	onceCmd         struct{ *redis.Cmd }
+)
+
+func (onceSliceCmd) NoRetry() bool    { return true }
+func (onceIntSliceCmd) NoRetry() bool { return true }
+func (onceCmd) NoRetry() bool         { return true }
 
 // processor is the part of a go-redis client that sends one command.
 type processor interface {
@@ -687,9 +777,9 @@ func (s *Store) execMerged(ctx context.Context, c processor, batch []*queuedChec
 		}
 	}
 	cmd := redis.NewSliceCmd(ctx, args...)
-	if err := c.Process(ctx, cmd); isNoScript(err) {
+	if err := c.Process(ctx, onceSliceCmd{cmd}); isNoScript(err) {
 		cmd = redis.NewSliceCmd(ctx, evalCommand(args, script)...)
-		_ = c.Process(ctx, cmd)
+		_ = c.Process(ctx, onceSliceCmd{cmd})
 	}
 	v, err := cmd.Result()
 	if err != nil {

@@ -57,8 +57,9 @@ type Config struct {
 	// QueueWait bounds how long a check may wait in the store's queue for
 	// a primary before it is sent; one that waits longer fails with
 	// ErrStoreBusy, which the Limiter does not count as a store failure,
-	// unless the daemon has goroutines waiting to run: the wait is then
-	// the daemon's, and the check is sent, up to ten times the bound.
+	// unless the daemon has goroutines waiting to run or the machine is
+	// short of CPU: the wait is then the machine's, and the check is sent,
+	// up to ten times the bound (twenty on a machine short of CPU).
 	// Zero means 10 x Timeout, at least DefaultRedisQueueWait. It is
 	// larger than Timeout on purpose: under a burst the daemon should slow
 	// down, not give up on Redis.
@@ -151,6 +152,9 @@ type Store struct {
 	// sees a reply that arrived but was not read yet; nil for a client it
 	// cannot hook.
 	unread *unreadConns
+	// pressure tells the deadline watch whether the machine's CPUs were
+	// short, so that a reply late for want of CPU fails no check.
+	pressure *cpuPressure
 	// clock, set only by tests, replaces Redis' TIME with virtual time so
 	// that the Redis store runs on the same clock as the memory store.
 	clock engine.Clock
@@ -164,7 +168,7 @@ type Store struct {
 // that fails Validate makes every Check fail with that error.
 func New(c Scripter, cfg Config) *Store {
 	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines, gatherCap: maxGatherWindow,
-		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate()}
+		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate(), pressure: newCPUPressure()}
 	_, s.cluster = c.(masterForKeyer)
 	if u := (&unreadConns{conns: map[*watchedConn]struct{}{}}); u.hookConns(c) {
 		s.unread = u
