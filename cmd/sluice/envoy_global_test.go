@@ -80,6 +80,7 @@ descriptors:
 	const settle, window = 5, 10 // intervals of 1 s
 	steady := func(phase string, from int64) {
 		t.Helper()
+		g.settle(t, from+window)
 		adm, off := g.window(from, from+window)
 		sum := 0
 		for _, a := range adm {
