@@ -66,8 +66,8 @@ type loadGen struct {
 	pending map[int64]int
 	sched   map[string]time.Time
 	errs    atomic.Int64
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 // newLoadGen offers POST /v1/check of subject to daemons' gateway
