@@ -113,30 +113,16 @@ func (r *reader) length(size, per int) (int, error) {
 }
 
 // arrayLen reads an array header; nil is an empty array.
-func (r *reader) arrayLen() (int, error) {
-	c, err := r.byte()
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case c == 0xc0:
-		return 0, nil
-	case c >= 0x90 && c <= 0x9f:
-		n := int(c & 0x0f)
-		if n > r.left() {
-			return 0, errTruncated
-		}
-		return n, nil
-	case c == 0xdc:
-		return r.length(2, 1)
-	case c == 0xdd:
-		return r.length(4, 1)
-	}
-	return 0, fmt.Errorf("want an array, got 0x%02x", c)
-}
+func (r *reader) arrayLen() (int, error) { return r.header("an array", 0x90, 0xdc, 1) }
 
 // mapLen reads a map header; nil is an empty map.
-func (r *reader) mapLen() (int, error) {
+func (r *reader) mapLen() (int, error) { return r.header("a map", 0x80, 0xde, 2) }
+
+// header reads the header of an array or map, whose fix codes are fix to
+// fix+0x0f and whose 16- and 32-bit length codes are c16 and c16+1, and
+// checks that per bytes an element are left (1 an array element, 2 a map
+// entry); nil is empty.
+func (r *reader) header(what string, fix, c16 byte, per int) (int, error) {
 	c, err := r.byte()
 	if err != nil {
 		return 0, err
@@ -144,18 +130,18 @@ func (r *reader) mapLen() (int, error) {
 	switch {
 	case c == 0xc0:
 		return 0, nil
-	case c >= 0x80 && c <= 0x8f:
+	case c >= fix && c <= fix+0x0f:
 		n := int(c & 0x0f)
-		if 2*n > r.left() {
+		if per*n > r.left() {
 			return 0, errTruncated
 		}
 		return n, nil
-	case c == 0xde:
-		return r.length(2, 2)
-	case c == 0xdf:
-		return r.length(4, 2)
+	case c == c16:
+		return r.length(2, per)
+	case c == c16+1:
+		return r.length(4, per)
 	}
-	return 0, fmt.Errorf("want a map, got 0x%02x", c)
+	return 0, fmt.Errorf("want %s, got 0x%02x", what, c)
 }
 
 // raw reads a str or bin value (nil: empty) without copying.
@@ -164,12 +150,25 @@ func (r *reader) raw() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var k int
-	switch {
-	case c == 0xc0:
+	if c == 0xc0 {
 		return nil, nil
+	}
+	k, ok, err := r.strLen(c)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("want a string, got 0x%02x", c)
+	case err != nil:
+		return nil, err
+	}
+	return r.n(k)
+}
+
+// strLen reads the length of the str or bin value whose code is c (its
+// bytes are not checked yet); ok is false when c is neither.
+func (r *reader) strLen(c byte) (k int, ok bool, err error) {
+	switch {
 	case c >= 0xa0 && c <= 0xbf:
-		k = int(c & 0x1f)
+		return int(c & 0x1f), true, nil
 	case c == 0xd9 || c == 0xc4:
 		k, err = r.length(1, 1)
 	case c == 0xda || c == 0xc5:
@@ -177,12 +176,9 @@ func (r *reader) raw() ([]byte, error) {
 	case c == 0xdb || c == 0xc6:
 		k, err = r.length(4, 1)
 	default:
-		return nil, fmt.Errorf("want a string, got 0x%02x", c)
+		return 0, false, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return r.n(k)
+	return k, true, err
 }
 
 func (r *reader) str(max int) (string, error) {
@@ -304,14 +300,6 @@ func (r *reader) skip(depth int) error {
 		elems = 2 * int(c&0x0f)
 	case c >= 0x90 && c <= 0x9f:
 		elems = int(c & 0x0f)
-	case c >= 0xa0 && c <= 0xbf:
-		k = int(c & 0x1f)
-	case c == 0xc4 || c == 0xd9:
-		k, err = r.length(1, 1)
-	case c == 0xc5 || c == 0xda:
-		k, err = r.length(2, 1)
-	case c == 0xc6 || c == 0xdb:
-		k, err = r.length(4, 1)
 	case c == 0xc7:
 		k, err = r.length(1, 1)
 		k++
@@ -342,7 +330,10 @@ func (r *reader) skip(depth int) error {
 		elems, err = r.length(4, 2)
 		elems *= 2
 	default:
-		return fmt.Errorf("unknown code 0x%02x", c)
+		var str bool
+		if k, str, err = r.strLen(c); !str {
+			return fmt.Errorf("unknown code 0x%02x", c)
+		}
 	}
 	if err != nil {
 		return err
