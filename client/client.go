@@ -8,10 +8,15 @@
 // itself, an admission (fail open) or a rejection (fail closed); see
 // FailureMode.
 //
-// The wire types mirror those of the daemon (package region) field for
-// field, so that a service can import this package without the daemon's
-// metrics and gossip dependencies; the policy, override and subject types
-// are package quota's (which brings package engine).
+// The wire types are the daemon's own, not mirrors: the check types are
+// package decide's and the admin bodies package adminapi's, leaf packages
+// that link no store, gossip, metrics or gRPC, so that a service can import
+// this package without the daemon's dependencies; the policy, override and
+// subject types are package quota's (which brings package engine). Only
+// Decision and BatchItem are the client's: Decision embeds decide.Decision
+// and adds what the client learns beside the body (status, header, problem,
+// fallback), and TestWireTypesMatchDaemon holds their JSON fields equal to
+// the daemon's.
 package client
 
 import (

@@ -113,30 +113,16 @@ func (r *reader) length(size, per int) (int, error) {
 }
 
 // arrayLen reads an array header; nil is an empty array.
-func (r *reader) arrayLen() (int, error) {
-	c, err := r.byte()
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case c == 0xc0:
-		return 0, nil
-	case c >= 0x90 && c <= 0x9f:
-		n := int(c & 0x0f)
-		if n > r.left() {
-			return 0, errTruncated
-		}
-		return n, nil
-	case c == 0xdc:
-		return r.length(2, 1)
-	case c == 0xdd:
-		return r.length(4, 1)
-	}
-	return 0, fmt.Errorf("want an array, got 0x%02x", c)
-}
+func (r *reader) arrayLen() (int, error) { return r.header("an array", 0x90, 0xdc, 1) }
 
 // mapLen reads a map header; nil is an empty map.
-func (r *reader) mapLen() (int, error) {
+func (r *reader) mapLen() (int, error) { return r.header("a map", 0x80, 0xde, 2) }
+
+// header reads the header of an array or map, whose fix codes are fix to
+// fix+0x0f and whose 16- and 32-bit length codes are c16 and c16+1, and
+// checks that per bytes an element are left (1 an array element, 2 a map
+// entry); nil is empty.
+func (r *reader) header(what string, fix, c16 byte, per int) (int, error) {
 	c, err := r.byte()
 	if err != nil {
 		return 0, err
@@ -144,18 +130,18 @@ func (r *reader) mapLen() (int, error) {
 	switch {
 	case c == 0xc0:
 		return 0, nil
-	case c >= 0x80 && c <= 0x8f:
+	case c >= fix && c <= fix+0x0f:
 		n := int(c & 0x0f)
-		if 2*n > r.left() {
+		if per*n > r.left() {
 			return 0, errTruncated
 		}
 		return n, nil
-	case c == 0xde:
-		return r.length(2, 2)
-	case c == 0xdf:
-		return r.length(4, 2)
+	case c == c16:
+		return r.length(2, per)
+	case c == c16+1:
+		return r.length(4, per)
 	}
-	return 0, fmt.Errorf("want a map, got 0x%02x", c)
+	return 0, fmt.Errorf("want %s, got 0x%02x", what, c)
 }
 
 // raw reads a str or bin value (nil: empty) without copying.
@@ -164,12 +150,25 @@ func (r *reader) raw() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var k int
-	switch {
-	case c == 0xc0:
+	if c == 0xc0 {
 		return nil, nil
+	}
+	k, ok, err := r.strLen(c)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("want a string, got 0x%02x", c)
+	case err != nil:
+		return nil, err
+	}
+	return r.n(k)
+}
+
+// strLen reads the length of the str or bin value whose code is c (its
+// bytes are not checked yet); ok is false when c is neither.
+func (r *reader) strLen(c byte) (k int, ok bool, err error) {
+	switch {
 	case c >= 0xa0 && c <= 0xbf:
-		k = int(c & 0x1f)
+		return int(c & 0x1f), true, nil
 	case c == 0xd9 || c == 0xc4:
 		k, err = r.length(1, 1)
 	case c == 0xda || c == 0xc5:
@@ -177,12 +176,9 @@ func (r *reader) raw() ([]byte, error) {
 	case c == 0xdb || c == 0xc6:
 		k, err = r.length(4, 1)
 	default:
-		return nil, fmt.Errorf("want a string, got 0x%02x", c)
+		return 0, false, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return r.n(k)
+	return k, true, err
 }
 
 func (r *reader) str(max int) (string, error) {
@@ -304,14 +300,6 @@ func (r *reader) skip(depth int) error {
 		elems = 2 * int(c&0x0f)
 	case c >= 0x90 && c <= 0x9f:
 		elems = int(c & 0x0f)
-	case c >= 0xa0 && c <= 0xbf:
-		k = int(c & 0x1f)
-	case c == 0xc4 || c == 0xd9:
-		k, err = r.length(1, 1)
-	case c == 0xc5 || c == 0xda:
-		k, err = r.length(2, 1)
-	case c == 0xc6 || c == 0xdb:
-		k, err = r.length(4, 1)
 	case c == 0xc7:
 		k, err = r.length(1, 1)
 		k++
@@ -342,7 +330,10 @@ func (r *reader) skip(depth int) error {
 		elems, err = r.length(4, 2)
 		elems *= 2
 	default:
-		return fmt.Errorf("unknown code 0x%02x", c)
+		var str bool
+		if k, str, err = r.strLen(c); !str {
+			return fmt.Errorf("unknown code 0x%02x", c)
+		}
 	}
 	if err != nil {
 		return err
@@ -414,18 +405,98 @@ func array[T any](r *reader, max int, elem func(*T) error) ([]T, error) {
 	return out, nil
 }
 
-// keyField reads the fields of an embedded share.Key.
-func (r *reader) keyField(k *share.Key, key string) (bool, error) {
+// field names one msgpack map key of a wire struct and the struct field
+// its value goes to. The target's type says how the value is read and what
+// bounds it, the same for every struct:
+//
+//   - *string: a name of at most MaxNameLen bytes;
+//   - *uint8, *Kind, *uint64: an unsigned integer the type holds;
+//   - *int64: an integer; *float64: a number; *bool: a bool;
+//   - *[]byte: a string or bin, copied (nil stays nil);
+//   - *rawValue: any one value, kept as a slice of the message;
+//   - *[]share.KeyReport, *[]KeyUsage (at most MaxKeys),
+//     *[]share.QuotaCounter (MaxQuotaCounters) and *[]share.RegionCount
+//     (MaxCounterComponents): arrays of those structs.
+type field struct {
+	key string
+	to  any
+}
+
+// rawValue is a msgpack value left encoded: a slice of the message, not a
+// copy.
+type rawValue []byte
+
+// record reads a struct written as a msgpack map into the targets of fs.
+// key, when not nil, is an embedded share.Key whose fields p and s (each at
+// most MaxKeyLen bytes) are the struct's own. A key neither names is a
+// field of a newer build, skipped; a known key seen twice is malformed
+// (fields).
+func (r *reader) record(key *share.Key, fs ...field) error {
+	return r.fields(func(name string) (bool, error) {
+		for _, f := range fs {
+			if f.key == name {
+				return true, r.value(f.to)
+			}
+		}
+		if key == nil {
+			return false, nil
+		}
+		var err error
+		switch name {
+		case "p":
+			key.Policy, err = r.str(MaxKeyLen)
+		case "s":
+			key.Subject, err = r.str(MaxKeyLen)
+		default:
+			return false, nil
+		}
+		return true, err
+	})
+}
+
+// value reads one value into to, by to's type (field).
+func (r *reader) value(to any) error {
 	var err error
-	switch key {
-	case "p":
-		k.Policy, err = r.str(MaxKeyLen)
-	case "s":
-		k.Subject, err = r.str(MaxKeyLen)
+	var u uint64
+	switch p := to.(type) {
+	case *float64:
+		*p, err = r.float()
+	case *string:
+		*p, err = r.str(MaxNameLen)
+	case *uint64:
+		*p, err = r.uint(math.MaxUint64)
+	case *uint8:
+		u, err = r.uint(math.MaxUint8)
+		*p = uint8(u)
+	case *Kind:
+		u, err = r.uint(math.MaxUint8)
+		*p = Kind(u)
+	case *int64:
+		*p, err = r.int()
+	case *bool:
+		*p, err = r.bool()
+	case *[]byte:
+		var b []byte
+		if b, err = r.raw(); err == nil && b != nil {
+			*p = append([]byte{}, b...)
+		}
+	case *rawValue:
+		start := r.i
+		if err = r.skip(0); err == nil {
+			*p = r.b[start:r.i]
+		}
+	case *[]share.KeyReport:
+		*p, err = array(r, MaxKeys, r.keyReport)
+	case *[]KeyUsage:
+		*p, err = array(r, MaxKeys, r.keyUsage)
+	case *[]share.QuotaCounter:
+		*p, err = array(r, MaxQuotaCounters, r.quotaCounter)
+	case *[]share.RegionCount:
+		*p, err = array(r, MaxCounterComponents, r.regionCount)
 	default:
-		return false, nil
+		panic(fmt.Sprintf("gossip: no reader for a field of type %T", to))
 	}
-	return true, err
+	return err
 }
 
 type envelopeView struct {
@@ -438,263 +509,62 @@ type envelopeView struct {
 }
 
 func (r *reader) envelope(e *envelopeView) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		var u uint64
-		switch key {
-		case "v":
-			u, err = r.uint(math.MaxUint8)
-			e.V = uint8(u)
-		case "k":
-			u, err = r.uint(math.MaxUint8)
-			e.Kind = Kind(u)
-		case "n":
-			e.From, err = r.str(MaxNameLen)
-		case "r":
-			e.Region, err = r.str(MaxNameLen)
-		case "p":
-			start := r.i
-			if err = r.skip(0); err == nil {
-				e.Payload = r.b[start:r.i]
-			}
-		case "f":
-			e.Relay, err = r.bool()
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"v", &e.V}, field{"k", &e.Kind}, field{"n", &e.From}, field{"r", &e.Region},
+		field{"p", (*rawValue)(&e.Payload)}, field{"f", &e.Relay})
 }
 
 func (r *reader) report(rep *share.Report) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		var u uint64
-		switch key {
-		case "v":
-			u, err = r.uint(math.MaxUint8)
-			rep.Version = uint8(u)
-		case "r":
-			rep.Region, err = r.str(MaxNameLen)
-		case "e":
-			rep.Epoch, err = r.uint(math.MaxUint64)
-		case "k":
-			rep.Keys, err = array(r, MaxKeys, r.keyReport)
-		case "q":
-			rep.Quotas, err = array(r, MaxQuotaCounters, r.quotaCounter)
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"v", &rep.Version}, field{"r", &rep.Region}, field{"e", &rep.Epoch},
+		field{"k", &rep.Keys}, field{"q", &rep.Quotas})
 }
 
 func (r *reader) keyReport(k *share.KeyReport) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "l":
-			k.Limit, err = r.float()
-		case "o":
-			k.Offered, err = r.float()
-		case "x":
-			k.Recent, err = r.float()
-		case "d":
-			k.Demand, err = r.float()
-		case "a":
-			k.Admitted, err = r.float()
-		case "f":
-			k.Share, err = r.float()
-		default:
-			return r.keyField(&k.Key, key)
-		}
-		return true, err
-	})
+	return r.record(&k.Key, field{"l", &k.Limit}, field{"o", &k.Offered}, field{"x", &k.Recent},
+		field{"d", &k.Demand}, field{"a", &k.Admitted}, field{"f", &k.Share})
 }
 
 func (r *reader) quotaCounter(q *share.QuotaCounter) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "w":
-			q.Window, err = r.int()
-		case "n":
-			q.Counts, err = array(r, MaxCounterComponents, r.regionCount)
-		default:
-			return r.keyField(&q.Key, key)
-		}
-		return true, err
-	})
+	return r.record(&q.Key, field{"w", &q.Window}, field{"n", &q.Counts})
 }
 
 func (r *reader) regionCount(c *share.RegionCount) error {
 	if r.components++; r.components > MaxComponents {
 		return fmt.Errorf("%w: more than %d counter components", errLimit, MaxComponents)
 	}
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "r":
-			c.Region, err = r.str(MaxNameLen)
-		case "c":
-			c.Count, err = r.uint(math.MaxUint64)
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"r", &c.Region}, field{"c", &c.Count})
 }
 
 func (r *reader) nodeUsage(u *NodeUsage) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "n":
-			u.Node, err = r.str(MaxNameLen)
-		case "r":
-			u.Region, err = r.str(MaxNameLen)
-		case "e":
-			u.Epoch, err = r.uint(math.MaxUint64)
-		case "k":
-			u.Keys, err = array(r, MaxKeys, r.keyUsage)
-		case "q":
-			u.Quotas, err = array(r, MaxQuotaCounters, r.quotaCounter)
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"n", &u.Node}, field{"r", &u.Region}, field{"e", &u.Epoch},
+		field{"k", &u.Keys}, field{"q", &u.Quotas})
 }
 
 func (r *reader) keyUsage(k *KeyUsage) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "l":
-			k.Limit, err = r.float()
-		case "o":
-			k.Offered, err = r.float()
-		case "x":
-			k.Recent, err = r.float()
-		case "a":
-			k.Admitted, err = r.float()
-		default:
-			return r.keyField(&k.Key, key)
-		}
-		return true, err
-	})
+	return r.record(&k.Key, field{"l", &k.Limit}, field{"o", &k.Offered}, field{"x", &k.Recent},
+		field{"a", &k.Admitted})
 }
 
 func (r *reader) policy(p *PolicyUpdate) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "v":
-			p.Version, err = r.uint(math.MaxUint64)
-		case "d":
-			var b []byte
-			if b, err = r.raw(); err == nil && b != nil {
-				p.Data = append([]byte{}, b...)
-			}
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"v", &p.Version}, field{"d", &p.Data})
 }
 
 func (r *reader) borrow(b *share.BorrowRequest) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		var u uint64
-		switch key {
-		case "v":
-			u, err = r.uint(math.MaxUint8)
-			b.Version = uint8(u)
-		case "r":
-			b.Region, err = r.str(MaxNameLen)
-		case "e":
-			b.Epoch, err = r.uint(math.MaxUint64)
-		case "w":
-			b.Want, err = r.float()
-		case "b":
-			b.Burst, err = r.bool()
-		default:
-			return r.keyField(&b.Key, key)
-		}
-		return true, err
-	})
+	return r.record(&b.Key, field{"v", &b.Version}, field{"r", &b.Region}, field{"e", &b.Epoch},
+		field{"w", &b.Want}, field{"b", &b.Burst})
 }
 
 func (r *reader) loan(l *share.Loan) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		var u uint64
-		switch key {
-		case "v":
-			u, err = r.uint(math.MaxUint8)
-			l.Version = uint8(u)
-		case "r":
-			l.Lender, err = r.str(MaxNameLen)
-		case "b":
-			l.Borrower, err = r.str(MaxNameLen)
-		case "e":
-			l.Epoch, err = r.uint(math.MaxUint64)
-		case "a":
-			l.Amount, err = r.float()
-		case "x":
-			l.Tokens, err = r.float()
-		case "n":
-			l.Seq, err = r.uint(math.MaxUint64)
-		default:
-			return r.keyField(&l.Key, key)
-		}
-		return true, err
-	})
+	return r.record(&l.Key, field{"v", &l.Version}, field{"r", &l.Lender}, field{"b", &l.Borrower},
+		field{"e", &l.Epoch}, field{"a", &l.Amount}, field{"x", &l.Tokens}, field{"n", &l.Seq})
 }
 
 func (r *reader) ping(p *msg.Ping) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		switch key {
-		case "s":
-			p.Seq, err = r.uint(math.MaxUint64)
-		case "a":
-			p.Ack, err = r.bool()
-		case "d":
-			p.Addr, err = r.str(MaxNameLen)
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"s", &p.Seq}, field{"a", &p.Ack}, field{"d", &p.Addr})
 }
 
 func (r *reader) meta(m *nodeMeta) error {
-	return r.fields(func(key string) (bool, error) {
-		var err error
-		var u uint64
-		switch key {
-		case "v":
-			u, err = r.uint(math.MaxUint8)
-			m.V = uint8(u)
-		case "r":
-			m.Region, err = r.str(MaxNameLen)
-		case "l":
-			m.Leaving, err = r.bool()
-		case "p":
-			m.PolicyRev, err = r.uint(math.MaxUint64)
-		case "h":
-			m.PolicyHash, err = r.str(MaxNameLen)
-		case "f":
-			m.Relays, err = r.bool()
-		case "c":
-			m.Pings, err = r.bool()
-		default:
-			return false, nil
-		}
-		return true, err
-	})
+	return r.record(nil, field{"v", &m.V}, field{"r", &m.Region}, field{"l", &m.Leaving},
+		field{"p", &m.PolicyRev}, field{"h", &m.PolicyHash}, field{"f", &m.Relays}, field{"c", &m.Pings})
 }
 
 // decodeWhole runs read over all of b: trailing bytes are malformed.

@@ -40,10 +40,12 @@ func live(n *Node, name string) bool {
 // reports, healing brings both back, a lost report never arrives, and a
 // delayed one arrives no sooner than its delay.
 //
-// It runs on real time: memberlist's sockets on loopback, which a
-// testing/synctest bubble cannot hold (a goroutine in a read from the
-// network is not durably blocked); the protocol rules timed by contact
-// and membership are tested on virtual time in the coordinator's scripted
+// It runs on real time, on memberlist's sockets on loopback through the
+// FaultNet (which a testing/synctest bubble cannot hold: a goroutine in a
+// read from the network is not durably blocked), to test the FaultNet's
+// loss and delay as well. Its partition and healing are tested on virtual
+// time over an in-memory transport by TestPartitionMembershipVirtual, and
+// the rules contact and membership time in the coordinator's scripted
 // cores. Every wait here is for a condition, with a deadline of 10 to 15 s,
 // 16 to 25 times Detect, which a loaded machine only delays; the one bound
 // is the delayed send's, which must return before its 300 ms delay: a
@@ -99,8 +101,10 @@ func TestFaultNetPartitionLossDelay(t *testing.T) {
 // was sent before the cut), healing starts it again, and a node of the
 // same region is never pinged.
 //
-// On real time, as TestFaultNetPartitionLossDelay, for the same reason.
-// Its freshness thresholds are waits with a 10 s deadline, not bounds: a
+// On real time, as TestFaultNetPartitionLossDelay, for the same reason;
+// TestContactFollowsReachabilityVirtual is the same protocol on virtual
+// time, with ContactLag as its bounds. Here the freshness thresholds are
+// waits with a 10 s deadline, not bounds: a
 // contact fresher than 200 ms (ten ping periods, three probe timeouts)
 // has 10 s to appear, and one staler than 300 ms after the cut
 // only grows staler; what is asserted, a contact stamped before the cut

@@ -41,7 +41,10 @@ const ordersCheck = `{"user":"alice","route":"/v1/orders","method":"GET"}`
 // TestLocalFallbackSharedByRegionDaemons: three daemons of one region on
 // one Redis, which is then killed. Each divides the "local" policy's rate
 // by the live daemons of its region in the gossip membership, so together
-// they admit the policy's rate, not three times it.
+// they admit the policy's rate, not three times it. The same fallback,
+// with the breaker and the recovery after it, is tested on virtual time in
+// decide's TestStoreDownRecoveryVirtual; this test keeps the daemons'
+// count of their region from gossip, on real time.
 func TestLocalFallbackSharedByRegionDaemons(t *testing.T) {
 	srv := redistest.Start(t)
 	const rate = 20.0
@@ -78,6 +81,8 @@ func TestLocalFallbackSharedByRegionDaemons(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, l := range ds {
 		wg.Go(func() {
+			pace := time.NewTicker(10 * time.Millisecond) // the offered load's pace, not a wait
+			defer pace.Stop()
 			for time.Since(start) < span {
 				code, body := checkOnce(t, l, ordersCheck)
 				mu.Lock()
@@ -90,7 +95,7 @@ func TestLocalFallbackSharedByRegionDaemons(t *testing.T) {
 					degraded++
 				}
 				mu.Unlock()
-				<-time.After(10 * time.Millisecond) // pacing: about 100 checks a second per daemon
+				<-pace.C // about 100 checks a second per daemon
 			}
 		})
 	}
@@ -121,7 +126,10 @@ func TestLocalFallbackSharedByRegionDaemons(t *testing.T) {
 // --policies set, and /readyz is 503 with the reason. Once redis-server
 // starts on that port, decisions come from the store again within one
 // probe interval of the decision path (the breaker's OpenFor, 5 s), and
-// /readyz is 200.
+// /readyz is 200. The recovery's timing is tested on virtual time in
+// decide's TestStoreDownRecoveryVirtual (and the breaker's in engine's
+// TestBreakerOpensThenProbes); this test keeps a real redis-server's
+// restart and /readyz, with the margins stated at each wait.
 func TestStartWithRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Kill() // the port is ours, with nothing listening on it

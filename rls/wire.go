@@ -122,38 +122,24 @@ func decodeRequest(b []byte, r *request) error {
 	var spansBuf [fewDescriptors]span
 	spans := spansBuf[:0]
 	for off := 0; off < len(b); {
-		num, typ, n := consumeTag(b[off:])
-		if n < 0 {
-			return errMalformed
+		f, err := nextField(b, &off)
+		if err != nil {
+			return err
 		}
-		off += n
 		switch {
-		case num == fieldRequestDomain && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 || !utf8.Valid(v) {
+		case f.num == fieldRequestDomain && f.typ == protowire.BytesType:
+			if !utf8.Valid(f.v) {
 				return errMalformed
 			}
-			r.domain = s[off+n-len(v) : off+n]
-			off += n
-		case num == fieldRequestHitsAddend && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b[off:])
-			if n < 0 {
-				return errMalformed
-			}
-			r.hitsAddend = uint32(v)
-			off += n
-		case num == fieldRequestDescriptors && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 {
-				return errMalformed
-			}
-			start := off + n - len(v)
+			r.domain = f.str(s)
+		case f.num == fieldRequestHitsAddend && f.typ == protowire.VarintType:
+			r.hitsAddend = uint32(f.x)
+		case f.num == fieldRequestDescriptors && f.typ == protowire.BytesType:
 			first := len(r.entries)
-			d, err := r.decodeDescriptor(v, s[start:start+len(v)])
+			d, err := r.decodeDescriptor(f.v, f.str(s))
 			if err != nil {
 				return err
 			}
-			off += n
 			if len(r.descs) == keptDescriptors {
 				// Decoded all the same: a malformed one fails the request.
 				r.entries = r.entries[:first]
@@ -162,12 +148,6 @@ func decodeRequest(b []byte, r *request) error {
 			}
 			r.descs = append(r.descs, d)
 			spans = append(spans, span{first, len(r.entries)})
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b[off:])
-			if n < 0 {
-				return errMalformed
-			}
-			off += n
 		}
 	}
 	// r.entries may have moved while growing: the slices are taken last.
@@ -183,61 +163,36 @@ func (r *request) decodeDescriptor(b []byte, s string) (reqDescriptor, error) {
 	var d reqDescriptor
 	first := len(r.entries)
 	for off := 0; off < len(b); {
-		num, typ, n := consumeTag(b[off:])
-		if n < 0 {
-			return d, errMalformed
+		f, err := nextField(b, &off)
+		if err != nil {
+			return d, err
 		}
-		off += n
 		switch {
-		case num == fieldDescriptorEntries && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 {
-				return d, errMalformed
-			}
-			start := off + n - len(v)
-			e, err := decodeEntry(v, s[start:start+len(v)])
+		case f.num == fieldDescriptorEntries && f.typ == protowire.BytesType:
+			e, err := decodeEntry(f.v, f.str(s))
 			if err != nil {
 				return d, err
 			}
-			off += n
 			if len(r.entries)-first == keptEntries {
 				d.moreEntries++
 				continue
 			}
 			r.entries = append(r.entries, e)
-		case num == fieldDescriptorLimit && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 || !validMessage(v) {
+		case f.num == fieldDescriptorLimit && f.typ == protowire.BytesType:
+			if !validMessage(f.v) {
 				return d, errMalformed
 			}
 			d.hasLimit = true
-			if err := decodeOverride(v, &d); err != nil {
+			if err := decodeOverride(f.v, &d); err != nil {
 				return d, err
 			}
-			off += n
-		case num == fieldDescriptorHitsAddend && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 {
-				return d, errMalformed
-			}
+		case f.num == fieldDescriptorHitsAddend && f.typ == protowire.BytesType:
 			d.hasHits = true
-			if err := decodeUInt64Value(v, &d.hits); err != nil {
+			if err := decodeUInt64Value(f.v, &d.hits); err != nil {
 				return d, err
 			}
-			off += n
-		case num == fieldDescriptorIsNegativeHits && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b[off:])
-			if n < 0 {
-				return d, errMalformed
-			}
-			d.negative = v != 0
-			off += n
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b[off:])
-			if n < 0 {
-				return d, errMalformed
-			}
-			off += n
+		case f.num == fieldDescriptorIsNegativeHits && f.typ == protowire.VarintType:
+			d.negative = f.x != 0
 		}
 	}
 	return d, nil
@@ -247,30 +202,20 @@ func (r *request) decodeDescriptor(b []byte, s string) (reqDescriptor, error) {
 func decodeEntry(b []byte, s string) (quota.DescriptorEntry, error) {
 	var e quota.DescriptorEntry
 	for off := 0; off < len(b); {
-		num, typ, n := consumeTag(b[off:])
-		if n < 0 {
-			return e, errMalformed
+		f, err := nextField(b, &off)
+		if err != nil {
+			return e, err
 		}
-		off += n
-		if (num == fieldEntryKey || num == fieldEntryValue) && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 || !utf8.Valid(v) {
+		if (f.num == fieldEntryKey || f.num == fieldEntryValue) && f.typ == protowire.BytesType {
+			if !utf8.Valid(f.v) {
 				return e, errMalformed
 			}
-			str := s[off+n-len(v) : off+n]
-			if num == fieldEntryKey {
-				e.Key = str
+			if f.num == fieldEntryKey {
+				e.Key = f.str(s)
 			} else {
-				e.Value = str
+				e.Value = f.str(s)
 			}
-			off += n
-			continue
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b[off:])
-		if n < 0 {
-			return e, errMalformed
-		}
-		off += n
 	}
 	return e, nil
 }
@@ -278,25 +223,13 @@ func decodeEntry(b []byte, s string) (quota.DescriptorEntry, error) {
 // decodeUInt64Value merges a google.protobuf.UInt64Value, b, into v.
 func decodeUInt64Value(b []byte, v *uint64) error {
 	for off := 0; off < len(b); {
-		num, typ, n := consumeTag(b[off:])
-		if n < 0 {
-			return errMalformed
+		f, err := nextField(b, &off)
+		if err != nil {
+			return err
 		}
-		off += n
-		if num == fieldUInt64Value && typ == protowire.VarintType {
-			x, n := protowire.ConsumeVarint(b[off:])
-			if n < 0 {
-				return errMalformed
-			}
-			*v = x
-			off += n
-			continue
+		if f.num == fieldUInt64Value && f.typ == protowire.VarintType {
+			*v = f.x
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b[off:])
-		if n < 0 {
-			return errMalformed
-		}
-		off += n
 	}
 	return nil
 }
@@ -305,45 +238,65 @@ func decodeUInt64Value(b []byte, v *uint64) error {
 // into d's limit fields.
 func decodeOverride(b []byte, d *reqDescriptor) error {
 	for off := 0; off < len(b); {
-		num, typ, n := consumeTag(b[off:])
-		if n < 0 {
-			return errMalformed
+		f, err := nextField(b, &off)
+		if err != nil {
+			return err
 		}
-		off += n
 		switch {
-		case (num == 1 || num == 2) && typ == protowire.VarintType:
-			x, n := protowire.ConsumeVarint(b[off:])
-			if n < 0 {
-				return errMalformed
-			}
-			// Both are 32-bit fields: a longer varint is truncated, as
-			// proto.Unmarshal truncates it.
-			if num == 1 {
-				d.limitRPU = uint64(uint32(x))
-			} else {
-				d.limitUnit = uint64(uint32(x))
-			}
-			off += n
-		case num == 3 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b[off:])
-			if n < 0 {
-				return errMalformed
-			}
+		// Both are 32-bit fields: a longer varint is truncated, as
+		// proto.Unmarshal truncates it.
+		case f.num == 1 && f.typ == protowire.VarintType:
+			d.limitRPU = uint64(uint32(f.x))
+		case f.num == 2 && f.typ == protowire.VarintType:
+			d.limitUnit = uint64(uint32(f.x))
+		case f.num == 3 && f.typ == protowire.BytesType:
 			d.hasMult = true
-			if err := decodeUInt64Value(v, &d.limitMult); err != nil {
+			if err := decodeUInt64Value(f.v, &d.limitMult); err != nil {
 				return err
 			}
 			d.limitMult = uint64(uint32(d.limitMult))
-			off += n
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b[off:])
-			if n < 0 {
-				return errMalformed
-			}
-			off += n
 		}
 	}
 	return nil
+}
+
+// wireField is one field of a message: its number and wire type, and its
+// value when a varint (x) or length-delimited (v, at offset at of the
+// message); a field of another type is passed over.
+type wireField struct {
+	num protowire.Number
+	typ protowire.Type
+	x   uint64
+	v   []byte
+	at  int
+}
+
+// str is f's bytes as a substring of s, the message's copy.
+func (f wireField) str(s string) string { return s[f.at : f.at+len(f.v)] }
+
+// nextField reads the field of b at *off and moves *off past it; a field
+// cut short, or a number proto.Unmarshal refuses, is errMalformed.
+func nextField(b []byte, off *int) (wireField, error) {
+	num, typ, n := consumeTag(b[*off:])
+	if n < 0 {
+		return wireField{}, errMalformed
+	}
+	*off += n
+	f := wireField{num: num, typ: typ}
+	switch typ {
+	case protowire.VarintType:
+		f.x, n = protowire.ConsumeVarint(b[*off:])
+	case protowire.BytesType:
+		f.v, n = protowire.ConsumeBytes(b[*off:])
+		f.at = *off + n - len(f.v)
+	default:
+		n = protowire.ConsumeFieldValue(num, typ, b[*off:])
+	}
+	if n < 0 {
+		return wireField{}, errMalformed
+	}
+	*off += n
+	return f, nil
 }
 
 // validMessage reports whether b is a well-formed sequence of fields, as

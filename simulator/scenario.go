@@ -334,21 +334,16 @@ func (s Scenario) validateCharge() error {
 // does not exist, times out of order.
 func (s Scenario) validateFaults() error {
 	g := s.Gossip
-	switch {
-	case g.Delay < 0:
-		return fmt.Errorf("scenario %s: gossip.delay must not be negative", s.Name)
-	case g.Jitter < 0:
-		return fmt.Errorf("scenario %s: gossip.jitter must not be negative", s.Name)
-	case g.Skew < 0:
-		return fmt.Errorf("scenario %s: gossip.skew must not be negative", s.Name)
-	case g.Detect < 0:
-		return fmt.Errorf("scenario %s: gossip.detect must not be negative", s.Name)
-	case g.DetectIsolated < 0:
-		return fmt.Errorf("scenario %s: gossip.detect_isolated must not be negative", s.Name)
-	case g.ContactEvery < 0:
-		return fmt.Errorf("scenario %s: gossip.contact_every must not be negative", s.Name)
-	case g.PingTimeout < 0:
-		return fmt.Errorf("scenario %s: gossip.ping_timeout must not be negative", s.Name)
+	for _, d := range []struct {
+		field string
+		d     Duration
+	}{
+		{"delay", g.Delay}, {"jitter", g.Jitter}, {"skew", g.Skew}, {"detect", g.Detect},
+		{"detect_isolated", g.DetectIsolated}, {"contact_every", g.ContactEvery}, {"ping_timeout", g.PingTimeout},
+	} {
+		if d.d < 0 {
+			return fmt.Errorf("scenario %s: gossip.%s must not be negative", s.Name, d.field)
+		}
 	}
 	region := func(field string, r int) error {
 		if r < 0 || r >= s.Regions {

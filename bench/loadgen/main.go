@@ -46,7 +46,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sluice-rl/sluice/bench/internal/clienttls"
@@ -138,7 +137,7 @@ func run() error {
 	defer stop()
 	res := drive(ctx, cfg, reqs)
 	fmt.Print(res.report(cfg))
-	if res.requests == 0 {
+	if res.Requests == 0 {
 		return errors.New("no request completed")
 	}
 	return nil
@@ -172,112 +171,41 @@ func buildRequests(cfg config) ([][]byte, error) {
 	return out, nil
 }
 
+// result is what a run measured, with the answers outside 2xx among the
+// requests.
 type result struct {
-	lat, lag, svc  latency.Histogram
-	requests       uint64
-	errors, non2xx uint64
-	unsent         int64
-	elapsed        time.Duration
-	firstErr       error
+	*latency.Measure
+	non2xx uint64
 }
 
 func (r *result) report(cfg config) string {
-	us := func(d time.Duration) int64 { return d.Microseconds() }
-	achieved := 0.0
-	if r.elapsed > 0 {
-		achieved = float64(r.requests) / r.elapsed.Seconds()
-	}
-	var b strings.Builder
-	mode := fmt.Sprintf("open loop at %.0f/s", cfg.rate)
-	if cfg.rate == 0 {
-		mode = "closed loop"
-	}
-	fmt.Fprintf(&b, "%s %s, %d connections, %s: %d answers (%.0f/s), %d errors, %d non-2xx, %d not sent\n",
-		cfg.method, cfg.target, cfg.conns, mode, r.requests, achieved, r.errors, r.non2xx, r.unsent)
-	fmt.Fprintf(&b, "latency p50 %v p90 %v p99 %v p99.9 %v max %v\n",
-		r.lat.Quantile(0.5), r.lat.Quantile(0.9), r.lat.Quantile(0.99), r.lat.Quantile(0.999), r.lat.Max())
-	if r.firstErr != nil {
-		fmt.Fprintf(&b, "first error: %v\n", r.firstErr)
-	}
-	fmt.Fprintf(&b, "service time (from the actual send) p50 %v p99 %v; sender lag p50 %v p99 %v\n",
-		r.svc.Quantile(0.5), r.svc.Quantile(0.99), r.lag.Quantile(0.5), r.lag.Quantile(0.99))
-	fmt.Fprintf(&b, "RESULT offered=%.0f achieved=%.1f requests=%d errors=%d non2xx=%d unsent=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d lag_p50_us=%d lag_p99_us=%d svc_p50_us=%d svc_p99_us=%d\n",
-		cfg.rate, achieved, r.requests, r.errors, r.non2xx, r.unsent,
-		us(r.lat.Quantile(0.5)), us(r.lat.Quantile(0.9)), us(r.lat.Quantile(0.99)), us(r.lat.Quantile(0.999)), us(r.lat.Max()),
-		us(r.lag.Quantile(0.5)), us(r.lag.Quantile(0.99)), us(r.svc.Quantile(0.5)), us(r.svc.Quantile(0.99)))
-	return b.String()
+	head := fmt.Sprintf("%s %s, %d connections, %s: %d answers (%.0f/s), %d errors, %d non-2xx, %d not sent",
+		cfg.method, cfg.target, cfg.conns, latency.Mode(cfg.rate), r.Requests, r.Achieved(), r.Errors, r.non2xx, r.Unsent)
+	return r.Report(head, cfg.rate, fmt.Sprintf("errors=%d non2xx=%d unsent=%d", r.Errors, r.non2xx, r.Unsent))
 }
 
-// drive runs the senders and merges what they measured.
+// drive runs the senders, one a connection, and merges what they
+// measured.
 func drive(ctx context.Context, cfg config, reqs [][]byte) *result {
-	start := time.Now()
-	measureFrom := start.Add(cfg.warmup)
-	end := measureFrom.Add(cfg.duration)
-	pacer := latency.NewPacer(start, end, cfg.rate, 2*time.Second)
-	var wg sync.WaitGroup
-	parts := make([]*sender, cfg.conns)
-	for w := range parts {
-		s := &sender{cfg: cfg, reqs: reqs, user: w * len(reqs) / cfg.conns}
-		parts[w] = s
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer s.close()
-			for ctx.Err() == nil {
-				at, from, skip, ok := pacer.Next()
-				if !ok {
-					return
-				}
-				if skip {
-					s.res.unsent++
-					continue
-				}
-				sent := time.Now()
-				status, err := s.do()
-				done := time.Now()
-				if at.Before(measureFrom) {
-					continue
-				}
-				s.lastDone = done
-				if err != nil {
-					s.res.errors++
-					if s.res.firstErr == nil {
-						s.res.firstErr = err
-					}
-					continue
-				}
-				if status < 200 || status > 299 {
-					s.res.non2xx++
-				}
-				s.res.requests++
-				s.res.lat.Record(done.Sub(from))
-				s.res.lag.Record(sent.Sub(at))
-				s.res.svc.Record(done.Sub(sent))
+	senders := make([]*sender, cfg.conns)
+	non2xx := make([]uint64, cfg.conns)
+	for w := range senders {
+		senders[w] = &sender{cfg: cfg, reqs: reqs, user: w * len(reqs) / cfg.conns}
+	}
+	m := latency.Drive(ctx, latency.RunConfig{Warmup: cfg.warmup, Duration: cfg.duration, Rate: cfg.rate, Senders: cfg.conns},
+		func(w int, measured bool) error {
+			status, err := senders[w].do()
+			if err == nil && measured && (status < 200 || status > 299) {
+				non2xx[w]++
 			}
-		}()
+			return err
+		})
+	res := &result{Measure: m}
+	for w, s := range senders {
+		s.close()
+		res.non2xx += non2xx[w]
 	}
-	wg.Wait()
-	total := &result{}
-	for _, s := range parts {
-		total.lat.Merge(&s.res.lat)
-		total.lag.Merge(&s.res.lag)
-		total.svc.Merge(&s.res.svc)
-		total.requests += s.res.requests
-		total.errors += s.res.errors
-		total.non2xx += s.res.non2xx
-		total.unsent += s.res.unsent
-		if total.firstErr == nil {
-			total.firstErr = s.res.firstErr
-		}
-	}
-	var last time.Time
-	for _, s := range parts {
-		if s.lastDone.After(last) {
-			last = s.lastDone
-		}
-	}
-	total.elapsed = last.Sub(measureFrom)
-	return total
+	return res
 }
 
 // sender owns one kept-alive connection.
@@ -287,9 +215,6 @@ type sender struct {
 	user int
 	conn net.Conn
 	br   *bufio.Reader
-	res  result
-	// lastDone is when the last measured answer arrived.
-	lastDone time.Time
 }
 
 func (s *sender) close() {

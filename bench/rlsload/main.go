@@ -47,7 +47,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -152,7 +151,7 @@ func run() error {
 	defer stop()
 	res := drive(ctx, cfg, conns, len(reqs))
 	fmt.Print(res.report(cfg))
-	if res.requests == 0 {
+	if res.Requests == 0 {
 		return errors.New("no call answered")
 	}
 	return nil
@@ -186,46 +185,20 @@ func buildRequests(cfg config) []*rlsv3.RateLimitRequest {
 	return out
 }
 
+// result is what a run measured: its requests are the calls answered with
+// a decision, OK or OVER_LIMIT.
 type result struct {
-	lat, lag, svc latency.Histogram
-	// requests is ok + overLimit: the calls answered with a decision.
-	requests, ok, overLimit uint64
-	errors                  uint64
+	*latency.Measure
+	ok, overLimit uint64
 	// all counts every call answered or failed, warm-up included: the
 	// calls a server's CPU time over the whole run paid for.
-	all      uint64
-	unsent   int64
-	elapsed  time.Duration
-	firstErr error
-	// lastDone is when the sender's last measured answer arrived.
-	lastDone time.Time
+	all uint64
 }
 
 func (r *result) report(cfg config) string {
-	us := func(d time.Duration) int64 { return d.Microseconds() }
-	achieved := 0.0
-	if r.elapsed > 0 {
-		achieved = float64(r.requests) / r.elapsed.Seconds()
-	}
-	var b strings.Builder
-	mode := fmt.Sprintf("open loop at %.0f/s", cfg.rate)
-	if cfg.rate == 0 {
-		mode = "closed loop"
-	}
-	fmt.Fprintf(&b, "ShouldRateLimit %s domain %s, %d streams over %d connections, %s: %d answers (%.0f/s): %d OK, %d OVER_LIMIT; %d errors, %d not sent\n",
-		cfg.addr, cfg.domain, cfg.streams, cfg.conns, mode, r.requests, achieved, r.ok, r.overLimit, r.errors, r.unsent)
-	fmt.Fprintf(&b, "latency p50 %v p90 %v p99 %v p99.9 %v max %v\n",
-		r.lat.Quantile(0.5), r.lat.Quantile(0.9), r.lat.Quantile(0.99), r.lat.Quantile(0.999), r.lat.Max())
-	if r.firstErr != nil {
-		fmt.Fprintf(&b, "first error: %v\n", r.firstErr)
-	}
-	fmt.Fprintf(&b, "service time (from the actual send) p50 %v p99 %v; sender lag p50 %v p99 %v\n",
-		r.svc.Quantile(0.5), r.svc.Quantile(0.99), r.lag.Quantile(0.5), r.lag.Quantile(0.99))
-	fmt.Fprintf(&b, "RESULT offered=%.0f achieved=%.1f requests=%d ok=%d over_limit=%d errors=%d unsent=%d all_calls=%d p50_us=%d p90_us=%d p99_us=%d p999_us=%d max_us=%d lag_p50_us=%d lag_p99_us=%d svc_p50_us=%d svc_p99_us=%d\n",
-		cfg.rate, achieved, r.requests, r.ok, r.overLimit, r.errors, r.unsent, r.all,
-		us(r.lat.Quantile(0.5)), us(r.lat.Quantile(0.9)), us(r.lat.Quantile(0.99)), us(r.lat.Quantile(0.999)), us(r.lat.Max()),
-		us(r.lag.Quantile(0.5)), us(r.lag.Quantile(0.99)), us(r.svc.Quantile(0.5)), us(r.svc.Quantile(0.99)))
-	return b.String()
+	head := fmt.Sprintf("ShouldRateLimit %s domain %s, %d streams over %d connections, %s: %d answers (%.0f/s): %d OK, %d OVER_LIMIT; %d errors, %d not sent",
+		cfg.addr, cfg.domain, cfg.streams, cfg.conns, latency.Mode(cfg.rate), r.Requests, r.Achieved(), r.ok, r.overLimit, r.Errors, r.Unsent)
+	return r.Report(head, cfg.rate, fmt.Sprintf("ok=%d over_limit=%d errors=%d unsent=%d all_calls=%d", r.ok, r.overLimit, r.Errors, r.Unsent, r.all))
 }
 
 // conn is one connection to the service; each sender calls through its
@@ -303,83 +276,42 @@ func (s *h2Sender) call(_ context.Context, user int) (rlsv3.RateLimitResponse_Co
 // naming the users in turn from its own offset, and merges what they
 // measured.
 func drive(ctx context.Context, cfg config, conns []conn, users int) *result {
-	start := time.Now()
-	measureFrom := start.Add(cfg.warmup)
-	end := measureFrom.Add(cfg.duration)
-	pacer := latency.NewPacer(start, end, cfg.rate, 2*time.Second)
-	var wg sync.WaitGroup
-	parts := make([]result, cfg.streams)
+	type part struct {
+		snd                sender
+		user               int
+		ok, overLimit, all uint64
+	}
+	parts := make([]part, cfg.streams)
 	for w := range parts {
-		res, snd, user := &parts[w], conns[w%len(conns)].newSender(), w*users/cfg.streams
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				at, from, skip, ok := pacer.Next()
-				if !ok {
-					return
-				}
-				if skip {
-					res.unsent++
-					continue
-				}
-				u := user
-				if user++; user == users {
-					user = 0
-				}
-				sent := time.Now()
-				code, err := snd.call(ctx, u)
-				done := time.Now()
-				res.all++
-				if at.Before(measureFrom) {
-					continue
-				}
-				res.lastDone = done
-				if err == nil {
-					switch code {
-					case rlsv3.RateLimitResponse_OK:
-						res.ok++
-					case rlsv3.RateLimitResponse_OVER_LIMIT:
-						res.overLimit++
-					default:
-						err = fmt.Errorf("overall_code %v", code)
-					}
-				}
-				if err != nil {
-					res.errors++
-					if res.firstErr == nil {
-						res.firstErr = err
-					}
-					continue
-				}
-				res.requests++
-				res.lat.Record(done.Sub(from))
-				res.lag.Record(sent.Sub(at))
-				res.svc.Record(done.Sub(sent))
+		parts[w] = part{snd: conns[w%len(conns)].newSender(), user: w * users / cfg.streams}
+	}
+	m := latency.Drive(ctx, latency.RunConfig{Warmup: cfg.warmup, Duration: cfg.duration, Rate: cfg.rate, Senders: cfg.streams},
+		func(w int, measured bool) error {
+			p := &parts[w]
+			u := p.user
+			if p.user++; p.user == users {
+				p.user = 0
 			}
-		}()
+			code, err := p.snd.call(ctx, u)
+			p.all++
+			if err != nil || !measured {
+				return err
+			}
+			switch code {
+			case rlsv3.RateLimitResponse_OK:
+				p.ok++
+			case rlsv3.RateLimitResponse_OVER_LIMIT:
+				p.overLimit++
+			default:
+				return fmt.Errorf("overall_code %v", code)
+			}
+			return nil
+		})
+	res := &result{Measure: m}
+	for _, p := range parts {
+		res.ok += p.ok
+		res.overLimit += p.overLimit
+		res.all += p.all
 	}
-	wg.Wait()
-	total := &result{}
-	var last time.Time
-	for i := range parts {
-		p := &parts[i]
-		total.lat.Merge(&p.lat)
-		total.lag.Merge(&p.lag)
-		total.svc.Merge(&p.svc)
-		total.requests += p.requests
-		total.ok += p.ok
-		total.overLimit += p.overLimit
-		total.errors += p.errors
-		total.all += p.all
-		total.unsent += p.unsent
-		if total.firstErr == nil {
-			total.firstErr = p.firstErr
-		}
-		if p.lastDone.After(last) {
-			last = p.lastDone
-		}
-	}
-	total.elapsed = last.Sub(measureFrom)
-	return total
+	return res
 }

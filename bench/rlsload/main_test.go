@@ -82,18 +82,18 @@ func TestDriveCountsAnswersByCode(t *testing.T) {
 			}
 			defer c.Close()
 			res := drive(context.Background(), cfg, []conn{c}, len(reqs))
-			if res.errors != 0 || res.requests == 0 || res.ok+res.overLimit != res.requests {
+			if res.Errors != 0 || res.Requests == 0 || res.ok+res.overLimit != res.Requests {
 				t.Fatalf("drive = %d requests, %d OK, %d OVER_LIMIT, %d errors (%v); want some, all answered OK or OVER_LIMIT",
-					res.requests, res.ok, res.overLimit, res.errors, res.firstErr)
+					res.Requests, res.ok, res.overLimit, res.Errors, res.FirstErr)
 			}
 			if res.ok == 0 || res.overLimit == 0 {
 				t.Errorf("drive = %d OK, %d OVER_LIMIT; want both counted", res.ok, res.overLimit)
 			}
-			if res.all != res.requests+res.errors {
-				t.Errorf("drive counted %d calls in all, want %d answered + %d failed (no warm-up)", res.all, res.requests, res.errors)
+			if res.all != res.Requests+res.Errors {
+				t.Errorf("drive counted %d calls in all, want %d answered + %d failed (no warm-up)", res.all, res.Requests, res.Errors)
 			}
-			if got := uint64(res.lat.Count()); got != res.requests {
-				t.Errorf("latency histogram holds %d values, want one per answer (%d)", got, res.requests)
+			if got := uint64(res.Lat.Count()); got != res.Requests {
+				t.Errorf("latency histogram holds %d values, want one per answer (%d)", got, res.Requests)
 			}
 			srv.mu.Lock()
 			defer srv.mu.Unlock()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-rl/sluice/client"
 	"github.com/sluice-rl/sluice/quota"
 )
 
@@ -50,13 +52,9 @@ func newPoliciesCmd() *cobra.Command {
 		Short: "Print the version in force of a policy, as the document apply takes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := o.client()
+			vs, err := o.policyVersions(cmd.Context(), args[0])
 			if err != nil {
 				return err
-			}
-			vs, err := c.PolicyVersions(cmd.Context(), args[0])
-			if err != nil {
-				return adminError(err)
 			}
 			p, ok := vs.Current()
 			if !ok {
@@ -152,13 +150,9 @@ earlier ones published, and says which.`,
 		Short: "List the kept versions of a policy",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := o.client()
+			vs, err := o.policyVersions(cmd.Context(), args[0])
 			if err != nil {
 				return err
-			}
-			vs, err := c.PolicyVersions(cmd.Context(), args[0])
-			if err != nil {
-				return adminError(err)
 			}
 			return o.emit(cmd.OutOrStdout(), vs, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "VERSION\tIN FORCE\tMODE\tCLASS\tSCOPE\tLIMIT")
@@ -176,6 +170,20 @@ earlier ones published, and says which.`,
 		c.ValidArgsFunction = policyIDCompletion(o)
 	}
 	return adminGroup("policies", "List, read, publish and roll back policies (admin API)", o, list, get, apply, rollback, history)
+}
+
+// policyVersions reads the kept versions of policy id from the daemon the
+// flags name (get and history).
+func (o *adminOpts) policyVersions(ctx context.Context, id string) (*client.PolicyVersions, error) {
+	c, err := o.client()
+	if err != nil {
+		return nil, err
+	}
+	vs, err := c.PolicyVersions(ctx, id)
+	if err != nil {
+		return nil, adminError(err)
+	}
+	return vs, nil
 }
 
 // policyIDCompletion completes a policy id from the daemon's list.

@@ -94,14 +94,14 @@ descriptors:
 		}
 	}
 
-	t1 := nextSecond()
+	t1 := nextSecond(t)
 	g.setRates(split(map[string]float64{"r1": 0.7, "r2": 0.2, "r3": 0.1}))
-	waitSeconds(settle+window, t1)
+	waitSeconds(t, settle+window, t1)
 	steady("70/20/10", t1+settle)
 
-	t2 := nextSecond()
+	t2 := nextSecond(t)
 	g.setRates(split(map[string]float64{"r3": 1}))
-	waitSeconds(settle+window, t2)
+	waitSeconds(t, settle+window, t2)
 	steady("all in r3", t2+settle)
 
 	// The descriptor's usage reached the coordinator: the regions under

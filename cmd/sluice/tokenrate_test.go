@@ -138,13 +138,13 @@ func TestGlobalTokenRateWithCharges(t *testing.T) {
 		c.setRate(2 * limit * split[i] / ((1 + maxCost) / 2))
 		clients = append(clients, c)
 	}
-	t0 := nextSecond()
+	t0 := nextSecond(t)
 	for _, c := range clients {
 		wg.Add(1)
 		go c.run(stop, &wg)
 	}
 	const warm, windows = 4, 3
-	waitSeconds(warm+windows*window+1, t0)
+	waitSeconds(t, warm+windows*window+1, t0)
 	close(stop)
 	wg.Wait()
 
