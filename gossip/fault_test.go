@@ -15,18 +15,32 @@ import (
 // through fn.
 func startFaultNode(t *testing.T, fn *gossiptest.FaultNet, name, region string, join ...string) (*Node, *inbox) {
 	t.Helper()
-	n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: keyA, Preset: PresetLocal,
-		Join: join, Registerer: prometheus.NewRegistry(), LeaveTimeout: 500 * time.Millisecond,
-		Logger: testLogger(name), Now: testNow, Memberlist: fn.Attach(region)})
+	return runInboxNode(t, Config{Node: name, Region: region, Join: join, Now: testNow, Memberlist: fn.Attach(region)}, nil)
+}
+
+// runInboxNode makes a node of cfg with the tests' key, preset, registry
+// and logger, records the reports it receives, and runs it until the test
+// ends, calling beforeStop (if set) first.
+func runInboxNode(t *testing.T, cfg Config, beforeStop func()) (*Node, *inbox) {
+	t.Helper()
+	cfg.BindAddr, cfg.SecretKey, cfg.Preset = "127.0.0.1", keyA, PresetLocal
+	cfg.Registerer, cfg.LeaveTimeout, cfg.Logger = prometheus.NewRegistry(), 500*time.Millisecond, testLogger(cfg.Node)
+	n, err := New(cfg)
 	if err != nil {
-		t.Fatalf("New(%s) = %v", name, err)
+		t.Fatalf("New(%s) = %v", cfg.Node, err)
 	}
 	in := &inbox{}
 	n.OnReport(func(r share.Report) { in.mu.Lock(); in.reports = append(in.reports, r); in.mu.Unlock() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = n.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		if beforeStop != nil {
+			beforeStop()
+		}
+		cancel()
+		<-done
+	})
 	return n, in
 }
 

@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-rl/sluice/internal/testwait"
-	"github.com/sluice-rl/sluice/share"
 )
 
 // memNet is an in-memory network for memberlist, in the manner of its
@@ -157,19 +155,7 @@ func startMemNode(t *testing.T, mn *memNet, name, region string, contactEvery ti
 	if mn.nodes == nil {
 		t.Cleanup(func() { time.Sleep(time.Minute) })
 	}
-	n, err := New(Config{Node: name, Region: region, BindAddr: "127.0.0.1", SecretKey: keyA, Preset: PresetLocal,
-		Join: join, Registerer: prometheus.NewRegistry(), LeaveTimeout: 500 * time.Millisecond,
-		Logger: testLogger(name), ContactEvery: contactEvery, Memberlist: mn.attach(region)})
-	if err != nil {
-		t.Fatalf("New(%s) = %v", name, err)
-	}
-	in := &inbox{}
-	n.OnReport(func(r share.Report) { in.mu.Lock(); in.reports = append(in.reports, r); in.mu.Unlock() })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = n.Run(ctx) }()
-	t.Cleanup(func() { mn.close(); cancel(); <-done })
-	return n, in
+	return runInboxNode(t, Config{Node: name, Region: region, Join: join, ContactEvery: contactEvery, Memberlist: mn.attach(region)}, mn.close)
 }
 
 // TestContactFollowsReachabilityVirtual is TestContactFollowsReachability
