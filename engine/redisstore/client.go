@@ -78,7 +78,7 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 		}
 	}
 	if rest, ok := cutScheme(url, "redis-cluster"); ok {
-		return newClusterClient(url, rest, tlsConf, dial)
+		return newClusterClient(url, rest, tlsConf, dial, cc.tuning())
 	}
 	var opt *redis.Options
 	if _, ok := cutScheme(url, "redis-sentinel"); ok {
@@ -88,7 +88,7 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 		}
 		fo.TLSConfig, fo.Dialer = tlsConf, dial
 		fo.SentinelUsername, fo.SentinelPassword = cc.SentinelUsername, cc.SentinelPassword
-		t := tuningOf()
+		t := cc.tuning()
 		fo.ContextTimeoutEnabled, fo.DialerRetries, fo.MaxRetries = true, 1, t.maxRetries
 		fo.MinRetryBackoff, fo.MaxRetryBackoff = t.retryBackoff, t.retryBackoff
 		fo.PoolSize, fo.DialTimeout = t.poolSize, t.dialTimeout
@@ -116,7 +116,7 @@ func NewClientWith(url string, cc ClientConfig) (redis.UniversalClient, error) {
 		}
 		opt.Dialer = dial
 	}
-	t := tuningOf()
+	t := cc.tuning()
 	opt.ContextTimeoutEnabled, opt.DialerRetries, opt.MaxRetries = true, 1, t.maxRetries
 	opt.MinRetryBackoff, opt.MaxRetryBackoff = t.retryBackoff, t.retryBackoff
 	opt.PoolSize, opt.DialTimeout = t.poolSize, t.dialTimeout
@@ -129,6 +129,15 @@ type tuning struct {
 	maxRetries                           int
 	poolSize                             int
 	dialTimeout, ioTimeout, retryBackoff time.Duration
+}
+
+// tuning is tuningOf with cc's IOTimeout, if set.
+func (cc ClientConfig) tuning() tuning {
+	t := tuningOf()
+	if cc.IOTimeout > 0 {
+		t.ioTimeout = cc.IOTimeout
+	}
+	return t
 }
 
 func tuningOf() tuning {
@@ -145,7 +154,7 @@ func tuningOf() tuning {
 
 // newClusterClient is NewClientWith for a Cluster URL, rest the part
 // after its scheme.
-func newClusterClient(url, rest string, tlsConf *tls.Config, dial func(context.Context, string, string) (net.Conn, error)) (redis.UniversalClient, error) {
+func newClusterClient(url, rest string, tlsConf *tls.Config, dial func(context.Context, string, string) (net.Conn, error), t tuning) (redis.UniversalClient, error) {
 	var user, pass string
 	if at := strings.LastIndex(rest, "@"); at >= 0 {
 		user, pass, _ = strings.Cut(rest[:at], ":")
@@ -161,7 +170,6 @@ func newClusterClient(url, rest string, tlsConf *tls.Config, dial func(context.C
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("redis url %q names no node", url)
 	}
-	t := tuningOf()
 	return redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs: addrs,
 		// Learn of a failover within seconds even when no error
@@ -260,6 +268,12 @@ type ClientConfig struct {
 	// or an ACL user with an empty password meaning the default user); the
 	// URL's credentials are the data nodes'. Empty asks without any.
 	SentinelUsername, SentinelPassword string
+	// IOTimeout bounds one read or write on a connection whose context
+	// has no shorter deadline (go-redis's ReadTimeout and WriteTimeout);
+	// 0 is 1 s. A store whose deadlines are longer than a second (its
+	// Config.Timeout, a test's minute) needs it as long: the client gives
+	// up a script call once, and does not send it again.
+	IOTimeout time.Duration
 	// Logger and TLSMetrics, if set, log and count the TLS files read again
 	// (TLSReloadEvery) under the name redis.
 	Logger     *slog.Logger

@@ -191,7 +191,15 @@ func TestRedisQueueWaitIsNotFailure(t *testing.T) {
 // is shared: a stalled process can miss a few milliseconds by itself.
 func TestRedisFloodOneKeyStaysOnStore(t *testing.T) {
 	srv := redistest.Start(t)
-	c := daemonClient(t, srv)
+	// The store's deadline is a minute, and so is the client's bound on
+	// a read: at the production 1 s, a batch read while the race detector
+	// and a thousand goroutines kept the reader from running for a second
+	// failed, and the client does not send a script twice.
+	c, err := NewClientWith("redis://"+srv.Addr(), ClientConfig{IOTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
 	deadline := 300 * time.Millisecond
 	if racedetector.Enabled {
 		deadline *= 5 // the detector slows every memory access many times over
