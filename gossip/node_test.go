@@ -213,7 +213,12 @@ func TestClusterMembershipAndReports(t *testing.T) {
 
 	// Node usage stays in its region: a second eu node gets it, us does not.
 	n4 := startNode(t, "n4", "eu", keyA, n1.Addr())
-	testwait.For(t, 30*time.Second, "n1 to see n4", func() bool { return len(n1.Regions()["eu"]) == 2 })
+	// Usage is sent once, and a node takes a message only from a member it
+	// knows: wait until n4 knows n1 as well (under the race detector n1
+	// saw n4 first, and n4 turned the usage away).
+	testwait.For(t, 30*time.Second, "n1 and n4 to see each other", func() bool {
+		return len(n1.Regions()["eu"]) == 2 && len(n4.Regions()["eu"]) == 2
+	})
 	if err := n1.SendNodeUsage(ctx, NodeUsage{Epoch: 100, Keys: []KeyUsage{{Key: share.Key{Policy: "g", Subject: "s"}, Limit: 5, Offered: 1}}}); err != nil {
 		t.Fatal(err)
 	}
