@@ -269,7 +269,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, reg prometheus.Regis
 			pstore = quota.NewFileStore(filepath.Join(cfg.DataDir, "policies.json"))
 		}
 	} else {
-		client, err := redisstore.NewClientWith(cfg.Store, cfg.Redis)
+		// A read is bounded by the check's deadline, and by the
+		// client's IOTimeout where no context deadline is shorter: a
+		// store timeout of more than a quarter second gets a bound that
+		// follows it, so that a slow reply is not cut before its check's
+		// deadline (the client never sends a script twice).
+		rc := cfg.Redis
+		if rc.IOTimeout == 0 {
+			rc.IOTimeout = max(time.Second, 4*cfg.StoreTimeout)
+		}
+		client, err := redisstore.NewClientWith(cfg.Store, rc)
 		if err != nil {
 			return nil, err
 		}
