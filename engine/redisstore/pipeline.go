@@ -290,7 +290,7 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 			if behind < 0 {
 				behind = 0
 				switch {
-				case s.pressure.short(now):
+				case s.machineShort(now):
 					behind = pressedReads * starvedQueueWaits
 				case runnableGoroutines():
 					behind = starvedQueueWaits
@@ -416,8 +416,9 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // between (the runtime's scheduling latencies), none waiting to run at the
 // second, no reply from the primary waiting unread in a socket (Go polls
 // the network late when it always has goroutines to run), and the machine
-// not short of CPU (cpuPressure: a Redis server on a loaded machine
-// answers late for want of CPU, and its late reply is its decision): the
+// not short of CPU with a Redis server on it (machineShort: a Redis server
+// on a loaded machine answers late for want of CPU, and its late reply is
+// its decision): the
 // daemon was running for that long, with time for the reading goroutine to
 // take the reply, and none came. A store that does not answer thus fails a
 // check within its deadline plus one to two slacks (a fifth of the
@@ -490,7 +491,7 @@ func (w *deadlineWatch) expire() {
 	}
 	ran := onTime // the timer was on time: the daemon ran until now
 	giveUp := w.giveUp.Add(w.late)
-	pressed := w.s.pressure.short(now)
+	pressed := w.s.machineShort(now)
 	to := now.Add(w.starved)
 	if to.After(w.readCap) {
 		to = w.readCap
@@ -568,6 +569,22 @@ func (w *deadlineWatch) expire() {
 // run may not even have written the request.
 func (w *deadlineWatch) behind(now time.Time) bool {
 	return w.s.unread != nil && w.s.unread.behind(w.readBy, now, w.first)
+}
+
+// machineShort reports whether the machine is short of CPU (cpuPressure)
+// while a Redis server the store reaches runs on it. A server on another
+// machine does not wait for this one's CPUs: a reply it does not send is
+// its failure, and this daemon's own delays are measured apart (the
+// watch's lateness, goroutines waiting to run, replies unread). Without
+// that distinction a remote server that hangs would hold every check for
+// about a second whenever this machine is busy, where the deadline is a
+// few milliseconds. A client whose connections the store cannot see
+// counts as on this machine.
+func (s *Store) machineShort(now time.Time) bool {
+	if s.unread != nil && !s.unread.colocated.Load() {
+		return false
+	}
+	return s.pressure.short(now)
 }
 
 // unreadReply reports whether a reply from ln's primary has arrived that

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,6 +23,41 @@ import (
 type unreadConns struct {
 	mu    sync.Mutex
 	conns map[*watchedConn]struct{}
+	// colocated is set once a connection is dialled to a server on this
+	// machine (onMachine): only such a server waits for this machine's
+	// CPUs, so only then does the machine's CPU pressure excuse a late
+	// reply (Store.machineShort).
+	colocated atomic.Bool
+	onMachine func(net.Addr) bool // onThisMachine; tests replace it
+}
+
+// onThisMachine reports whether a is an address of this machine: a Unix
+// socket, a loopback address or one of its interfaces' addresses. An
+// address it cannot judge counts as this machine's, which keeps the wait
+// for a server the machine may not have run.
+func onThisMachine(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return true
+	}
+	if tcp.IP.IsLoopback() {
+		return true
+	}
+	own, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	return ownsIP(own, tcp.IP)
+}
+
+// ownsIP reports whether ip is one of the interface addresses own.
+func ownsIP(own []net.Addr, ip net.IP) bool {
+	for _, o := range own {
+		if n, ok := o.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // watchedConn is a connection to Redis the store dialled, with the
@@ -131,6 +167,15 @@ func (u *unreadConns) watch(conn net.Conn, addr string) net.Conn {
 	sock := conn
 	if tc, ok := conn.(*tls.Conn); ok {
 		sock = tc.NetConn()
+	}
+	if !u.colocated.Load() {
+		local := onThisMachine
+		if u.onMachine != nil {
+			local = u.onMachine
+		}
+		if local(conn.RemoteAddr()) {
+			u.colocated.Store(true)
+		}
 	}
 	c := &watchedConn{Conn: conn, addr: addr, conns: u}
 	if sc, ok := sock.(syscall.Conn); ok {

@@ -1,0 +1,124 @@
+package redisstore
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/engine"
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/internal/redistest"
+	"github.com/sluice-rl/sluice/internal/testwait"
+)
+
+// TestOnThisMachine tells the addresses of servers that share this
+// machine's CPUs from those of servers elsewhere.
+func TestOnThisMachine(t *testing.T) {
+	own := []net.Addr{
+		&net.IPNet{IP: net.ParseIP("10.1.2.3"), Mask: net.CIDRMask(24, 32)},
+		&net.IPNet{IP: net.ParseIP("fd00::5"), Mask: net.CIDRMask(64, 128)},
+	}
+	for _, tt := range []struct {
+		name string
+		ip   string
+		want bool
+	}{
+		{"an interface's address", "10.1.2.3", true},
+		{"an interface's IPv6 address", "fd00::5", true},
+		{"a neighbour on the same network", "10.1.2.4", false},
+		{"another network", "192.0.2.7", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ownsIP(own, net.ParseIP(tt.ip)); got != tt.want {
+				t.Errorf("ownsIP(%s) = %v, want %v", tt.ip, got, tt.want)
+			}
+		})
+	}
+	for _, tt := range []struct {
+		name string
+		addr net.Addr
+	}{
+		{"IPv4 loopback", &net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 6379}},
+		{"IPv6 loopback", &net.TCPAddr{IP: net.IPv6loopback, Port: 6379}},
+		{"a Unix socket", &net.UnixAddr{Name: "/run/redis.sock", Net: "unix"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if !onThisMachine(tt.addr) {
+				t.Errorf("onThisMachine(%v) = false, want true", tt.addr)
+			}
+		})
+	}
+	if onThisMachine(&net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 6379}) {
+		t.Error("onThisMachine(192.0.2.7, a documentation address no interface holds) = true, want false")
+	}
+}
+
+// TestPausedServerElsewhereFailsAtDeadlineUnderPressure pauses a real
+// server while the machine reads as short of CPU. A server on this machine
+// may be one the machine does not run, and the store waits for its reply
+// (about a second, here until the pause ends); a server on another
+// machine does not wait for this one's CPUs, and its checks fail at their
+// deadline as on an idle machine. Only the locality of the connection
+// differs between the two cases.
+func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
+	const deadline = 20 * time.Millisecond
+	const pause = 3 * time.Second
+	psi := filepath.Join(t.TempDir(), "psi")
+	if err := os.WriteFile(psi, []byte("some avg10=62.66 avg60=0.00 avg300=0.00 total=1000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name      string
+		onMachine bool
+	}{
+		{"server elsewhere", false},
+		{"server on this machine", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c, err := NewClient("redis://" + srv.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			store := New(c, Config{Timeout: deadline})
+			store.pressure = &cpuPressure{psi: psi}
+			store.unread.onMachine = func(net.Addr) bool { return tt.onMachine }
+			lim := limiter.New(limiter.Config{Store: store, Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
+			req := engine.Request{Subject: "p", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
+			ctx := context.Background()
+			testwait.For(t, 30*time.Second, "a warm-up check decided by the store", func() bool {
+				o, err := lim.Check(ctx, req)
+				return err == nil && o.Source == limiter.FromStore
+			})
+			if got := store.unread.colocated.Load(); got != tt.onMachine {
+				t.Fatalf("colocated = %v after dialling, want %v", got, tt.onMachine)
+			}
+			srv.Pause(pause)
+			start := time.Now()
+			o, err := lim.Check(ctx, req)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("check during pause: %v", err)
+			}
+			t.Logf("check during a %v pause took %v, source %v", pause, took, o.Source)
+			// Not speed assertions: the bounds tell a deadline (20 ms
+			// plus scheduling) from a wait for the paused server (seconds).
+			if tt.onMachine {
+				if took < 750*time.Millisecond {
+					t.Errorf("a server on this machine was given up after %v under CPU pressure; want a wait of about a second or until it answers", took)
+				}
+				return
+			}
+			if !o.Degraded {
+				t.Errorf("a check to a paused server elsewhere was not degraded: %+v", o)
+			}
+			if took > 750*time.Millisecond {
+				t.Errorf("a check to a paused server elsewhere took %v under CPU pressure, want about the %v deadline", took, deadline)
+			}
+		})
+	}
+}
