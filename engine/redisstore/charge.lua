@@ -7,9 +7,9 @@
 -- reads and writes, and its TTLs, are redis.lua's: each "-- <shared: NAME>"
 -- line below is replaced by that part of redis.lua (see chargeScript in
 -- charge.go), which defines US, now, q29, ceil_us, stored_count, load,
--- encode and ttl. It is a script of
--- its own: a charge is never on a request's critical path, so it is sent
--- on its own, never batched with checks.
+-- encode and ttl, and the token bucket's refill. It is a script of its
+-- own: a charge is never on a request's critical path, so it is sent on
+-- its own, never batched with checks.
 --
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2]   extra milliseconds added to every TTL (tests on virtual time).
@@ -43,21 +43,13 @@ end
 -- <shared: buckets>
 -- <shared: counts>
 -- <shared: codec>
+-- <shared: refill>
 
 -- charge is chargeCounters: the state brought to now, plus units.
 local function charge(alg, a, b, t, p1, p2, w, units, at)
   if alg == 1 then
-    local tokens = p2
-    if t ~= 0 then
-      tokens = a
-      if now > t then
-        tokens = tokens + ((now - t) * p1) / US
-        t = now
-      end
-      if tokens > p2 then tokens = p2 end
-    else
-      t = now
-    end
+    local tokens
+    tokens, t = refill(a, t, p1, p2)
     tokens = tokens - units
     if tokens > p2 then tokens = p2 end
     return q29(tokens, math.floor), 0, t

@@ -61,9 +61,11 @@
 -- check's five integers per policy are replaced by one error reply.
 --
 -- The parts between "-- <shared: NAME>" and "-- </shared: NAME>" (the
--- clock, the bucket and count encodings, load, encode and ttl) are
--- charge.lua's too: charge.go splices them into it, so both scripts read
--- and write one state layout. Change them knowing both run them.
+-- clock, the bucket and count encodings, load, encode and ttl, and the
+-- token bucket's refill) are charge.lua's too: charge.go splices them
+-- into it, so both scripts read and write one state layout and a charge
+-- refills a bucket with the very operations a check does. Change them
+-- knowing both run them.
 
 -- <shared: clock>
 local US = 1000000
@@ -108,23 +110,31 @@ end
 -- the checks' values (set once m is known, below).
 local K = KEYS
 
+-- <shared: refill>
+-- refill brings a token bucket's stored tokens a, of time t, to now:
+-- refilled at rate (per second) up to burst, or full at burst when there
+-- is no state (t = 0). It returns the tokens and their time: now, or t
+-- when now is not later.
+local function refill(a, t, rate, burst)
+  if t == 0 then return burst, now end
+  local tokens = a
+  if now > t then
+    tokens = tokens + ((now - t) * rate) / US
+    t = now
+  end
+  if tokens > burst then tokens = burst end
+  return tokens, t
+end
+-- </shared: refill>
+
 -- Each algorithm takes the stored state (a, b, t; t = 0 for none) and
 -- returns the verdict (allowed 0/1, limit, remaining, reset-after µs,
 -- retry-after µs) and the state after the check, as algorithm.go's decide
 -- updates its counters: three numbers, not a table, so a check allocates
 -- nothing it does not store.
 local function token_bucket(a, t, rate, burst, cost)
-  local tokens = burst
-  if t ~= 0 then
-    tokens = a
-    if now > t then
-      tokens = tokens + ((now - t) * rate) / US
-      t = now
-    end
-    if tokens > burst then tokens = burst end
-  else
-    t = now
-  end
+  local tokens
+  tokens, t = refill(a, t, rate, burst)
   local ok, retry = 0, 0
   if cost <= tokens then
     ok = 1
