@@ -7,9 +7,10 @@
 -- reads and writes, and its TTLs, are redis.lua's: each "-- <shared: NAME>"
 -- line below is replaced by that part of redis.lua (see chargeScript in
 -- charge.go), which defines US, now, q29, ceil_us, stored_count, load,
--- encode and ttl, and the token bucket's refill. It is a script of its
--- own: a charge is never on a request's critical path, so it is sent on
--- its own, never batched with checks.
+-- encode and ttl, and the steps that bring a bucket's state to now
+-- (refill, drain). It is a script of its own: a charge is never on a
+-- request's critical path, so it is sent on its own, never batched with
+-- checks.
 --
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2]   extra milliseconds added to every TTL (tests on virtual time).
@@ -44,6 +45,7 @@ end
 -- <shared: counts>
 -- <shared: codec>
 -- <shared: refill>
+-- <shared: drain>
 
 -- charge is chargeCounters: the state brought to now, plus units.
 local function charge(alg, a, b, t, p1, p2, w, units, at)
@@ -55,17 +57,8 @@ local function charge(alg, a, b, t, p1, p2, w, units, at)
     return q29(tokens, math.floor), 0, t
   end
   if alg == 2 then
-    local level = 0
-    if t ~= 0 then
-      level = a
-      if now > t then
-        local l = level - ((now - t) * p1) / US
-        if l > 0 then level = l else level = 0 end
-        t = now
-      end
-    else
-      t = now
-    end
+    local level
+    level, t = drain(a, t, p1)
     level = level + units
     if not (level > 0) then level = 0 end
     return q29(level, math.ceil), 0, t

@@ -62,10 +62,10 @@
 --
 -- The parts between "-- <shared: NAME>" and "-- </shared: NAME>" (the
 -- clock, the bucket and count encodings, load, encode and ttl, and the
--- token bucket's refill) are charge.lua's too: charge.go splices them
--- into it, so both scripts read and write one state layout and a charge
--- refills a bucket with the very operations a check does. Change them
--- knowing both run them.
+-- steps that bring a bucket's state to now: refill and drain) are
+-- charge.lua's too: charge.go splices them into it, so both scripts read
+-- and write one state layout and a charge brings a state to now with the
+-- very operations a check does. Change them knowing both run them.
 
 -- <shared: clock>
 local US = 1000000
@@ -250,18 +250,25 @@ local function stored_count(x)
 end
 -- </shared: counts>
 
-local function leaky_bucket(a, t, rate, burst, cost)
-  local level = 0
-  if t ~= 0 then
-    level = a
-    if now > t then
-      local l = level - ((now - t) * rate) / US
-      if l > 0 then level = l else level = 0 end
-      t = now
-    end
-  else
+-- <shared: drain>
+-- drain brings a leaky bucket's stored level a, of time t, to now: drained
+-- at rate (per second) down to 0, or 0 when there is no state (t = 0). It
+-- returns the level and its time: now, or t when now is not later.
+local function drain(a, t, rate)
+  if t == 0 then return 0, now end
+  local level = a
+  if now > t then
+    local l = level - ((now - t) * rate) / US
+    if l > 0 then level = l else level = 0 end
     t = now
   end
+  return level, t
+end
+-- </shared: drain>
+
+local function leaky_bucket(a, t, rate, burst, cost)
+  local level
+  level, t = drain(a, t, rate)
   local ok, retry = 0, 0
   if level + cost <= burst then
     ok = 1
