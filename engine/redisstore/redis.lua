@@ -62,10 +62,11 @@
 --
 -- The parts between "-- <shared: NAME>" and "-- </shared: NAME>" (the
 -- clock, the bucket and count encodings, load, encode and ttl, and the
--- steps that bring a bucket's state to now: refill and drain) are
--- charge.lua's too: charge.go splices them into it, so both scripts read
--- and write one state layout and a charge brings a state to now with the
--- very operations a check does. Change them knowing both run them.
+-- steps that bring each algorithm's state to now: refill, drain,
+-- fixed_roll and sliding_roll) are charge.lua's too: charge.go splices
+-- them into it, so both scripts read and write one state layout and a
+-- charge brings a state to now with the very operations a check does.
+-- Change them knowing both run them.
 
 -- <shared: clock>
 local US = 1000000
@@ -284,9 +285,31 @@ local function leaky_bucket(a, t, rate, burst, cost)
     ceil_us(level * US / rate), retry, q29_up_to(level, burst), 0, t
 end
 
-local function fixed_window(n, t, count, w, cost)
+-- <shared: windows>
+-- fixed_roll brings a fixed window's count n, of the window that started
+-- at t, to now's window of w µs: a window that has ended (or none, t = 0)
+-- gives 0 from the start of now's.
+local function fixed_roll(n, t, w)
   local start = now - math.fmod(now, w)
-  if t == 0 or start > t then n, t = 0, start end
+  if t == 0 or start > t then return 0, start end
+  return n, t
+end
+
+-- sliding_roll brings a sliding window counter's counts, cur of the window
+-- that started at t and prev of the one before, to now's window of w µs:
+-- in the next window cur becomes prev; any later (or none, t = 0) counts
+-- nothing in either.
+local function sliding_roll(cur, prev, t, w)
+  local start = now - math.fmod(now, w)
+  if t == 0 then return 0, 0, start end
+  if start == t + w then return 0, cur, start end
+  if start > t then return 0, 0, start end
+  return cur, prev, t
+end
+-- </shared: windows>
+
+local function fixed_window(n, t, count, w, cost)
+  n, t = fixed_roll(n, t, w)
   local fin = t + w
   local ok, retry = 0, 0
   if n + cost <= count then
@@ -325,14 +348,7 @@ local function sliding_retry(cur, prev, w, e, limit, cost)
 end
 
 local function sliding_counter(cur, prev, t, count, w, cost)
-  local start = now - math.fmod(now, w)
-  if t == 0 then
-    cur, prev, t = 0, 0, start
-  elseif start == t + w then
-    cur, prev, t = 0, cur, start
-  elseif start > t then
-    cur, prev, t = 0, 0, start
-  end
+  cur, prev, t = sliding_roll(cur, prev, t, w)
   local e = now - t
   if e < 0 then e = 0 end
   local est = estimate(cur, prev, w, e)
