@@ -7,9 +7,10 @@
 -- reads and writes, and its TTLs, are redis.lua's: each "-- <shared: NAME>"
 -- line below is replaced by that part of redis.lua (see chargeScript in
 -- charge.go), which defines US, now, q29, ceil_us, stored_count, load,
--- encode and ttl. It is a script of
--- its own: a charge is never on a request's critical path, so it is sent
--- on its own, never batched with checks.
+-- encode and ttl, and the steps that bring a state to now (refill, drain,
+-- fixed_roll, sliding_roll). It is a script of its own: a charge is never
+-- on a request's critical path, so it is sent on its own, never batched
+-- with checks.
 --
 -- ARGV[1]   now in Unix microseconds, or "" to read the server's TIME.
 -- ARGV[2]   extra milliseconds added to every TTL (tests on virtual time).
@@ -43,55 +44,33 @@ end
 -- <shared: buckets>
 -- <shared: counts>
 -- <shared: codec>
+-- <shared: refill>
+-- <shared: drain>
+-- <shared: windows>
 
 -- charge is chargeCounters: the state brought to now, plus units.
 local function charge(alg, a, b, t, p1, p2, w, units, at)
   if alg == 1 then
-    local tokens = p2
-    if t ~= 0 then
-      tokens = a
-      if now > t then
-        tokens = tokens + ((now - t) * p1) / US
-        t = now
-      end
-      if tokens > p2 then tokens = p2 end
-    else
-      t = now
-    end
+    local tokens
+    tokens, t = refill(a, t, p1, p2)
     tokens = tokens - units
     if tokens > p2 then tokens = p2 end
     return q29(tokens, math.floor), 0, t
   end
   if alg == 2 then
-    local level = 0
-    if t ~= 0 then
-      level = a
-      if now > t then
-        local l = level - ((now - t) * p1) / US
-        if l > 0 then level = l else level = 0 end
-        t = now
-      end
-    else
-      t = now
-    end
+    local level
+    level, t = drain(a, t, p1)
     level = level + units
     if not (level > 0) then level = 0 end
     return q29(level, math.ceil), 0, t
   end
-  local start = now - math.fmod(now, w)
   local wa = at - math.fmod(at, w)
   if alg == 3 then
-    if t == 0 or start > t then a, t = 0, start end
+    a, t = fixed_roll(a, t, w)
     if units >= 0 or wa == t then a = stored_count(a + units) end
     return a, 0, t
   end
-  if t == 0 then
-    a, b, t = 0, 0, start
-  elseif start == t + w then
-    a, b, t = 0, a, start
-  elseif start > t then
-    a, b, t = 0, 0, start
-  end
+  a, b, t = sliding_roll(a, b, t, w)
   if units >= 0 or wa == t then
     a = stored_count(a + units)
   elseif wa + w == t then

@@ -99,7 +99,7 @@ func TestChargeScriptSplicesRedisParts(t *testing.T) {
 			t.Fatalf("chargeScript still holds the marker %q", line)
 		}
 	}
-	for _, name := range []string{"clock", "buckets", "counts", "codec"} {
+	for _, name := range []string{"clock", "buckets", "counts", "codec", "refill", "drain", "windows"} {
 		_, rest, _ := strings.Cut(redisScript, "-- <shared: "+name+">\n")
 		part, _, ok := strings.Cut(rest, "-- </shared: "+name+">\n")
 		if !ok || part == "" {
@@ -109,7 +109,8 @@ func TestChargeScriptSplicesRedisParts(t *testing.T) {
 			t.Errorf("chargeScript holds redis.lua's %q part %d times, want 1", name, n)
 		}
 	}
-	for _, fn := range []string{"local function load(", "local function encode(", "local function ttl(", "local function stored_count("} {
+	for _, fn := range []string{"local function load(", "local function encode(", "local function ttl(", "local function stored_count(",
+		"local function refill(", "local function drain(", "local function fixed_roll(", "local function sliding_roll("} {
 		if n := strings.Count(chargeScript, fn); n != 1 {
 			t.Errorf("chargeScript defines %q %d times, want 1", fn, n)
 		}

@@ -61,9 +61,12 @@
 -- check's five integers per policy are replaced by one error reply.
 --
 -- The parts between "-- <shared: NAME>" and "-- </shared: NAME>" (the
--- clock, the bucket and count encodings, load, encode and ttl) are
--- charge.lua's too: charge.go splices them into it, so both scripts read
--- and write one state layout. Change them knowing both run them.
+-- clock, the bucket and count encodings, load, encode and ttl, and the
+-- steps that bring each algorithm's state to now: refill, drain,
+-- fixed_roll and sliding_roll) are charge.lua's too: charge.go splices
+-- them into it, so both scripts read and write one state layout and a
+-- charge brings a state to now with the very operations a check does.
+-- Change them knowing both run them.
 
 -- <shared: clock>
 local US = 1000000
@@ -108,23 +111,31 @@ end
 -- the checks' values (set once m is known, below).
 local K = KEYS
 
+-- <shared: refill>
+-- refill brings a token bucket's stored tokens a, of time t, to now:
+-- refilled at rate (per second) up to burst, or full at burst when there
+-- is no state (t = 0). It returns the tokens and their time: now, or t
+-- when now is not later.
+local function refill(a, t, rate, burst)
+  if t == 0 then return burst, now end
+  local tokens = a
+  if now > t then
+    tokens = tokens + ((now - t) * rate) / US
+    t = now
+  end
+  if tokens > burst then tokens = burst end
+  return tokens, t
+end
+-- </shared: refill>
+
 -- Each algorithm takes the stored state (a, b, t; t = 0 for none) and
 -- returns the verdict (allowed 0/1, limit, remaining, reset-after µs,
 -- retry-after µs) and the state after the check, as algorithm.go's decide
 -- updates its counters: three numbers, not a table, so a check allocates
 -- nothing it does not store.
 local function token_bucket(a, t, rate, burst, cost)
-  local tokens = burst
-  if t ~= 0 then
-    tokens = a
-    if now > t then
-      tokens = tokens + ((now - t) * rate) / US
-      t = now
-    end
-    if tokens > burst then tokens = burst end
-  else
-    t = now
-  end
+  local tokens
+  tokens, t = refill(a, t, rate, burst)
   local ok, retry = 0, 0
   if cost <= tokens then
     ok = 1
@@ -240,18 +251,25 @@ local function stored_count(x)
 end
 -- </shared: counts>
 
-local function leaky_bucket(a, t, rate, burst, cost)
-  local level = 0
-  if t ~= 0 then
-    level = a
-    if now > t then
-      local l = level - ((now - t) * rate) / US
-      if l > 0 then level = l else level = 0 end
-      t = now
-    end
-  else
+-- <shared: drain>
+-- drain brings a leaky bucket's stored level a, of time t, to now: drained
+-- at rate (per second) down to 0, or 0 when there is no state (t = 0). It
+-- returns the level and its time: now, or t when now is not later.
+local function drain(a, t, rate)
+  if t == 0 then return 0, now end
+  local level = a
+  if now > t then
+    local l = level - ((now - t) * rate) / US
+    if l > 0 then level = l else level = 0 end
     t = now
   end
+  return level, t
+end
+-- </shared: drain>
+
+local function leaky_bucket(a, t, rate, burst, cost)
+  local level
+  level, t = drain(a, t, rate)
   local ok, retry = 0, 0
   if level + cost <= burst then
     ok = 1
@@ -267,9 +285,31 @@ local function leaky_bucket(a, t, rate, burst, cost)
     ceil_us(level * US / rate), retry, q29_up_to(level, burst), 0, t
 end
 
-local function fixed_window(n, t, count, w, cost)
+-- <shared: windows>
+-- fixed_roll brings a fixed window's count n, of the window that started
+-- at t, to now's window of w µs: a window that has ended (or none, t = 0)
+-- gives 0 from the start of now's.
+local function fixed_roll(n, t, w)
   local start = now - math.fmod(now, w)
-  if t == 0 or start > t then n, t = 0, start end
+  if t == 0 or start > t then return 0, start end
+  return n, t
+end
+
+-- sliding_roll brings a sliding window counter's counts, cur of the window
+-- that started at t and prev of the one before, to now's window of w µs:
+-- in the next window cur becomes prev; any later (or none, t = 0) counts
+-- nothing in either.
+local function sliding_roll(cur, prev, t, w)
+  local start = now - math.fmod(now, w)
+  if t == 0 then return 0, 0, start end
+  if start == t + w then return 0, cur, start end
+  if start > t then return 0, 0, start end
+  return cur, prev, t
+end
+-- </shared: windows>
+
+local function fixed_window(n, t, count, w, cost)
+  n, t = fixed_roll(n, t, w)
   local fin = t + w
   local ok, retry = 0, 0
   if n + cost <= count then
@@ -308,14 +348,7 @@ local function sliding_retry(cur, prev, w, e, limit, cost)
 end
 
 local function sliding_counter(cur, prev, t, count, w, cost)
-  local start = now - math.fmod(now, w)
-  if t == 0 then
-    cur, prev, t = 0, 0, start
-  elseif start == t + w then
-    cur, prev, t = 0, cur, start
-  elseif start > t then
-    cur, prev, t = 0, 0, start
-  end
+  cur, prev, t = sliding_roll(cur, prev, t, w)
   local e = now - t
   if e < 0 then e = 0 end
   local est = estimate(cur, prev, w, e)
