@@ -1,6 +1,8 @@
-# Functions shared by bench/peers.sh and bench/peers_rls.sh; sourced, not
-# run. The sourcing script sets BENCH_NAME (the prefix of its log lines)
-# and TOOLS (the cache of the peers' binaries) first.
+# shellcheck shell=bash
+# Functions shared by the scripts of bench/ that start servers (peers.sh,
+# peers_rls.sh, peers_tls.sh, scale.sh); sourced, not run. The sourcing
+# script sets BENCH_NAME (the prefix of its log lines) and TOOLS (the cache
+# of the peers' binaries) first.
 
 log() { echo "$BENCH_NAME: $*" >&2; }
 die() { echo "$BENCH_NAME: $*" >&2; exit 1; }
@@ -10,11 +12,17 @@ die() { echo "$BENCH_NAME: $*" >&2; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-$BENCH_NAME.XXXXXX")
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  stop_pids "${pids[@]}"
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+# stop_pids PID...: kill those processes and wait for them.
+stop_pids() {
+  local p
+  for p in "$@"; do kill "$p" 2>/dev/null || true; done
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
 
 # install_tool MODULE/CMD VERSION NAME: go install into $TOOLS/NAME@VERSION
 # once; prints the binary's path.
@@ -54,16 +62,22 @@ start() {
   eval "pid_$name=$!"
 }
 
-# start_redis: a fresh redis-server on $redis_port (pid_redis), answering
-# PING within 20 s.
-start_redis() {
-  redis_port=$(freeport)
-  start redis redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
+# redis_up NAME PORT [ARGS...]: a fresh redis-server started as NAME (see
+# start) on PORT, with more of its flags in ARGS, answering PING within 20 s.
+redis_up() {
+  local name=$1 port=$2; shift 2
+  start "$name" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no "$@"
   local deadline=$((SECONDS + 20))
-  until redis-cli -p "$redis_port" ping 2>/dev/null | grep -q PONG; do
-    [ $SECONDS -lt $deadline ] || die "redis-server did not start"
+  until redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; do
+    [ $SECONDS -lt $deadline ] || die "redis-server on $port did not start"
     sleep 0.1
   done
+}
+
+# start_redis: a fresh redis-server on $redis_port (pid_redis).
+start_redis() {
+  redis_port=$(freeport)
+  redis_up redis "$redis_port"
 }
 
 # metric_at PORT NAME_WITH_LABELS: the sum of the series of a daemon's

@@ -111,16 +111,8 @@ start_cluster() {
     # The cluster bus listens on the port + 10000: both must be free.
     until p=$(freeport) && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; do :; done
     mkdir -p "$work/cluster$i"
-    start "cluster$i" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
-      --cluster-enabled yes --cluster-config-file "$work/cluster$i/nodes.conf" --dir "$work/cluster$i"
+    redis_up "cluster$i" "$p" --cluster-enabled yes --cluster-config-file "$work/cluster$i/nodes.conf" --dir "$work/cluster$i"
     cluster_ports+=("$p")
-  done
-  deadline=$((SECONDS + 20))
-  for p in "${cluster_ports[@]}"; do
-    until redis-cli -p "$p" ping 2>/dev/null | grep -q PONG; do
-      [ $SECONDS -lt $deadline ] || die "a Cluster node did not start"
-      sleep 0.1
-    done
   done
   redis-cli --cluster create $(for p in "${cluster_ports[@]}"; do echo "127.0.0.1:$p"; done) --cluster-replicas 0 --cluster-yes \
     >"$work/cluster-create.log" 2>&1 || { cat "$work/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
