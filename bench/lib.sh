@@ -82,9 +82,48 @@ start_redis() {
 
 # metric_at PORT NAME_WITH_LABELS: the sum of the series of a daemon's
 # /metrics that start with NAME_WITH_LABELS, 0 if none.
-metric_at() {
-  curl -fsS "http://127.0.0.1:$1/metrics" | awk -v m="$2" '
-    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
+metric_at() { curl -fsS "http://127.0.0.1:$1/metrics" | metric_sum "$2"; }
+
+# metric_sum NAME_WITH_LABELS: the same of the /metrics text on standard
+# input.
+metric_sum() { awk -v m="$1" 'index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'; }
+
+# wait_until NAME WHAT CMD...: runs CMD until it succeeds, every 0.2 s, for
+# 20 s at most; dies, NAME's log shown, if NAME's process (see start)
+# exits first or with "NAME did not WHAT within 20 s".
+wait_until() {
+  local name=$1 what=$2; shift 2
+  local deadline=$((SECONDS + 20)) pid
+  pid=$(eval echo "\$pid_$name")
+  until "$@"; do
+    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log" >&2; die "$name exited"; }
+    [ $SECONDS -lt $deadline ] || { cat "$work/$name.log" >&2; die "$name did not $what within 20 s"; }
+    sleep 0.2
+  done
+}
+
+# field NAME: NAME=value of the RESULT line of bench/loadgen or
+# bench/rlsload in $res.
+field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
+
+# rls_answers GATEWAY_PORT RLSLOAD...: whether one call of RLSLOAD (a
+# bench/rlsload command aimed at a rate limit service; the flags of a single
+# short call are appended) is answered OK and, for a Sluice (GATEWAY_PORT,
+# empty for a peer), whether its store has decided a check yet: one that has
+# just started decides its first checks by the fallback while its Redis
+# connections open. The RESULT line is left in res.
+rls_answers() {
+  local gateway=$1; shift
+  res=$("$@" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
+    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ] &&
+    { [ -z "$gateway" ] || [ "$(metric_at "$gateway" 'sluice_checks_total{decision="allowed",source="store"}')" -gt 0 ]; }
+}
+
+# order R SYSTEM...: the systems in round R's order, reversed every other
+# round, so that no system always runs right after the same one.
+order() {
+  local r=$1; shift
+  if [ $((r % 2)) = 1 ]; then echo "$@"; else echo "$@" | tr ' ' '\n' | tac | tr '\n' ' '; fi
 }
 
 # median: of the numbers on standard input, separated by spaces or lines.
@@ -92,3 +131,7 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 
 
 # cputicks PID: the process's user + system CPU time so far, in clock ticks.
 cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# childticks: the CPU time so far of this shell's waited-for children (the
+# load generators among them), in clock ticks.
+childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }

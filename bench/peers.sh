@@ -102,17 +102,8 @@ go build -o "$work/trivial" ./bench/trivial
 
 # ---- start ----------------------------------------------------------------
 
-# wait_http NAME URL [CURL ARGS...]: until URL answers 2xx, 20 s at most.
-wait_http() {
-  local name=$1 url=$2; shift 2
-  local deadline=$((SECONDS + 20)) pid
-  pid=$(eval echo "\$pid_$name")
-  until curl -fsS -o /dev/null "$@" "$url" 2>/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log" >&2; die "$name exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$name.log" >&2; die "$name did not answer $url within 20 s"; }
-    sleep 0.2
-  done
-}
+# http_ok CURL ARGS...: whether the request curl makes is answered 2xx.
+http_ok() { curl -fsS -o /dev/null "$@" 2>/dev/null; }
 
 start_redis
 # Per system: URL and the JSON body, {user} standing for the subject.
@@ -176,7 +167,7 @@ body[trivial]='{"user":"{user}"}'
 
 for s in $SYSTEMS; do
   [ -n "${url[$s]:-}" ] || die "unknown system $s (want some of: ${!url[*]})"
-  wait_http "$s" "${url[$s]}" -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/warmup}"
+  wait_until "$s" "answer ${url[$s]}" http_ok -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/warmup}" "${url[$s]}"
   # One check each, to show that it decides and admits. A Sluice that has
   # just started may answer its first checks from the fallback while its
   # Redis connections open: a few tries.
@@ -266,7 +257,6 @@ for r in $(seq 1 "$ROUNDS"); do
       -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
     c1=$(cputicks "$spid"); r1=$(cputicks "$pid_redis")
     res=$(echo "$out" | grep '^RESULT')
-    field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
     # A non-2xx answer means the system did other work than the rest: stop.
     # A transport error (a stalled connection on a busy machine) is named
     # in the log and the round still counts, its latencies showing the stall.

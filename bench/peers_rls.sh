@@ -191,8 +191,6 @@ load() {
   local s=$1; shift
   "$work/rlsload" -client "$RLS_CLIENT" -addr "${addr[$s]}" -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
-# field NAME: NAME=value of the RESULT line in $res.
-field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 
 # On a Sluice system S (sluice_redis, sluice_grpc, sluice_cluster): a metric's value, 0 if
 # absent.
@@ -206,14 +204,8 @@ sluices=$(for s in $RLS_SYSTEMS; do if [ -n "${hport[$s]:-}" ]; then echo "$s"; 
 for s in $RLS_SYSTEMS; do
   [ -n "${addr[$s]:-}" ] || die "unknown system $s (want some of: ${!addr[*]})"
   # Ready when one call is answered OK, and for Sluice once one was
-  # decided by Redis (on a busy machine the first may not be); 20 s at most.
-  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
-  until res=$(load "$s" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
-    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ] && { [ -z "${hport[$s]:-}" ] || [ "$(store_checks "$s")" -gt 0 ]; }; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer OK on ${addr[$s]} within 20 s"; }
-    sleep 0.2
-  done
+  # decided by Redis (on a busy machine the first may not be).
+  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" load "$s"
   log "$s ready at ${addr[$s]}"
 done
 for s in $sluices; do
@@ -222,21 +214,13 @@ done
 
 # ---- saturation -----------------------------------------------------------
 
-# order R: the systems in round R's order, reversed every other round, so
-# that no system always runs right after the same one.
-order() {
-  if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
-}
 declare -A sat lat50 lat99 satm cpu rcpu gcpu before_all before_store before_opens fixed_all fixed_store
 tck=$(getconf CLK_TCK)
-# childticks: the CPU time so far of this shell's waited-for children
-# (rlsload among them), in clock ticks.
-childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
 # per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
 per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
 for s in $sluices; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_checks "$s") before_opens[$s]=$(breaker_opens "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
-  for s in $(order "$r"); do
+  for s in $(order "$r" $RLS_SYSTEMS); do
     pid=$(eval echo "\$pid_$s")
     c0=$(cputicks "$pid"); r0=$(redis_ticks "$s"); g0=$(childticks)
     out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
@@ -273,7 +257,7 @@ fi
 log "fixed rate: $RLS_RATE calls/s (RATE_FRACTION $RATE_FRACTION of the slower saturation figure unless RLS_RATE is set)"
 for s in $sluices; do fixed_all[$s]=$(checks "$s") fixed_store[$s]=$(store_checks "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
-  for s in $(order "$r"); do
+  for s in $(order "$r" $RLS_SYSTEMS); do
     out=$(load "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
     res=$(echo "$out" | grep '^RESULT')

@@ -144,47 +144,34 @@ tls_args() { case $1 in *_tls) echo "$2" -tls-ca "$work/ca.crt" ;; esac; }
 metric() {
   local scheme=http
   case $1 in sluice_*_tls) scheme=https ;; esac
-  curl -fsS --cacert "$work/ca.crt" "$scheme://127.0.0.1:${hport[$1]}/metrics" | awk -v m="$2" '
-    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
+  curl -fsS --cacert "$work/ca.crt" "$scheme://127.0.0.1:${hport[$1]}/metrics" | metric_sum "$2"
 }
 store_checks() { metric "$1" 'sluice_checks_total{decision="allowed",source="store"}'; }
 checks() { metric "$1" 'sluice_checks_total{'; }
-field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 rls() { # rls SYSTEM ARGS...: bench/rlsload against SYSTEM
   local s=$1; shift
   "$work/rlsload" -addr "${addr[$s]}" $(tls_args "$s" -tls) -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
 
 body='{"user":"{user}","route":"/bench","method":"GET"}'
+# admits SYSTEM: whether SYSTEM answers a check "allowed", decided by the
+# store if it is on Redis.
+admits() {
+  local answer
+  answer=$(curl -sS --cacert "$work/ca.crt" -X POST -H 'Content-Type: application/json' \
+    -d "${body//\{user\}/probe}" "${url[$1]}" 2>/dev/null) && [[ "$answer" == *'"allowed":true'* ]] &&
+    [[ "$1" != *redis* || "$answer" == *'"source":"store"'* ]]
+}
 for s in $HTTP_SYSTEMS; do
-  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
-  until answer=$(curl -sS --cacert "$work/ca.crt" -X POST -H 'Content-Type: application/json' \
-    -d "${body//\{user\}/probe}" "${url[$s]}" 2>/dev/null) && [[ "$answer" == *'"allowed":true'* ]] &&
-    [[ "$s" != *redis* || "$answer" == *'"source":"store"'* ]]; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer at ${url[$s]} within 20 s"; }
-    sleep 0.2
-  done
+  wait_until "$s" "answer at ${url[$s]}" admits "$s"
   log "$s ready at ${url[$s]}"
 done
 for s in $RLS_SYSTEMS; do
-  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
-  until res=$(rls "$s" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
-    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ] && { [ -z "${hport[$s]:-}" ] || [ "$(store_checks "$s")" -gt 0 ]; }; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer OK on ${addr[$s]} within 20 s"; }
-    sleep 0.2
-  done
+  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" rls "$s"
   log "$s ready at ${addr[$s]}"
 done
 
-# order R SYSTEMS...: the systems in round R's order, reversed every other round.
-order() {
-  local r=$1; shift
-  if [ $((r % 2)) = 1 ]; then echo "$@"; else echo "$@" | tr ' ' '\n' | tac | tr '\n' ' '; fi
-}
 tck=$(getconf CLK_TCK)
-childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
 per() { awk -v a="$1" -v b="$2" -v n="$3" -v t="$tck" 'BEGIN { printf "%.2f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
 declare -A cpu rcpu gcpu lat50 lat99 sat before_all before_store
 
