@@ -37,6 +37,18 @@ install_tool() {
   echo "$bin"
 }
 
+# envoyproxy/ratelimit, the peer of peers.sh, peers_rls.sh and peers_tls.sh.
+# It tags no semver releases: this is the pseudo-version of its main branch
+# (2026-01-22) that the Go module proxy serves.
+RATELIMIT_MOD=github.com/envoyproxy/ratelimit
+RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
+
+# install_ratelimit: envoyproxy/ratelimit's service built once (install_tool),
+# its path in ratelimit_bin.
+install_ratelimit() {
+  ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+}
+
 # freeport prints a loopback port nothing listens on, below the kernel's
 # ephemeral range (32768 up), where outgoing connections take theirs.
 used_ports=" "
@@ -78,6 +90,38 @@ redis_up() {
 start_redis() {
   redis_port=$(freeport)
   redis_up redis "$redis_port"
+}
+
+# envoy_config is the rate limit configuration that envoyproxy/ratelimit
+# reads (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml) and that Sluice's
+# --envoy-config loads too.
+envoy_config=$work/rl/ratelimit/config/bench.yaml
+
+# write_envoy_config LIMIT: writes $envoy_config: domain bench, a descriptor
+# user with LIMIT requests per second.
+write_envoy_config() {
+  mkdir -p "${envoy_config%/*}"
+  cat >"$envoy_config" <<EOF
+domain: bench
+descriptors:
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: $1
+EOF
+}
+
+# start_envoy_ratelimit NAME ENV...: envoyproxy/ratelimit (install_ratelimit
+# first) started as NAME (see start) on $envoy_config, its defaults kept, on
+# loopback ports: HTTP on $envoy_http_port, gRPC on $envoy_grpc_port. ENV
+# (NAME=value) adds to its environment, REDIS_URL at least.
+start_envoy_ratelimit() {
+  local name=$1; shift
+  envoy_http_port=$(freeport) envoy_grpc_port=$(freeport)
+  start "$name" env HOST=127.0.0.1 PORT="$envoy_http_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$envoy_grpc_port" \
+    DEBUG_HOST=127.0.0.1 DEBUG_PORT="$(freeport)" USE_STATSD=false LOG_LEVEL=warn \
+    RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
+    BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp "$@" "$ratelimit_bin"
 }
 
 # metric_at PORT NAME_WITH_LABELS: the sum of the series of a daemon's

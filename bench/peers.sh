@@ -77,10 +77,6 @@ TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
 GUBERNATOR_MOD=github.com/gubernator-io/gubernator/v2
 GUBERNATOR_VERSION=v2.13.0
-# envoyproxy/ratelimit tags no semver releases: this is the pseudo-version
-# of its main branch (2026-01-22) that the Go module proxy serves.
-RATELIMIT_MOD=github.com/envoyproxy/ratelimit
-RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
 
 BENCH_NAME=peers
 . bench/lib.sh
@@ -94,7 +90,7 @@ done
 # ---- build ----------------------------------------------------------------
 
 gubernator_bin=$(install_tool "$GUBERNATOR_MOD/cmd/gubernator" "$GUBERNATOR_VERSION" gubernator)
-ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+install_ratelimit
 log "building sluice, bench/loadgen, bench/trivial"
 go build -o "$work/sluice" ./cmd/sluice
 go build -o "$work/loadgen" ./bench/loadgen
@@ -134,20 +130,9 @@ start gubernator env GUBER_HTTP_ADDRESS="127.0.0.1:$gh_port" GUBER_GRPC_ADDRESS=
   GUBER_MEMBERLIST_BIND_ADDRESS="127.0.0.1:$gm_port" GUBER_MEMBERLIST_KNOWN_NODES="127.0.0.1:$gm_port" \
   GUBER_LOG_LEVEL=warn "$gubernator_bin"
 
-mkdir -p "$work/rl/ratelimit/config"
-cat >"$work/rl/ratelimit/config/bench.yaml" <<'EOF'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000
-EOF
-rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
-start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
-  DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
-  RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
-  BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
+write_envoy_config 1000
+start_envoy_ratelimit envoy_ratelimit REDIS_URL="127.0.0.1:$redis_port"
+rh_port=$envoy_http_port
 
 tr_port=$(freeport)
 start trivial "$work/trivial" --listen "127.0.0.1:$tr_port"

@@ -74,21 +74,16 @@ RLS_CLIENT=${RLS_CLIENT:-h2}
 RLS_SYSTEMS=${RLS_SYSTEMS:-"sluice_redis envoy_ratelimit sluice_cluster envoy_cluster"}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
-# The envoyproxy/ratelimit build is bench/peers.sh's, pinned there once.
-RATELIMIT_MOD=$(sed -n 's/^RATELIMIT_MOD=//p' bench/peers.sh)
-RATELIMIT_VERSION=$(sed -n 's/^RATELIMIT_VERSION=//p' bench/peers.sh)
-
 BENCH_NAME=peers_rls
 . bench/lib.sh
 
 for tool in go redis-server redis-cli curl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
-[ -n "$RATELIMIT_MOD" ] && [ -n "$RATELIMIT_VERSION" ] || die "no RATELIMIT_MOD and RATELIMIT_VERSION in bench/peers.sh"
 
 # ---- build ----------------------------------------------------------------
 
-ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+install_ratelimit
 log "building sluice, bench/rlsload"
 go build -o "$work/sluice" ./cmd/sluice
 if [[ " $RLS_SYSTEMS " == *" sluice_grpc "* ]]; then
@@ -130,35 +125,22 @@ cluster_systems=0
 case " $RLS_SYSTEMS " in *" sluice_cluster "* | *" envoy_cluster "*) cluster_systems=1 ;; esac
 [ "$cluster_systems" = 0 ] || start_cluster
 
-# envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml;
-# Sluice reads the same file.
-mkdir -p "$work/rl/ratelimit/config"
-config="$work/rl/ratelimit/config/bench.yaml"
-cat >"$config" <<EOF
-domain: bench
-descriptors:
-  - key: user
-    rate_limit:
-      unit: second
-      requests_per_unit: $LIMIT
-EOF
+# envoyproxy/ratelimit and Sluice load the same file.
+write_envoy_config "$LIMIT"
 
 echo '[]' >"$work/policies.json" # no policies but the file's
 sh_port=$(freeport); sg_port=$(freeport)
 start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sh_port" --rls-listen "127.0.0.1:$sg_port" \
-  --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+  --policies "$work/policies.json" --envoy-config "$envoy_config" --log-level warn \
   --store "redis://127.0.0.1:$redis_port/1" ${SLUICE_REDIS_FLAGS:-}
 if [[ " $RLS_SYSTEMS " == *" sluice_grpc "* ]]; then
   th_port=$(freeport); tg_port=$(freeport)
   start sluice_grpc "$work/sluice-vtproto" serve --listen "127.0.0.1:$th_port" --rls-listen "127.0.0.1:$tg_port" \
-    --rls-transport grpc --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+    --rls-transport grpc --policies "$work/policies.json" --envoy-config "$envoy_config" --log-level warn \
     --store "redis://127.0.0.1:$redis_port/2" ${SLUICE_REDIS_FLAGS:-}
 fi
-rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
-start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
-  DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
-  RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
-  BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
+start_envoy_ratelimit envoy_ratelimit REDIS_URL="127.0.0.1:$redis_port"
+rg_port=$envoy_grpc_port
 
 declare -A addr hport
 addr[sluice_redis]="127.0.0.1:$sg_port" hport[sluice_redis]=$sh_port
@@ -166,13 +148,10 @@ addr[envoy_ratelimit]="127.0.0.1:$rg_port"
 if [ "$cluster_systems" = 1 ]; then
   ch_port=$(freeport); cg_port=$(freeport)
   start sluice_cluster "$work/sluice" serve --listen "127.0.0.1:$ch_port" --rls-listen "127.0.0.1:$cg_port" \
-    --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+    --policies "$work/policies.json" --envoy-config "$envoy_config" --log-level warn \
     --store "redis-cluster://$cluster_addrs" ${SLUICE_REDIS_FLAGS:-}
-  eh_port=$(freeport); eg_port=$(freeport); ed_port=$(freeport)
-  start envoy_cluster env HOST=127.0.0.1 PORT="$eh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$eg_port" \
-    DEBUG_HOST=127.0.0.1 DEBUG_PORT="$ed_port" USE_STATSD=false LOG_LEVEL=warn \
-    RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
-    BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_TYPE=cluster REDIS_URL="$cluster_addrs" "$ratelimit_bin"
+  start_envoy_ratelimit envoy_cluster REDIS_TYPE=cluster REDIS_URL="$cluster_addrs"
+  eg_port=$envoy_grpc_port
   addr[sluice_cluster]="127.0.0.1:$cg_port" hport[sluice_cluster]=$ch_port
   addr[envoy_cluster]="127.0.0.1:$eg_port"
 fi

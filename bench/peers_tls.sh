@@ -50,21 +50,17 @@ RLS_CONNS=${RLS_CONNS:-4}
 RLS_STREAMS=${RLS_STREAMS:-50}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
-RATELIMIT_MOD=$(sed -n 's/^RATELIMIT_MOD=//p' bench/peers.sh)
-RATELIMIT_VERSION=$(sed -n 's/^RATELIMIT_VERSION=//p' bench/peers.sh)
-
 BENCH_NAME=peers_tls
 . bench/lib.sh
 
 for tool in go redis-server redis-cli curl openssl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
-[ -n "$RATELIMIT_MOD" ] && [ -n "$RATELIMIT_VERSION" ] || die "no RATELIMIT_MOD and RATELIMIT_VERSION in bench/peers.sh"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- build and certificates -----------------------------------------------
 
-ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+install_ratelimit
 log "building sluice, bench/loadgen, bench/rlsload"
 go build -o "$work/sluice" ./cmd/sluice
 go build -o "$work/loadgen" ./bench/loadgen
@@ -93,16 +89,7 @@ cat >"$work/policies.json" <<'EOF'
   "rate_per_sec": 1000, "burst": 1000, "mode": "enforce",
   "description": "the peer comparison: 1000/s per user, every request allowed"}]
 EOF
-mkdir -p "$work/rl/ratelimit/config"
-config="$work/rl/ratelimit/config/bench.yaml"
-cat >"$config" <<'EOF'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000
-EOF
+write_envoy_config 1000
 echo '[]' >"$work/rls-policies.json"
 
 HTTP_SYSTEMS="sluice_memory sluice_memory_tls sluice_redis sluice_redis_tls"
@@ -121,19 +108,16 @@ done
 for s in rls_sluice rls_sluice_tls; do
   p=$(freeport) g=$(freeport) hport[$s]=$p addr[$s]="127.0.0.1:$g"
   args=(serve --listen "127.0.0.1:$p" --rls-listen "127.0.0.1:$g" --policies "$work/rls-policies.json"
-    --envoy-config "$config" --log-level warn --store "redis://127.0.0.1:$redis_port/1")
+    --envoy-config "$envoy_config" --log-level warn --store "redis://127.0.0.1:$redis_port/1")
   [ "$s" = rls_sluice ] || args+=(--rls-tls-cert-file "$work/server.crt" --rls-tls-key-file "$work/server.key")
   start "$s" "$work/sluice" "${args[@]}"
 done
 for s in rls_envoy_ratelimit rls_envoy_ratelimit_tls; do
-  h=$(freeport) g=$(freeport) d=$(freeport) addr[$s]="127.0.0.1:$g"
-  env=(HOST=127.0.0.1 PORT="$h" GRPC_HOST=127.0.0.1 GRPC_PORT="$g" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$d"
-    USE_STATSD=false LOG_LEVEL=warn RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit
-    RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true
-    BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port")
+  env=(REDIS_URL="127.0.0.1:$redis_port")
   [ "$s" = rls_envoy_ratelimit ] ||
     env+=(GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT="$work/server.crt" GRPC_SERVER_TLS_KEY="$work/server.key")
-  start "$s" env "${env[@]}" "$ratelimit_bin"
+  start_envoy_ratelimit "$s" "${env[@]}"
+  addr[$s]="127.0.0.1:$envoy_grpc_port"
 done
 
 # tls_args SYSTEM: the load generator's TLS flags for SYSTEM, none for a
