@@ -176,6 +176,28 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { if (NR == 
 # cputicks PID: the process's user + system CPU time so far, in clock ticks.
 cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
+# sum_ticks PID...: the CPU time so far of those processes together, in
+# clock ticks.
+sum_ticks() { local s=0 p; for p in "$@"; do s=$((s + $(cputicks "$p"))); done; echo "$s"; }
+
 # childticks: the CPU time so far of this shell's waited-for children (the
 # load generators among them), in clock ticks.
 childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
+
+# measure SYSTEM REDIS_PIDS CMD...: runs CMD, a load generator aimed at
+# SYSTEM (started by start); dies, its output shown, with "CMD against
+# SYSTEM failed" if it fails. Leaves its output in out and its RESULT line
+# in res, and the CPU time spent meanwhile, in clock ticks, by SYSTEM's
+# process in ticks_server, by the redis-servers of REDIS_PIDS (a list
+# separated by spaces, maybe empty) in ticks_redis and by this shell's
+# children (the generator) in ticks_loadgen.
+measure() {
+  local s=$1 pid c0 r0 g0 rp; shift
+  read -ra rp <<<"$1"; shift
+  pid=$(eval echo "\$pid_$s")
+  c0=$(cputicks "$pid"); r0=$(sum_ticks "${rp[@]}"); g0=$(childticks)
+  out=$("$@" 2>&1) || { echo "$out" >&2; die "${1##*/} against $s failed"; }
+  # shellcheck disable=SC2034 # the sourcing script reads them
+  ticks_server=$(($(cputicks "$pid") - c0)) ticks_redis=$(($(sum_ticks "${rp[@]}") - r0)) ticks_loadgen=$(($(childticks) - g0))
+  res=$(echo "$out" | grep '^RESULT')
+}

@@ -236,12 +236,8 @@ ticks=$(getconf CLK_TCK)
 declare -A on_redis=([sluice_redis]=1 [envoy_ratelimit]=1 [base_redis]=1)
 for r in $(seq 1 "$ROUNDS"); do
   for s in $SYSTEMS; do
-    spid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$spid"); r0=$(cputicks "$pid_redis")
-    out=$("$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
-      -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
-    c1=$(cputicks "$spid"); r1=$(cputicks "$pid_redis")
-    res=$(echo "$out" | grep '^RESULT')
+    measure "$s" "$pid_redis" "$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
+      -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS"
     # A non-2xx answer means the system did other work than the rest: stop.
     # A transport error (a stalled connection on a busy machine) is named
     # in the log and the round still counts, its latencies showing the stall.
@@ -253,9 +249,9 @@ for r in $(seq 1 "$ROUNDS"); do
     lat99[$s]="${lat99[$s]:-} $(field p99_us)"
     # The warm-up second is loaded too: count its requests (RATE of them).
     n=$(awk -v q="$(field requests)" -v r="$RATE" 'BEGIN { print q + r }')
-    cpu[$s]="${cpu[$s]:-} $(awk -v d=$((c1 - c0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
+    cpu[$s]="${cpu[$s]:-} $(awk -v d="$ticks_server" -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
     if [ -n "${on_redis[$s]:-}" ]; then
-      rcpu[$s]="${rcpu[$s]:-} $(awk -v d=$((r1 - r0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
+      rcpu[$s]="${rcpu[$s]:-} $(awk -v d="$ticks_redis" -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
     fi
     rlast=none
     [ -z "${rcpu[$s]:-}" ] || rlast="${rcpu[$s]##* } us"

@@ -155,18 +155,18 @@ if [ "$cluster_systems" = 1 ]; then
   addr[sluice_cluster]="127.0.0.1:$cg_port" hport[sluice_cluster]=$ch_port
   addr[envoy_cluster]="127.0.0.1:$eg_port"
 fi
-# redis_ticks SYSTEM: the CPU time so far of the Redis that SYSTEM uses
-# (the three Cluster nodes together for a cluster system).
-redis_ticks() {
+# redis_pids SYSTEM: the pids of the Redis that SYSTEM uses (the three
+# Cluster nodes for a cluster system).
+redis_pids() {
   case $1 in
-  *_cluster) echo $(($(cputicks "$pid_cluster1") + $(cputicks "$pid_cluster2") + $(cputicks "$pid_cluster3"))) ;;
-  *) cputicks "$pid_redis" ;;
+  *_cluster) echo "$pid_cluster1 $pid_cluster2 $pid_cluster3" ;;
+  *) echo "$pid_redis" ;;
   esac
 }
 if [ -n "${tg_port:-}" ]; then addr[sluice_grpc]="127.0.0.1:$tg_port" hport[sluice_grpc]=$th_port; fi
 
-# load SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
-load() {
+# rlsload SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
+rlsload() {
   local s=$1; shift
   "$work/rlsload" -client "$RLS_CLIENT" -addr "${addr[$s]}" -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
@@ -184,7 +184,7 @@ for s in $RLS_SYSTEMS; do
   [ -n "${addr[$s]:-}" ] || die "unknown system $s (want some of: ${!addr[*]})"
   # Ready when one call is answered OK, and for Sluice once one was
   # decided by Redis (on a busy machine the first may not be).
-  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" load "$s"
+  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" rlsload "$s"
   log "$s ready at ${addr[$s]}"
 done
 for s in $sluices; do
@@ -195,24 +195,19 @@ done
 
 declare -A sat lat50 lat99 satm cpu rcpu gcpu before_all before_store before_opens fixed_all fixed_store
 tck=$(getconf CLK_TCK)
-# per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
-per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
+# per_call TICKS: microseconds of CPU per call of the run in $res.
+per_call() { awk -v d="$1" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }'; }
 for s in $sluices; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_checks "$s") before_opens[$s]=$(breaker_opens "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r" $RLS_SYSTEMS); do
-    pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(redis_ticks "$s"); g0=$(childticks)
-    out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
-      { echo "$out" >&2; die "rlsload against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(redis_ticks "$s"); g1=$(childticks)
-    res=$(echo "$out" | grep '^RESULT')
-    cpu[$s]="${cpu[$s]:-} $(per_call "$c0" "$c1")"
-    rcpu[$s]="${rcpu[$s]:-} $(per_call "$r0" "$r1")"
-    gcpu[$s]="${gcpu[$s]:-} $(per_call "$g0" "$g1")"
+    measure "$s" "$(redis_pids "$s")" rlsload "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS"
+    cpu[$s]="${cpu[$s]:-} $(per_call "$ticks_server")"
+    rcpu[$s]="${rcpu[$s]:-} $(per_call "$ticks_redis")"
+    gcpu[$s]="${gcpu[$s]:-} $(per_call "$ticks_loadgen")"
     [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] ||
       { echo "$out" >&2; die "$s: not every answer was OK"; }
     sat[$s]="${sat[$s]:-} $(field achieved)"
-    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$c0" "$c1") us, Redis's $(per_call "$r0" "$r1") us, rlsload's $(per_call "$g0" "$g1") us"
+    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$ticks_server") us, Redis's $(per_call "$ticks_redis") us, rlsload's $(per_call "$ticks_loadgen") us"
   done
 done
 for s in $RLS_SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
@@ -237,7 +232,7 @@ log "fixed rate: $RLS_RATE calls/s (RATE_FRACTION $RATE_FRACTION of the slower s
 for s in $sluices; do fixed_all[$s]=$(checks "$s") fixed_store[$s]=$(store_checks "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r" $RLS_SYSTEMS); do
-    out=$(load "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
+    out=$(rlsload "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
     res=$(echo "$out" | grep '^RESULT')
     [ "$(field over_limit)" = 0 ] || { echo "$out" >&2; die "$s: OVER_LIMIT answers at $RLS_RATE/s"; }

@@ -132,7 +132,7 @@ metric() {
 }
 store_checks() { metric "$1" 'sluice_checks_total{decision="allowed",source="store"}'; }
 checks() { metric "$1" 'sluice_checks_total{'; }
-rls() { # rls SYSTEM ARGS...: bench/rlsload against SYSTEM
+rlsload() { # rlsload SYSTEM ARGS...: bench/rlsload against SYSTEM
   local s=$1; shift
   "$work/rlsload" -addr "${addr[$s]}" $(tls_args "$s" -tls) -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
@@ -151,12 +151,13 @@ for s in $HTTP_SYSTEMS; do
   log "$s ready at ${url[$s]}"
 done
 for s in $RLS_SYSTEMS; do
-  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" rls "$s"
+  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" rlsload "$s"
   log "$s ready at ${addr[$s]}"
 done
 
 tck=$(getconf CLK_TCK)
-per() { awk -v a="$1" -v b="$2" -v n="$3" -v t="$tck" 'BEGIN { printf "%.2f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
+# per TICKS N: microseconds of CPU per request of TICKS over N requests.
+per() { awk -v d="$1" -v n="$2" -v t="$tck" 'BEGIN { printf "%.2f", (n > 0 ? d / t * 1e6 / n : 0) }'; }
 declare -A cpu rcpu gcpu lat50 lat99 sat before_all before_store
 
 # ---- HTTP at a fixed rate -------------------------------------------------
@@ -164,17 +165,13 @@ declare -A cpu rcpu gcpu lat50 lat99 sat before_all before_store
 log "HTTP: $RATE req/s, $CONNS connections, ${ROUND_SECS}s per round"
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r" $HTTP_SYSTEMS); do
-    pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis")
-    out=$("$work/loadgen" -url "${url[$s]}" $(tls_args "$s" "") -body "$body" -users "$USERS" -rate "$RATE" \
-      -duration "${ROUND_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis")
-    res=$(echo "$out" | grep '^RESULT')
+    measure "$s" "$pid_redis" "$work/loadgen" -url "${url[$s]}" $(tls_args "$s" "") -body "$body" -users "$USERS" -rate "$RATE" \
+      -duration "${ROUND_SECS}s" -warmup 1s -conns "$CONNS"
     [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: non-2xx answers at $RATE/s"; }
     [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) transport errors ($(echo "$out" | grep -m1 '^first error'))"
     n=$(awk -v q="$(field requests)" -v r="$RATE" 'BEGIN { print q + r }') # the warm-up second included
-    cpu[$s]="${cpu[$s]:-} $(per "$c0" "$c1" "$n")"
-    case $s in *redis*) rcpu[$s]="${rcpu[$s]:-} $(per "$r0" "$r1" "$n")" ;; esac
+    cpu[$s]="${cpu[$s]:-} $(per "$ticks_server" "$n")"
+    case $s in *redis*) rcpu[$s]="${rcpu[$s]:-} $(per "$ticks_redis" "$n")" ;; esac
     lat50[$s]="${lat50[$s]:-} $(field p50_us)" lat99[$s]="${lat99[$s]:-} $(field p99_us)"
     rlast=none
     [ -z "${rcpu[$s]:-}" ] || rlast="${rcpu[$s]##* } us"
@@ -188,16 +185,11 @@ log "gRPC: saturation, $RLS_STREAMS streams over $RLS_CONNS connections, ${ROUND
 for s in rls_sluice rls_sluice_tls; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_checks "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r" $RLS_SYSTEMS); do
-    pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis"); g0=$(childticks)
-    out=$(rls "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
-      { echo "$out" >&2; die "rlsload against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis"); g1=$(childticks)
-    res=$(echo "$out" | grep '^RESULT')
+    measure "$s" "$pid_redis" rlsload "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS"
     [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] || { echo "$out" >&2; die "$s: not every answer was OK"; }
     n=$(field all_calls)
-    cpu[$s]="${cpu[$s]:-} $(per "$c0" "$c1" "$n")" rcpu[$s]="${rcpu[$s]:-} $(per "$r0" "$r1" "$n")"
-    gcpu[$s]="${gcpu[$s]:-} $(per "$g0" "$g1" "$n")" sat[$s]="${sat[$s]:-} $(field achieved)"
+    cpu[$s]="${cpu[$s]:-} $(per "$ticks_server" "$n")" rcpu[$s]="${rcpu[$s]:-} $(per "$ticks_redis" "$n")"
+    gcpu[$s]="${gcpu[$s]:-} $(per "$ticks_loadgen" "$n")" sat[$s]="${sat[$s]:-} $(field achieved)"
     log "round $r $s: $(field achieved) calls/s, CPU per call ${cpu[$s]##* } us, Redis's ${rcpu[$s]##* } us, rlsload's ${gcpu[$s]##* } us"
   done
 done

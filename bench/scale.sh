@@ -111,7 +111,6 @@ daemons_up() {
 }
 
 sum_metric() { local s=0 p; for p in "${daemon_ports[@]}"; do s=$((s + $(metric_at "$p" "$1"))); done; echo "$s"; }
-sum_ticks() { local s=0 p; for p in "$@"; do s=$((s + $(cputicks "$p"))); done; echo "$s"; }
 redis_pids() { local p; for p in "${redis_ports[@]}"; do eval echo "\$pid_redis_$p"; done; }
 
 # load SECS: wrk against every daemon at once, CONNS split between them;
