@@ -163,6 +163,27 @@ rls_answers() {
     { [ -z "$gateway" ] || [ "$(metric_at "$gateway" 'sluice_checks_total{decision="allowed",source="store"}')" -gt 0 ]; }
 }
 
+# fixed_rate FRACTION: FRACTION of the least of the saturation figures on
+# standard input, rounded down to a hundred, 100 at least: the offered rate
+# of a fixed-rate phase, one that every system keeps up with.
+fixed_rate() {
+  awk -v v="$(sort -g | head -1)" -v f="$1" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }'
+}
+
+# warn_backlog SYSTEM RATE: a warning in the log when the run in $res
+# achieved less than 95% of RATE, the rate offered to SYSTEM.
+warn_backlog() {
+  if awk -v a="$(field achieved)" -v r="$2" 'BEGIN { exit !(a < 0.95 * r) }'; then
+    log "warning: $1 achieved $(field achieved)/s of $2/s offered: its latency figures measure a backlog"
+  fi
+}
+
+# log_latencies R SYSTEM: the latencies of fixed-rate round R against
+# SYSTEM in the log, from the RESULT line in $res.
+log_latencies() {
+  log "fixed rate round $1 $2: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
+}
+
 # order R SYSTEM...: the systems in round R's order, reversed every other
 # round, so that no system always runs right after the same one.
 order() {

@@ -228,8 +228,7 @@ fi
 if [ "$RATE" = auto ]; then
   # What each system answers, from whatever source: the rate must be one
   # that every daemon keeps up with, whoever decides.
-  slowest=$(for s in $SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | sort -g | head -1)
-  RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
+  RATE=$(for s in $SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | fixed_rate "$RATE_FRACTION")
 fi
 log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
 ticks=$(getconf CLK_TCK)
@@ -243,8 +242,7 @@ for r in $(seq 1 "$ROUNDS"); do
     # in the log and the round still counts, its latencies showing the stall.
     [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: non-2xx answers at $RATE/s"; }
     [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) transport errors at $RATE/s ($(echo "$out" | grep -m1 '^first error'))"
-    awk -v a="$(field achieved)" -v r="$RATE" 'BEGIN { exit !(a < 0.95 * r) }' &&
-      log "warning: $s achieved $(field achieved)/s of $RATE/s offered: its latency figures measure a backlog"
+    warn_backlog "$s" "$RATE"
     lat50[$s]="${lat50[$s]:-} $(field p50_us)"
     lat99[$s]="${lat99[$s]:-} $(field p99_us)"
     # The warm-up second is loaded too: count its requests (RATE of them).
@@ -256,7 +254,7 @@ for r in $(seq 1 "$ROUNDS"); do
     rlast=none
     [ -z "${rcpu[$s]:-}" ] || rlast="${rcpu[$s]##* } us"
     log "fixed rate round $r $s: CPU per request ${cpu[$s]##* } us (redis-server $rlast)"
-    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
+    log_latencies "$r" "$s"
   done
 done
 fixed_share=1
