@@ -65,6 +65,16 @@ freeport() {
   done
 }
 
+# cluster_port prints a port for a Redis Cluster node, free as freeport's
+# are, whose cluster bus port (the port + 10000) is free too and below the
+# ephemeral range as well: there even a closed client connection's port,
+# in TIME_WAIT, keeps the bus from binding it ("Address already in use").
+cluster_port() {
+  local p
+  until p=$(freeport) && [ $((p + 10000)) -lt 32768 ] && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; do :; done
+  echo "$p"
+}
+
 # start NAME CMD...: run in the background, output to $work/NAME.log, its
 # pid in $pid_NAME.
 start() {

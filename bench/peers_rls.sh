@@ -103,8 +103,7 @@ start_cluster() {
   local i p deadline
   cluster_ports=()
   for i in 1 2 3; do
-    # The cluster bus listens on the port + 10000: both must be free.
-    until p=$(freeport) && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; do :; done
+    p=$(cluster_port)
     mkdir -p "$work/cluster$i"
     redis_up "cluster$i" "$p" --cluster-enabled yes --cluster-config-file "$work/cluster$i/nodes.conf" --dir "$work/cluster$i"
     cluster_ports+=("$p")

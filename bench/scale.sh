@@ -64,7 +64,7 @@ cluster_up() {
   local m=$1 i p first lo hi
   redis_ports=()
   for i in $(seq 1 "$m"); do
-    p=$(freeport)
+    p=$(cluster_port)
     redis_up "redis_$p" "$p" --dir "$work" --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 5000
     redis_ports+=("$p")
   done
