@@ -77,10 +77,6 @@ TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
 GUBERNATOR_MOD=github.com/gubernator-io/gubernator/v2
 GUBERNATOR_VERSION=v2.13.0
-# envoyproxy/ratelimit tags no semver releases: this is the pseudo-version
-# of its main branch (2026-01-22) that the Go module proxy serves.
-RATELIMIT_MOD=github.com/envoyproxy/ratelimit
-RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
 
 BENCH_NAME=peers
 . bench/lib.sh
@@ -94,7 +90,7 @@ done
 # ---- build ----------------------------------------------------------------
 
 gubernator_bin=$(install_tool "$GUBERNATOR_MOD/cmd/gubernator" "$GUBERNATOR_VERSION" gubernator)
-ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+install_ratelimit
 log "building sluice, bench/loadgen, bench/trivial"
 go build -o "$work/sluice" ./cmd/sluice
 go build -o "$work/loadgen" ./bench/loadgen
@@ -102,17 +98,8 @@ go build -o "$work/trivial" ./bench/trivial
 
 # ---- start ----------------------------------------------------------------
 
-# wait_http NAME URL [CURL ARGS...]: until URL answers 2xx, 20 s at most.
-wait_http() {
-  local name=$1 url=$2; shift 2
-  local deadline=$((SECONDS + 20)) pid
-  pid=$(eval echo "\$pid_$name")
-  until curl -fsS -o /dev/null "$@" "$url" 2>/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log" >&2; die "$name exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$name.log" >&2; die "$name did not answer $url within 20 s"; }
-    sleep 0.2
-  done
-}
+# http_ok CURL ARGS...: whether the request curl makes is answered 2xx.
+http_ok() { curl -fsS -o /dev/null "$@" 2>/dev/null; }
 
 start_redis
 # Per system: URL and the JSON body, {user} standing for the subject.
@@ -143,20 +130,9 @@ start gubernator env GUBER_HTTP_ADDRESS="127.0.0.1:$gh_port" GUBER_GRPC_ADDRESS=
   GUBER_MEMBERLIST_BIND_ADDRESS="127.0.0.1:$gm_port" GUBER_MEMBERLIST_KNOWN_NODES="127.0.0.1:$gm_port" \
   GUBER_LOG_LEVEL=warn "$gubernator_bin"
 
-mkdir -p "$work/rl/ratelimit/config"
-cat >"$work/rl/ratelimit/config/bench.yaml" <<'EOF'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000
-EOF
-rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
-start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
-  DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
-  RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
-  BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
+write_envoy_config 1000
+start_envoy_ratelimit envoy_ratelimit REDIS_URL="127.0.0.1:$redis_port"
+rh_port=$envoy_http_port
 
 tr_port=$(freeport)
 start trivial "$work/trivial" --listen "127.0.0.1:$tr_port"
@@ -176,7 +152,7 @@ body[trivial]='{"user":"{user}"}'
 
 for s in $SYSTEMS; do
   [ -n "${url[$s]:-}" ] || die "unknown system $s (want some of: ${!url[*]})"
-  wait_http "$s" "${url[$s]}" -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/warmup}"
+  wait_until "$s" "answer ${url[$s]}" http_ok -X POST -H 'Content-Type: application/json' -d "${body[$s]//\{user\}/warmup}" "${url[$s]}"
   # One check each, to show that it decides and admits. A Sluice that has
   # just started may answer its first checks from the fallback while its
   # Redis connections open: a few tries.
@@ -252,40 +228,33 @@ fi
 if [ "$RATE" = auto ]; then
   # What each system answers, from whatever source: the rate must be one
   # that every daemon keeps up with, whoever decides.
-  slowest=$(for s in $SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | sort -g | head -1)
-  RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
+  RATE=$(for s in $SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | fixed_rate "$RATE_FRACTION")
 fi
 log "fixed rate: $RATE req/s (RATE_FRACTION $RATE_FRACTION of the slowest saturation figure unless RATE is set)"
 ticks=$(getconf CLK_TCK)
 declare -A on_redis=([sluice_redis]=1 [envoy_ratelimit]=1 [base_redis]=1)
 for r in $(seq 1 "$ROUNDS"); do
   for s in $SYSTEMS; do
-    spid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$spid"); r0=$(cputicks "$pid_redis")
-    out=$("$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
-      -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
-    c1=$(cputicks "$spid"); r1=$(cputicks "$pid_redis")
-    res=$(echo "$out" | grep '^RESULT')
-    field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
+    measure "$s" "$pid_redis" "$work/loadgen" -url "${url[$s]}" -body "${body[$s]}" -users "$USERS" -rate "$RATE" \
+      -duration "${FIXED_SECS}s" -warmup 1s -conns "$CONNS"
     # A non-2xx answer means the system did other work than the rest: stop.
     # A transport error (a stalled connection on a busy machine) is named
     # in the log and the round still counts, its latencies showing the stall.
     [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: non-2xx answers at $RATE/s"; }
     [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) transport errors at $RATE/s ($(echo "$out" | grep -m1 '^first error'))"
-    awk -v a="$(field achieved)" -v r="$RATE" 'BEGIN { exit !(a < 0.95 * r) }' &&
-      log "warning: $s achieved $(field achieved)/s of $RATE/s offered: its latency figures measure a backlog"
+    warn_backlog "$s" "$RATE"
     lat50[$s]="${lat50[$s]:-} $(field p50_us)"
     lat99[$s]="${lat99[$s]:-} $(field p99_us)"
     # The warm-up second is loaded too: count its requests (RATE of them).
     n=$(awk -v q="$(field requests)" -v r="$RATE" 'BEGIN { print q + r }')
-    cpu[$s]="${cpu[$s]:-} $(awk -v d=$((c1 - c0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
+    cpu[$s]="${cpu[$s]:-} $(awk -v d="$ticks_server" -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
     if [ -n "${on_redis[$s]:-}" ]; then
-      rcpu[$s]="${rcpu[$s]:-} $(awk -v d=$((r1 - r0)) -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
+      rcpu[$s]="${rcpu[$s]:-} $(awk -v d="$ticks_redis" -v t="$ticks" -v n="$n" 'BEGIN { printf "%.2f", d / t * 1e6 / n }')"
     fi
     rlast=none
     [ -z "${rcpu[$s]:-}" ] || rlast="${rcpu[$s]##* } us"
     log "fixed rate round $r $s: CPU per request ${cpu[$s]##* } us (redis-server $rlast)"
-    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
+    log_latencies "$r" "$s"
   done
 done
 fixed_share=1

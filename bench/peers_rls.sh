@@ -74,21 +74,16 @@ RLS_CLIENT=${RLS_CLIENT:-h2}
 RLS_SYSTEMS=${RLS_SYSTEMS:-"sluice_redis envoy_ratelimit sluice_cluster envoy_cluster"}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
-# The envoyproxy/ratelimit build is bench/peers.sh's, pinned there once.
-RATELIMIT_MOD=$(sed -n 's/^RATELIMIT_MOD=//p' bench/peers.sh)
-RATELIMIT_VERSION=$(sed -n 's/^RATELIMIT_VERSION=//p' bench/peers.sh)
-
 BENCH_NAME=peers_rls
 . bench/lib.sh
 
 for tool in go redis-server redis-cli curl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
-[ -n "$RATELIMIT_MOD" ] && [ -n "$RATELIMIT_VERSION" ] || die "no RATELIMIT_MOD and RATELIMIT_VERSION in bench/peers.sh"
 
 # ---- build ----------------------------------------------------------------
 
-ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+install_ratelimit
 log "building sluice, bench/rlsload"
 go build -o "$work/sluice" ./cmd/sluice
 if [[ " $RLS_SYSTEMS " == *" sluice_grpc "* ]]; then
@@ -108,19 +103,10 @@ start_cluster() {
   local i p deadline
   cluster_ports=()
   for i in 1 2 3; do
-    # The cluster bus listens on the port + 10000: both must be free.
-    until p=$(freeport) && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null; do :; done
+    p=$(cluster_port)
     mkdir -p "$work/cluster$i"
-    start "cluster$i" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
-      --cluster-enabled yes --cluster-config-file "$work/cluster$i/nodes.conf" --dir "$work/cluster$i"
+    redis_up "cluster$i" "$p" --cluster-enabled yes --cluster-config-file "$work/cluster$i/nodes.conf" --dir "$work/cluster$i"
     cluster_ports+=("$p")
-  done
-  deadline=$((SECONDS + 20))
-  for p in "${cluster_ports[@]}"; do
-    until redis-cli -p "$p" ping 2>/dev/null | grep -q PONG; do
-      [ $SECONDS -lt $deadline ] || die "a Cluster node did not start"
-      sleep 0.1
-    done
   done
   redis-cli --cluster create $(for p in "${cluster_ports[@]}"; do echo "127.0.0.1:$p"; done) --cluster-replicas 0 --cluster-yes \
     >"$work/cluster-create.log" 2>&1 || { cat "$work/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
@@ -138,35 +124,22 @@ cluster_systems=0
 case " $RLS_SYSTEMS " in *" sluice_cluster "* | *" envoy_cluster "*) cluster_systems=1 ;; esac
 [ "$cluster_systems" = 0 ] || start_cluster
 
-# envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml;
-# Sluice reads the same file.
-mkdir -p "$work/rl/ratelimit/config"
-config="$work/rl/ratelimit/config/bench.yaml"
-cat >"$config" <<EOF
-domain: bench
-descriptors:
-  - key: user
-    rate_limit:
-      unit: second
-      requests_per_unit: $LIMIT
-EOF
+# envoyproxy/ratelimit and Sluice load the same file.
+write_envoy_config "$LIMIT"
 
 echo '[]' >"$work/policies.json" # no policies but the file's
 sh_port=$(freeport); sg_port=$(freeport)
 start sluice_redis "$work/sluice" serve --listen "127.0.0.1:$sh_port" --rls-listen "127.0.0.1:$sg_port" \
-  --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+  --policies "$work/policies.json" --envoy-config "$envoy_config" --log-level warn \
   --store "redis://127.0.0.1:$redis_port/1" ${SLUICE_REDIS_FLAGS:-}
 if [[ " $RLS_SYSTEMS " == *" sluice_grpc "* ]]; then
   th_port=$(freeport); tg_port=$(freeport)
   start sluice_grpc "$work/sluice-vtproto" serve --listen "127.0.0.1:$th_port" --rls-listen "127.0.0.1:$tg_port" \
-    --rls-transport grpc --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+    --rls-transport grpc --policies "$work/policies.json" --envoy-config "$envoy_config" --log-level warn \
     --store "redis://127.0.0.1:$redis_port/2" ${SLUICE_REDIS_FLAGS:-}
 fi
-rh_port=$(freeport); rg_port=$(freeport); rd_port=$(freeport)
-start envoy_ratelimit env HOST=127.0.0.1 PORT="$rh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$rg_port" \
-  DEBUG_HOST=127.0.0.1 DEBUG_PORT="$rd_port" USE_STATSD=false LOG_LEVEL=warn \
-  RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
-  BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port" "$ratelimit_bin"
+start_envoy_ratelimit envoy_ratelimit REDIS_URL="127.0.0.1:$redis_port"
+rg_port=$envoy_grpc_port
 
 declare -A addr hport
 addr[sluice_redis]="127.0.0.1:$sg_port" hport[sluice_redis]=$sh_port
@@ -174,33 +147,28 @@ addr[envoy_ratelimit]="127.0.0.1:$rg_port"
 if [ "$cluster_systems" = 1 ]; then
   ch_port=$(freeport); cg_port=$(freeport)
   start sluice_cluster "$work/sluice" serve --listen "127.0.0.1:$ch_port" --rls-listen "127.0.0.1:$cg_port" \
-    --policies "$work/policies.json" --envoy-config "$config" --log-level warn \
+    --policies "$work/policies.json" --envoy-config "$envoy_config" --log-level warn \
     --store "redis-cluster://$cluster_addrs" ${SLUICE_REDIS_FLAGS:-}
-  eh_port=$(freeport); eg_port=$(freeport); ed_port=$(freeport)
-  start envoy_cluster env HOST=127.0.0.1 PORT="$eh_port" GRPC_HOST=127.0.0.1 GRPC_PORT="$eg_port" \
-    DEBUG_HOST=127.0.0.1 DEBUG_PORT="$ed_port" USE_STATSD=false LOG_LEVEL=warn \
-    RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true \
-    BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_TYPE=cluster REDIS_URL="$cluster_addrs" "$ratelimit_bin"
+  start_envoy_ratelimit envoy_cluster REDIS_TYPE=cluster REDIS_URL="$cluster_addrs"
+  eg_port=$envoy_grpc_port
   addr[sluice_cluster]="127.0.0.1:$cg_port" hport[sluice_cluster]=$ch_port
   addr[envoy_cluster]="127.0.0.1:$eg_port"
 fi
-# redis_ticks SYSTEM: the CPU time so far of the Redis that SYSTEM uses
-# (the three Cluster nodes together for a cluster system).
-redis_ticks() {
+# redis_pids SYSTEM: the pids of the Redis that SYSTEM uses (the three
+# Cluster nodes for a cluster system).
+redis_pids() {
   case $1 in
-  *_cluster) echo $(($(cputicks "$pid_cluster1") + $(cputicks "$pid_cluster2") + $(cputicks "$pid_cluster3"))) ;;
-  *) cputicks "$pid_redis" ;;
+  *_cluster) echo "$pid_cluster1 $pid_cluster2 $pid_cluster3" ;;
+  *) echo "$pid_redis" ;;
   esac
 }
 if [ -n "${tg_port:-}" ]; then addr[sluice_grpc]="127.0.0.1:$tg_port" hport[sluice_grpc]=$th_port; fi
 
-# load SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
-load() {
+# rlsload SYSTEM ARGS...: bench/rlsload against SYSTEM with the run's descriptors.
+rlsload() {
   local s=$1; shift
   "$work/rlsload" -client "$RLS_CLIENT" -addr "${addr[$s]}" -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
-# field NAME: NAME=value of the RESULT line in $res.
-field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
 
 # On a Sluice system S (sluice_redis, sluice_grpc, sluice_cluster): a metric's value, 0 if
 # absent.
@@ -214,14 +182,8 @@ sluices=$(for s in $RLS_SYSTEMS; do if [ -n "${hport[$s]:-}" ]; then echo "$s"; 
 for s in $RLS_SYSTEMS; do
   [ -n "${addr[$s]:-}" ] || die "unknown system $s (want some of: ${!addr[*]})"
   # Ready when one call is answered OK, and for Sluice once one was
-  # decided by Redis (on a busy machine the first may not be); 20 s at most.
-  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
-  until res=$(load "$s" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
-    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ] && { [ -z "${hport[$s]:-}" ] || [ "$(store_checks "$s")" -gt 0 ]; }; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer OK on ${addr[$s]} within 20 s"; }
-    sleep 0.2
-  done
+  # decided by Redis (on a busy machine the first may not be).
+  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" rlsload "$s"
   log "$s ready at ${addr[$s]}"
 done
 for s in $sluices; do
@@ -230,34 +192,21 @@ done
 
 # ---- saturation -----------------------------------------------------------
 
-# order R: the systems in round R's order, reversed every other round, so
-# that no system always runs right after the same one.
-order() {
-  if [ $(($1 % 2)) = 1 ]; then echo $RLS_SYSTEMS; else echo $RLS_SYSTEMS | tr ' ' '\n' | tac | tr '\n' ' '; fi
-}
 declare -A sat lat50 lat99 satm cpu rcpu gcpu before_all before_store before_opens fixed_all fixed_store
 tck=$(getconf CLK_TCK)
-# childticks: the CPU time so far of this shell's waited-for children
-# (rlsload among them), in clock ticks.
-childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
-# per_call TICKS0 TICKS1: microseconds of CPU per call of the run in $res.
-per_call() { awk -v a="$1" -v b="$2" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
+# per_call TICKS: microseconds of CPU per call of the run in $res.
+per_call() { awk -v d="$1" -v n="$(field all_calls)" -v t="$tck" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }'; }
 for s in $sluices; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_checks "$s") before_opens[$s]=$(breaker_opens "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
-  for s in $(order "$r"); do
-    pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(redis_ticks "$s"); g0=$(childticks)
-    out=$(load "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
-      { echo "$out" >&2; die "rlsload against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(redis_ticks "$s"); g1=$(childticks)
-    res=$(echo "$out" | grep '^RESULT')
-    cpu[$s]="${cpu[$s]:-} $(per_call "$c0" "$c1")"
-    rcpu[$s]="${rcpu[$s]:-} $(per_call "$r0" "$r1")"
-    gcpu[$s]="${gcpu[$s]:-} $(per_call "$g0" "$g1")"
+  for s in $(order "$r" $RLS_SYSTEMS); do
+    measure "$s" "$(redis_pids "$s")" rlsload "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS"
+    cpu[$s]="${cpu[$s]:-} $(per_call "$ticks_server")"
+    rcpu[$s]="${rcpu[$s]:-} $(per_call "$ticks_redis")"
+    gcpu[$s]="${gcpu[$s]:-} $(per_call "$ticks_loadgen")"
     [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] ||
       { echo "$out" >&2; die "$s: not every answer was OK"; }
     sat[$s]="${sat[$s]:-} $(field achieved)"
-    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$c0" "$c1") us, Redis's $(per_call "$r0" "$r1") us, rlsload's $(per_call "$g0" "$g1") us"
+    log "saturation round $r $s: $(field achieved) calls/s (p50 $(field p50_us) us, p99 $(field p99_us) us), CPU per call $(per_call "$ticks_server") us, Redis's $(per_call "$ticks_redis") us, rlsload's $(per_call "$ticks_loadgen") us"
   done
 done
 for s in $RLS_SYSTEMS; do satm[$s]=$(echo "${sat[$s]}" | median); done
@@ -275,23 +224,21 @@ done
 # ---- fixed rate -----------------------------------------------------------
 
 if [ "$RLS_RATE" = auto ]; then
-  slowest=$(for s in $RLS_SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | sort -g | head -1)
-  RLS_RATE=$(awk -v v="$slowest" -v f="$RATE_FRACTION" 'BEGIN { r = int(v * f / 100) * 100; if (r < 100) r = 100; print r }')
+  RLS_RATE=$(for s in $RLS_SYSTEMS; do echo "${satm[${s}_total]:-${satm[$s]}}"; done | fixed_rate "$RATE_FRACTION")
 fi
 log "fixed rate: $RLS_RATE calls/s (RATE_FRACTION $RATE_FRACTION of the slower saturation figure unless RLS_RATE is set)"
 for s in $sluices; do fixed_all[$s]=$(checks "$s") fixed_store[$s]=$(store_checks "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
-  for s in $(order "$r"); do
-    out=$(load "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
+  for s in $(order "$r" $RLS_SYSTEMS); do
+    out=$(rlsload "$s" -rate "$RLS_RATE" -duration "${FIXED_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
       { echo "$out" >&2; die "rlsload against $s failed"; }
     res=$(echo "$out" | grep '^RESULT')
     [ "$(field over_limit)" = 0 ] || { echo "$out" >&2; die "$s: OVER_LIMIT answers at $RLS_RATE/s"; }
     [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) errors at $RLS_RATE/s ($(echo "$out" | grep -m1 '^first error'))"
-    awk -v a="$(field achieved)" -v r="$RLS_RATE" 'BEGIN { exit !(a < 0.95 * r) }' &&
-      log "warning: $s achieved $(field achieved)/s of $RLS_RATE/s offered: its latency figures measure a backlog"
+    warn_backlog "$s" "$RLS_RATE"
     lat50[$s]="${lat50[$s]:-} $(field p50_us)"
     lat99[$s]="${lat99[$s]:-} $(field p99_us)"
-    log "fixed rate round $r $s: achieved $(field achieved)/s p50 $(field p50_us) us p99 $(field p99_us) us p99.9 $(field p999_us) us (sent late: p50 $(field lag_p50_us) p99 $(field lag_p99_us) us; from the send: p50 $(field svc_p50_us) p99 $(field svc_p99_us) us)"
+    log_latencies "$r" "$s"
   done
 done
 for s in $sluices; do

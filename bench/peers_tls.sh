@@ -50,21 +50,17 @@ RLS_CONNS=${RLS_CONNS:-4}
 RLS_STREAMS=${RLS_STREAMS:-50}
 TOOLS=${SLUICE_TOOLS:-$HOME/.cache/sluice-tools}
 
-RATELIMIT_MOD=$(sed -n 's/^RATELIMIT_MOD=//p' bench/peers.sh)
-RATELIMIT_VERSION=$(sed -n 's/^RATELIMIT_VERSION=//p' bench/peers.sh)
-
 BENCH_NAME=peers_tls
 . bench/lib.sh
 
 for tool in go redis-server redis-cli curl openssl; do
   command -v "$tool" >/dev/null || die "$tool is not installed"
 done
-[ -n "$RATELIMIT_MOD" ] && [ -n "$RATELIMIT_VERSION" ] || die "no RATELIMIT_MOD and RATELIMIT_VERSION in bench/peers.sh"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- build and certificates -----------------------------------------------
 
-ratelimit_bin=$(install_tool "$RATELIMIT_MOD/src/service_cmd" "$RATELIMIT_VERSION" ratelimit)
+install_ratelimit
 log "building sluice, bench/loadgen, bench/rlsload"
 go build -o "$work/sluice" ./cmd/sluice
 go build -o "$work/loadgen" ./bench/loadgen
@@ -93,16 +89,7 @@ cat >"$work/policies.json" <<'EOF'
   "rate_per_sec": 1000, "burst": 1000, "mode": "enforce",
   "description": "the peer comparison: 1000/s per user, every request allowed"}]
 EOF
-mkdir -p "$work/rl/ratelimit/config"
-config="$work/rl/ratelimit/config/bench.yaml"
-cat >"$config" <<'EOF'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000
-EOF
+write_envoy_config 1000
 echo '[]' >"$work/rls-policies.json"
 
 HTTP_SYSTEMS="sluice_memory sluice_memory_tls sluice_redis sluice_redis_tls"
@@ -121,19 +108,16 @@ done
 for s in rls_sluice rls_sluice_tls; do
   p=$(freeport) g=$(freeport) hport[$s]=$p addr[$s]="127.0.0.1:$g"
   args=(serve --listen "127.0.0.1:$p" --rls-listen "127.0.0.1:$g" --policies "$work/rls-policies.json"
-    --envoy-config "$config" --log-level warn --store "redis://127.0.0.1:$redis_port/1")
+    --envoy-config "$envoy_config" --log-level warn --store "redis://127.0.0.1:$redis_port/1")
   [ "$s" = rls_sluice ] || args+=(--rls-tls-cert-file "$work/server.crt" --rls-tls-key-file "$work/server.key")
   start "$s" "$work/sluice" "${args[@]}"
 done
 for s in rls_envoy_ratelimit rls_envoy_ratelimit_tls; do
-  h=$(freeport) g=$(freeport) d=$(freeport) addr[$s]="127.0.0.1:$g"
-  env=(HOST=127.0.0.1 PORT="$h" GRPC_HOST=127.0.0.1 GRPC_PORT="$g" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$d"
-    USE_STATSD=false LOG_LEVEL=warn RUNTIME_ROOT="$work/rl" RUNTIME_SUBDIRECTORY=ratelimit
-    RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true
-    BACKEND_TYPE=redis REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$redis_port")
+  env=(REDIS_URL="127.0.0.1:$redis_port")
   [ "$s" = rls_envoy_ratelimit ] ||
     env+=(GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT="$work/server.crt" GRPC_SERVER_TLS_KEY="$work/server.key")
-  start "$s" env "${env[@]}" "$ratelimit_bin"
+  start_envoy_ratelimit "$s" "${env[@]}"
+  addr[$s]="127.0.0.1:$envoy_grpc_port"
 done
 
 # tls_args SYSTEM: the load generator's TLS flags for SYSTEM, none for a
@@ -144,48 +128,36 @@ tls_args() { case $1 in *_tls) echo "$2" -tls-ca "$work/ca.crt" ;; esac; }
 metric() {
   local scheme=http
   case $1 in sluice_*_tls) scheme=https ;; esac
-  curl -fsS --cacert "$work/ca.crt" "$scheme://127.0.0.1:${hport[$1]}/metrics" | awk -v m="$2" '
-    index($0, m) == 1 { v += $NF } END { printf "%.0f\n", v + 0 }'
+  curl -fsS --cacert "$work/ca.crt" "$scheme://127.0.0.1:${hport[$1]}/metrics" | metric_sum "$2"
 }
 store_checks() { metric "$1" 'sluice_checks_total{decision="allowed",source="store"}'; }
 checks() { metric "$1" 'sluice_checks_total{'; }
-field() { echo "$res" | tr ' ' '\n' | awk -F= -v k="$1" '$1 == k { print $2 }'; }
-rls() { # rls SYSTEM ARGS...: bench/rlsload against SYSTEM
+rlsload() { # rlsload SYSTEM ARGS...: bench/rlsload against SYSTEM
   local s=$1; shift
   "$work/rlsload" -addr "${addr[$s]}" $(tls_args "$s" -tls) -domain bench -entries 'user={user}' -users "$USERS" "$@" 2>&1
 }
 
 body='{"user":"{user}","route":"/bench","method":"GET"}'
+# admits SYSTEM: whether SYSTEM answers a check "allowed", decided by the
+# store if it is on Redis.
+admits() {
+  local answer
+  answer=$(curl -sS --cacert "$work/ca.crt" -X POST -H 'Content-Type: application/json' \
+    -d "${body//\{user\}/probe}" "${url[$1]}" 2>/dev/null) && [[ "$answer" == *'"allowed":true'* ]] &&
+    [[ "$1" != *redis* || "$answer" == *'"source":"store"'* ]]
+}
 for s in $HTTP_SYSTEMS; do
-  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
-  until answer=$(curl -sS --cacert "$work/ca.crt" -X POST -H 'Content-Type: application/json' \
-    -d "${body//\{user\}/probe}" "${url[$s]}" 2>/dev/null) && [[ "$answer" == *'"allowed":true'* ]] &&
-    [[ "$s" != *redis* || "$answer" == *'"source":"store"'* ]]; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer at ${url[$s]} within 20 s"; }
-    sleep 0.2
-  done
+  wait_until "$s" "answer at ${url[$s]}" admits "$s"
   log "$s ready at ${url[$s]}"
 done
 for s in $RLS_SYSTEMS; do
-  deadline=$((SECONDS + 20)) pid=$(eval echo "\$pid_$s")
-  until res=$(rls "$s" -users 1 -conns 1 -streams 1 -duration 100ms -warmup 0 -timeout 1s | grep '^RESULT') &&
-    [ "$(field ok)" -gt 0 ] && [ "$(field errors)" = 0 ] && { [ -z "${hport[$s]:-}" ] || [ "$(store_checks "$s")" -gt 0 ]; }; do
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$s.log" >&2; die "$s exited"; }
-    [ $SECONDS -lt $deadline ] || { cat "$work/$s.log" >&2; die "$s did not answer OK on ${addr[$s]} within 20 s"; }
-    sleep 0.2
-  done
+  wait_until "$s" "answer OK on ${addr[$s]}" rls_answers "${hport[$s]:-}" rlsload "$s"
   log "$s ready at ${addr[$s]}"
 done
 
-# order R SYSTEMS...: the systems in round R's order, reversed every other round.
-order() {
-  local r=$1; shift
-  if [ $((r % 2)) = 1 ]; then echo "$@"; else echo "$@" | tr ' ' '\n' | tac | tr '\n' ' '; fi
-}
 tck=$(getconf CLK_TCK)
-childticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
-per() { awk -v a="$1" -v b="$2" -v n="$3" -v t="$tck" 'BEGIN { printf "%.2f", (n > 0 ? (b - a) / t * 1e6 / n : 0) }'; }
+# per TICKS N: microseconds of CPU per request of TICKS over N requests.
+per() { awk -v d="$1" -v n="$2" -v t="$tck" 'BEGIN { printf "%.2f", (n > 0 ? d / t * 1e6 / n : 0) }'; }
 declare -A cpu rcpu gcpu lat50 lat99 sat before_all before_store
 
 # ---- HTTP at a fixed rate -------------------------------------------------
@@ -193,17 +165,13 @@ declare -A cpu rcpu gcpu lat50 lat99 sat before_all before_store
 log "HTTP: $RATE req/s, $CONNS connections, ${ROUND_SECS}s per round"
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r" $HTTP_SYSTEMS); do
-    pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis")
-    out=$("$work/loadgen" -url "${url[$s]}" $(tls_args "$s" "") -body "$body" -users "$USERS" -rate "$RATE" \
-      -duration "${ROUND_SECS}s" -warmup 1s -conns "$CONNS" 2>&1) || { echo "$out" >&2; die "loadgen against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis")
-    res=$(echo "$out" | grep '^RESULT')
+    measure "$s" "$pid_redis" "$work/loadgen" -url "${url[$s]}" $(tls_args "$s" "") -body "$body" -users "$USERS" -rate "$RATE" \
+      -duration "${ROUND_SECS}s" -warmup 1s -conns "$CONNS"
     [ "$(field non2xx)" = 0 ] || { echo "$out" >&2; die "$s: non-2xx answers at $RATE/s"; }
     [ "$(field errors)" = 0 ] || log "warning: $s: $(field errors) transport errors ($(echo "$out" | grep -m1 '^first error'))"
     n=$(awk -v q="$(field requests)" -v r="$RATE" 'BEGIN { print q + r }') # the warm-up second included
-    cpu[$s]="${cpu[$s]:-} $(per "$c0" "$c1" "$n")"
-    case $s in *redis*) rcpu[$s]="${rcpu[$s]:-} $(per "$r0" "$r1" "$n")" ;; esac
+    cpu[$s]="${cpu[$s]:-} $(per "$ticks_server" "$n")"
+    case $s in *redis*) rcpu[$s]="${rcpu[$s]:-} $(per "$ticks_redis" "$n")" ;; esac
     lat50[$s]="${lat50[$s]:-} $(field p50_us)" lat99[$s]="${lat99[$s]:-} $(field p99_us)"
     rlast=none
     [ -z "${rcpu[$s]:-}" ] || rlast="${rcpu[$s]##* } us"
@@ -217,16 +185,11 @@ log "gRPC: saturation, $RLS_STREAMS streams over $RLS_CONNS connections, ${ROUND
 for s in rls_sluice rls_sluice_tls; do before_all[$s]=$(checks "$s") before_store[$s]=$(store_checks "$s"); done
 for r in $(seq 1 "$ROUNDS"); do
   for s in $(order "$r" $RLS_SYSTEMS); do
-    pid=$(eval echo "\$pid_$s")
-    c0=$(cputicks "$pid"); r0=$(cputicks "$pid_redis"); g0=$(childticks)
-    out=$(rls "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS") ||
-      { echo "$out" >&2; die "rlsload against $s failed"; }
-    c1=$(cputicks "$pid"); r1=$(cputicks "$pid_redis"); g1=$(childticks)
-    res=$(echo "$out" | grep '^RESULT')
+    measure "$s" "$pid_redis" rlsload "$s" -rate 0 -duration "${ROUND_SECS}s" -conns "$RLS_CONNS" -streams "$RLS_STREAMS"
     [ "$(field over_limit)" = 0 ] && [ "$(field errors)" = 0 ] || { echo "$out" >&2; die "$s: not every answer was OK"; }
     n=$(field all_calls)
-    cpu[$s]="${cpu[$s]:-} $(per "$c0" "$c1" "$n")" rcpu[$s]="${rcpu[$s]:-} $(per "$r0" "$r1" "$n")"
-    gcpu[$s]="${gcpu[$s]:-} $(per "$g0" "$g1" "$n")" sat[$s]="${sat[$s]:-} $(field achieved)"
+    cpu[$s]="${cpu[$s]:-} $(per "$ticks_server" "$n")" rcpu[$s]="${rcpu[$s]:-} $(per "$ticks_redis" "$n")"
+    gcpu[$s]="${gcpu[$s]:-} $(per "$ticks_loadgen" "$n")" sat[$s]="${sat[$s]:-} $(field achieved)"
     log "round $r $s: $(field achieved) calls/s, CPU per call ${cpu[$s]##* } us, Redis's ${rcpu[$s]##* } us, rlsload's ${gcpu[$s]##* } us"
   done
 done

@@ -56,18 +56,6 @@ cat >"$work/policies.json" <<'EOF'
 EOF
 body='{"user":"{user}","route":"/bench"}'
 
-# redis_up PORT [ARGS...]: a redis-server on PORT answering PING within 20 s.
-redis_up() {
-  local port=$1; shift
-  start "redis_$port" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-    --protected-mode no --dir "$work" "$@"
-  local deadline=$((SECONDS + 20))
-  until redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; do
-    [ $SECONDS -lt $deadline ] || die "redis-server on $port did not start"
-    sleep 0.1
-  done
-}
-
 # cluster_up M: M empty primaries joined into one cluster, the 16384 slots
 # split evenly, every node agreeing (cluster_state:ok) within 30 s. Sets
 # redis_ports and store. M=1 is a one-primary cluster, which redis-cli
@@ -76,8 +64,8 @@ cluster_up() {
   local m=$1 i p first lo hi
   redis_ports=()
   for i in $(seq 1 "$m"); do
-    p=$(freeport)
-    redis_up "$p" --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 5000
+    p=$(cluster_port)
+    redis_up "redis_$p" "$p" --dir "$work" --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 5000
     redis_ports+=("$p")
   done
   first=${redis_ports[0]}
@@ -95,13 +83,6 @@ cluster_up() {
     done
   done
   store="redis-cluster://$(printf '127.0.0.1:%s,' "${redis_ports[@]}" | sed 's/,$//')"
-}
-
-# stop_pids PID...: kill those processes and wait for them.
-stop_pids() {
-  local p
-  for p in "$@"; do kill "$p" 2>/dev/null || true; done
-  for p in "$@"; do wait "$p" 2>/dev/null || true; done
 }
 
 # daemons_up K: K daemons on $store; sets daemon_ports and daemon_pids.
@@ -130,7 +111,6 @@ daemons_up() {
 }
 
 sum_metric() { local s=0 p; for p in "${daemon_ports[@]}"; do s=$((s + $(metric_at "$p" "$1"))); done; echo "$s"; }
-sum_ticks() { local s=0 p; for p in "$@"; do s=$((s + $(cputicks "$p"))); done; echo "$s"; }
 redis_pids() { local p; for p in "${redis_ports[@]}"; do eval echo "\$pid_redis_$p"; done; }
 
 # load SECS: wrk against every daemon at once, CONNS split between them;
@@ -173,7 +153,7 @@ round() {
 }
 
 # The single-server reference: the merged script call per batch.
-single=$(freeport); redis_up "$single"; redis_ports=("$single"); store="redis://127.0.0.1:$single"
+single=$(freeport); redis_up "redis_$single" "$single" --dir "$work"; redis_ports=("$single"); store="redis://127.0.0.1:$single"
 for k in $KS; do round "M=single K=$k" "$k"; done
 stop_pids "$(eval echo "\$pid_redis_$single")"
 

@@ -53,16 +53,12 @@ import (
 )
 
 type config struct {
-	target   *url.URL
-	method   string
-	body     string
-	headers  []string
-	users    int
-	rate     float64
-	duration time.Duration
-	warmup   time.Duration
-	conns    int
-	timeout  time.Duration
+	latency.Flags
+	target  *url.URL
+	method  string
+	body    string
+	headers []string
+	conns   int
 	// tls is the client configuration of an https:// target, nil for
 	// http://.
 	tls *tls.Config
@@ -88,16 +84,12 @@ func run() error {
 		tlsf    clienttls.Flags
 	)
 	tlsf.Register(flag.CommandLine)
+	cfg.Flags.Register(flag.CommandLine, "request", "sends back to back on every connection")
 	flag.StringVar(&rawURL, "url", "", "target, http://host:port/path or https://... (the path may hold {user})")
 	flag.StringVar(&cfg.method, "method", "", "HTTP method (default POST with a -body, GET without)")
 	flag.StringVar(&cfg.body, "body", "", "request body; {user} is replaced")
 	flag.Var(&headers, "header", `extra request header "Name: value" ({user} is replaced); repeatable`)
-	flag.IntVar(&cfg.users, "users", 10000, "distinct values of {user}, used in turn")
-	flag.Float64Var(&cfg.rate, "rate", 0, "offered requests per second; 0 sends back to back on every connection (closed loop)")
-	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time")
-	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "time at the same load before measuring")
 	flag.IntVar(&cfg.conns, "conns", 64, "connections (one sender each)")
-	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "per-request deadline; a request past it counts as an error")
 	flag.Parse()
 	cfg.headers = headers
 	u, err := url.Parse(rawURL)
@@ -119,15 +111,11 @@ func run() error {
 			cfg.method = http.MethodPost
 		}
 	}
-	switch {
-	case cfg.users < 1:
-		return errors.New("-users: must be at least 1")
-	case cfg.rate < 0:
-		return errors.New("-rate: must not be negative")
-	case cfg.conns < 1:
+	if err := cfg.Flags.Validate(); err != nil {
+		return err
+	}
+	if cfg.conns < 1 {
 		return errors.New("-conns: must be at least 1")
-	case cfg.duration <= 0:
-		return errors.New("-duration: must be positive")
 	}
 	reqs, err := buildRequests(cfg)
 	if err != nil {
@@ -151,7 +139,7 @@ func buildRequests(cfg config) ([][]byte, error) {
 			return nil, fmt.Errorf("-header: want \"Name: value\", got %q", h)
 		}
 	}
-	out := make([][]byte, cfg.users)
+	out := make([][]byte, cfg.Users)
 	for i := range out {
 		user := "u" + strconv.Itoa(i)
 		body := strings.ReplaceAll(cfg.body, "{user}", user)
@@ -180,8 +168,8 @@ type result struct {
 
 func (r *result) report(cfg config) string {
 	head := fmt.Sprintf("%s %s, %d connections, %s: %d answers (%.0f/s), %d errors, %d non-2xx, %d not sent",
-		cfg.method, cfg.target, cfg.conns, latency.Mode(cfg.rate), r.Requests, r.Achieved(), r.Errors, r.non2xx, r.Unsent)
-	return r.Report(head, cfg.rate, fmt.Sprintf("errors=%d non2xx=%d unsent=%d", r.Errors, r.non2xx, r.Unsent))
+		cfg.method, cfg.target, cfg.conns, latency.Mode(cfg.Rate), r.Requests, r.Achieved(), r.Errors, r.non2xx, r.Unsent)
+	return r.Report(head, cfg.Rate, fmt.Sprintf("errors=%d non2xx=%d unsent=%d", r.Errors, r.non2xx, r.Unsent))
 }
 
 // drive runs the senders, one a connection, and merges what they
@@ -192,7 +180,7 @@ func drive(ctx context.Context, cfg config, reqs [][]byte) *result {
 	for w := range senders {
 		senders[w] = &sender{cfg: cfg, reqs: reqs, user: w * len(reqs) / cfg.conns}
 	}
-	m := latency.Drive(ctx, latency.RunConfig{Warmup: cfg.warmup, Duration: cfg.duration, Rate: cfg.rate, Senders: cfg.conns},
+	m := latency.Drive(ctx, cfg.Run(cfg.conns),
 		func(w int, measured bool) error {
 			status, err := senders[w].do()
 			if err == nil && measured && (status < 200 || status > 299) {
@@ -239,7 +227,7 @@ func (s *sender) do() (int, error) {
 			}
 			s.conn, s.br = c, bufio.NewReaderSize(c, 16<<10)
 		}
-		s.conn.SetDeadline(time.Now().Add(s.cfg.timeout))
+		s.conn.SetDeadline(time.Now().Add(s.cfg.Timeout))
 		status, err := s.roundTrip(req)
 		if err == nil {
 			return status, nil
@@ -256,12 +244,12 @@ func (s *sender) do() (int, error) {
 // dial opens a connection to the target, with its TLS handshake done for
 // an https:// one.
 func (s *sender) dial() (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", s.cfg.target.Host, s.cfg.timeout)
+	c, err := net.DialTimeout("tcp", s.cfg.target.Host, s.cfg.Timeout)
 	if err != nil || s.cfg.tls == nil {
 		return c, err
 	}
 	tc := tls.Client(c, s.cfg.tls)
-	c.SetDeadline(time.Now().Add(s.cfg.timeout))
+	c.SetDeadline(time.Now().Add(s.cfg.Timeout))
 	if err := tc.Handshake(); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("TLS handshake: %w", err)

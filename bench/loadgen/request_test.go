@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+
+	"github.com/sluice-rl/sluice/bench/internal/latency"
 )
 
 func TestBuildRequestsRotateUsers(t *testing.T) {
 	u, _ := url.Parse("http://127.0.0.1:9/v1/check?x={user}")
-	cfg := config{target: u, method: "POST", body: `{"user":"{user}"}`, headers: []string{"X-Key: k-{user}"}, users: 3}
+	cfg := config{target: u, method: "POST", body: `{"user":"{user}"}`, headers: []string{"X-Key: k-{user}"}, Flags: latency.Flags{Users: 3}}
 	reqs, err := buildRequests(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +37,7 @@ func TestBuildRequestsRotateUsers(t *testing.T) {
 
 func TestBuildRequestsRejectsBadHeader(t *testing.T) {
 	u, _ := url.Parse("http://127.0.0.1:9/")
-	if _, err := buildRequests(config{target: u, method: "GET", headers: []string{"no colon"}, users: 1}); err == nil {
+	if _, err := buildRequests(config{target: u, method: "GET", headers: []string{"no colon"}, Flags: latency.Flags{Users: 1}}); err == nil {
 		t.Fatal("a header without a colon was accepted")
 	}
 }

@@ -60,17 +60,13 @@ import (
 )
 
 type config struct {
-	addr     string
-	domain   string
-	entries  []entry
-	users    int
-	rate     float64
-	duration time.Duration
-	warmup   time.Duration
-	conns    int
-	streams  int
-	timeout  time.Duration
-	client   string
+	latency.Flags
+	addr    string
+	domain  string
+	entries []entry
+	conns   int
+	streams int
+	client  string
 	// tls is the client configuration of a TLS service, nil for
 	// plaintext gRPC.
 	tls *tls.Config
@@ -94,38 +90,31 @@ func run() error {
 		useTLS  bool
 	)
 	tlsf.Register(flag.CommandLine)
+	cfg.Flags.Register(flag.CommandLine, "call", "calls back to back on every stream")
 	flag.BoolVar(&useTLS, "tls", false, "call over TLS (implied by any -tls-* flag)")
 	flag.StringVar(&cfg.addr, "addr", "", "the rate limit service, host:port (plaintext gRPC unless -tls)")
 	flag.StringVar(&cfg.domain, "domain", "bench", "domain of every request")
 	flag.StringVar(&entries, "entries", "user={user}", "the descriptor's entries, key=value[,key=value...]; {user} in a value is replaced")
-	flag.IntVar(&cfg.users, "users", 10000, "distinct values of {user}, used in turn")
-	flag.Float64Var(&cfg.rate, "rate", 0, "offered calls per second; 0 calls back to back on every stream (closed loop)")
-	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time")
-	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "time at the same load before measuring")
 	flag.IntVar(&cfg.conns, "conns", 4, "connections")
 	flag.IntVar(&cfg.streams, "streams", 50, "calls in flight at most (one sender each), spread over the connections")
-	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Second, "per-call deadline; a call past it counts as an error")
 	flag.StringVar(&cfg.client, "client", "h2", "h2: the generator's own lean HTTP/2 client; grpc: grpc-go's client")
 	flag.Parse()
 	var err error
 	if cfg.entries, err = parseEntries(entries); err != nil {
 		return fmt.Errorf("-entries: %w", err)
 	}
+	if err := cfg.Flags.Validate(); err != nil {
+		return err
+	}
 	switch {
 	case cfg.addr == "":
 		return errors.New("-addr: required")
 	case cfg.domain == "":
 		return errors.New("-domain: required")
-	case cfg.users < 1:
-		return errors.New("-users: must be at least 1")
-	case cfg.rate < 0:
-		return errors.New("-rate: must not be negative")
 	case cfg.conns < 1:
 		return errors.New("-conns: must be at least 1")
 	case cfg.streams < cfg.conns:
 		return fmt.Errorf("-streams: must be at least -conns (%d)", cfg.conns)
-	case cfg.duration <= 0:
-		return errors.New("-duration: must be positive")
 	case cfg.client != "h2" && cfg.client != "grpc":
 		return fmt.Errorf("-client: h2 or grpc, got %q", cfg.client)
 	}
@@ -173,7 +162,7 @@ func parseEntries(s string) ([]entry, error) {
 // buildRequests renders one request per user. A request is only read
 // while it is sent, so senders share them.
 func buildRequests(cfg config) []*rlsv3.RateLimitRequest {
-	out := make([]*rlsv3.RateLimitRequest, cfg.users)
+	out := make([]*rlsv3.RateLimitRequest, cfg.Users)
 	for i := range out {
 		user := "u" + strconv.Itoa(i)
 		d := &rlv3.RateLimitDescriptor{}
@@ -197,8 +186,8 @@ type result struct {
 
 func (r *result) report(cfg config) string {
 	head := fmt.Sprintf("ShouldRateLimit %s domain %s, %d streams over %d connections, %s: %d answers (%.0f/s): %d OK, %d OVER_LIMIT; %d errors, %d not sent",
-		cfg.addr, cfg.domain, cfg.streams, cfg.conns, latency.Mode(cfg.rate), r.Requests, r.Achieved(), r.ok, r.overLimit, r.Errors, r.Unsent)
-	return r.Report(head, cfg.rate, fmt.Sprintf("ok=%d over_limit=%d errors=%d unsent=%d all_calls=%d", r.ok, r.overLimit, r.Errors, r.Unsent, r.all))
+		cfg.addr, cfg.domain, cfg.streams, cfg.conns, latency.Mode(cfg.Rate), r.Requests, r.Achieved(), r.ok, r.overLimit, r.Errors, r.Unsent)
+	return r.Report(head, cfg.Rate, fmt.Sprintf("ok=%d over_limit=%d errors=%d unsent=%d all_calls=%d", r.ok, r.overLimit, r.Errors, r.Unsent, r.all))
 }
 
 // conn is one connection to the service; each sender calls through its
@@ -208,18 +197,18 @@ type conn interface {
 	Close() error
 }
 
-// sender makes one call at a time: user's request, within cfg.timeout.
+// sender makes one call at a time: user's request, within cfg.Timeout.
 type sender interface {
 	call(ctx context.Context, user int) (rlsv3.RateLimitResponse_Code, error)
 }
 
 func dial(cfg config, reqs []*rlsv3.RateLimitRequest) (conn, error) {
 	if cfg.client == "h2" {
-		c, err := dialH2(cfg.addr, cfg.tls, cfg.timeout, reqs)
+		c, err := dialH2(cfg.addr, cfg.tls, cfg.Timeout, reqs)
 		if err != nil {
 			return nil, err
 		}
-		return h2Conn{c, cfg.timeout}, nil
+		return h2Conn{c, cfg.Timeout}, nil
 	}
 	creds := insecure.NewCredentials()
 	if cfg.tls != nil {
@@ -229,7 +218,7 @@ func dial(cfg config, reqs []*rlsv3.RateLimitRequest) (conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return grpcConn{cc, rlsv3.NewRateLimitServiceClient(cc), reqs, cfg.timeout}, nil
+	return grpcConn{cc, rlsv3.NewRateLimitServiceClient(cc), reqs, cfg.Timeout}, nil
 }
 
 type grpcConn struct {
@@ -285,7 +274,7 @@ func drive(ctx context.Context, cfg config, conns []conn, users int) *result {
 	for w := range parts {
 		parts[w] = part{snd: conns[w%len(conns)].newSender(), user: w * users / cfg.streams}
 	}
-	m := latency.Drive(ctx, latency.RunConfig{Warmup: cfg.warmup, Duration: cfg.duration, Rate: cfg.rate, Senders: cfg.streams},
+	m := latency.Drive(ctx, cfg.Run(cfg.streams),
 		func(w int, measured bool) error {
 			p := &parts[w]
 			u := p.user

@@ -11,6 +11,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+
+	"github.com/sluice-rl/sluice/bench/internal/latency"
 )
 
 func TestParseEntries(t *testing.T) {
@@ -70,8 +72,9 @@ func TestDriveCountsAnswersByCode(t *testing.T) {
 		rate   float64
 	}{{"closed loop", "h2", 0}, {"open loop", "h2", 2000}, {"closed loop, grpc-go client", "grpc", 0}, {"open loop, grpc-go client", "grpc", 2000}} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := config{addr: ln.Addr().String(), domain: "bench", entries: []entry{{"user", "{user}"}}, users: 10,
-				rate: tt.rate, duration: 200 * time.Millisecond, conns: 1, streams: 2, timeout: 5 * time.Second, client: tt.client}
+			cfg := config{addr: ln.Addr().String(), domain: "bench", entries: []entry{{"user", "{user}"}},
+				Flags: latency.Flags{Users: 10, Rate: tt.rate, Duration: 200 * time.Millisecond, Timeout: 5 * time.Second},
+				conns: 1, streams: 2, client: tt.client}
 			srv.mu.Lock()
 			clear(srv.seen)
 			srv.mu.Unlock()
@@ -97,8 +100,8 @@ func TestDriveCountsAnswersByCode(t *testing.T) {
 			}
 			srv.mu.Lock()
 			defer srv.mu.Unlock()
-			if len(srv.seen) != cfg.users {
-				t.Errorf("server saw %d distinct descriptors %v, want the %d users", len(srv.seen), srv.seen, cfg.users)
+			if len(srv.seen) != cfg.Users {
+				t.Errorf("server saw %d distinct descriptors %v, want the %d users", len(srv.seen), srv.seen, cfg.Users)
 			}
 			if srv.seen["bench user=u0"] == 0 || srv.seen["bench user=u9"] == 0 {
 				t.Errorf("server saw %v, want domain bench and user=u0 .. u9", srv.seen)
