@@ -7,11 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/sluice-rl/sluice/engine"
-	"github.com/sluice-rl/sluice/engine/limiter"
-	"github.com/sluice-rl/sluice/internal/redistest"
-	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // TestOnThisMachine tells the addresses of servers that share this
@@ -78,22 +73,13 @@ func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
 		{"server on this machine", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			c, err := NewClient("redis://" + srv.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			store := New(c, Config{Timeout: deadline})
-			store.pressure = &cpuPressure{psi: psi}
-			store.unread.onMachine = func(net.Addr) bool { return tt.onMachine }
-			lim := limiter.New(limiter.Config{Store: store, Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
-			req := engine.Request{Subject: "p", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
-			ctx := context.Background()
-			testwait.For(t, 30*time.Second, "a warm-up check decided by the store", func() bool {
-				o, err := lim.Check(ctx, req)
-				return err == nil && o.Source == limiter.FromStore
+			var store *Store
+			srv, lim, req := warmLimiter(t, deadline, func(s *Store) {
+				store = s
+				s.pressure = &cpuPressure{psi: psi}
+				s.unread.onMachine = func(net.Addr) bool { return tt.onMachine }
 			})
+			ctx := context.Background()
 			if got := store.unread.colocated.Load(); got != tt.onMachine {
 				t.Fatalf("colocated = %v after dialling, want %v", got, tt.onMachine)
 			}

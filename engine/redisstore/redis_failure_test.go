@@ -135,27 +135,12 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 // must come back at its deadline, not when the pause or the client's own
 // multi-second timeouts end.
 func TestRedisPausedChecksReturnAtDeadline(t *testing.T) {
-	srv := redistest.Start(t)
 	const deadline = 20 * time.Millisecond
-	c, err := NewClient("redis://" + srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	store := New(c, Config{Timeout: deadline})
 	// A paused server on a machine short of CPU looks like one the
 	// machine does not run, which the store waits for (cpuPressure): this
 	// is the deadline of a machine with CPU to spare.
-	store.pressure = nil
-	lim := limiter.New(limiter.Config{Store: store, Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
-	req := engine.Request{Subject: "p", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
+	srv, lim, req := warmLimiter(t, deadline, func(s *Store) { s.pressure = nil })
 	ctx := context.Background()
-	// The warm-up only has to reach the store once: beside the race
-	// detector on a busy machine one check can miss the 20 ms by itself.
-	testwait.For(t, 30*time.Second, "a warm-up check decided by the store", func() bool {
-		o, err := lim.Check(ctx, req)
-		return err == nil && o.Source == limiter.FromStore
-	})
 	srv.Pause(3 * time.Second)
 	var slowest time.Duration
 	for range 5 {
@@ -366,4 +351,28 @@ func TestLimiterResetClearsDenyCache(t *testing.T) {
 	if err != nil || !o.Allowed || o.Source != limiter.FromStore || o.Results[0].Remaining != 2 {
 		t.Fatalf("after reset: %+v %v, want allowed by the store with 2 remaining", o, err)
 	}
+}
+
+// warmLimiter starts a real server and a Limiter over a store with
+// deadline, set up by prep before its first dial, and returns them with a
+// request that the store has decided once. The warm-up only has to reach
+// the store once: beside the race detector on a busy machine one check can
+// miss a short deadline by itself.
+func warmLimiter(t *testing.T, deadline time.Duration, prep func(*Store)) (*redistest.Server, *limiter.Limiter, engine.Request) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c, err := NewClient("redis://" + srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	store := New(c, Config{Timeout: deadline})
+	prep(store)
+	lim := limiter.New(limiter.Config{Store: store, Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
+	req := engine.Request{Subject: "p", Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
+	testwait.For(t, 30*time.Second, "a warm-up check decided by the store", func() bool {
+		o, err := lim.Check(context.Background(), req)
+		return err == nil && o.Source == limiter.FromStore
+	})
+	return srv, lim, req
 }
