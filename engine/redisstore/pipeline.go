@@ -418,8 +418,7 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 // the network late when it always has goroutines to run), and the machine
 // not short of CPU with a Redis server on it (machineShort: a Redis server
 // on a loaded machine answers late for want of CPU, and its late reply is
-// its decision): the
-// daemon was running for that long, with time for the reading goroutine to
+// its decision): the daemon was running for that long, with time for the reading goroutine to
 // take the reply, and none came. A store that does not answer thus fails a
 // check within its deadline plus one to two slacks (a fifth of the
 // deadline, 1 to 5 ms) on a daemon with CPU to spare; a daemon short of

@@ -170,7 +170,7 @@ func New(c Scripter, cfg Config) *Store {
 	s := &Store{c: c, timeout: cfg.Timeout, queueWait: cfg.QueueWait, pipelines: cfg.Pipelines, gatherCap: maxGatherWindow,
 		maxBatch: cfg.MaxBatch, prefix: cfg.Prefix, cfgErr: cfg.Validate(), pressure: newCPUPressure()}
 	_, s.cluster = c.(masterForKeyer)
-	if u := (&unreadConns{conns: map[*watchedConn]struct{}{}}); u.hookConns(c) {
+	if u := newUnreadConns(); u.hookConns(c) {
 		s.unread = u
 	}
 	s.merge = !s.cluster

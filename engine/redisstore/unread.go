@@ -28,7 +28,13 @@ type unreadConns struct {
 	// CPUs, so only then does the machine's CPU pressure excuse a late
 	// reply (Store.machineShort).
 	colocated atomic.Bool
-	onMachine func(net.Addr) bool // onThisMachine; tests replace it
+	onMachine func(net.Addr) bool // onThisMachine; tests replace it before the first dial
+}
+
+// newUnreadConns returns an empty set that judges locality with
+// onThisMachine.
+func newUnreadConns() *unreadConns {
+	return &unreadConns{conns: map[*watchedConn]struct{}{}, onMachine: onThisMachine}
 }
 
 // onThisMachine reports whether a is an address of this machine: a Unix
@@ -168,14 +174,8 @@ func (u *unreadConns) watch(conn net.Conn, addr string) net.Conn {
 	if tc, ok := conn.(*tls.Conn); ok {
 		sock = tc.NetConn()
 	}
-	if !u.colocated.Load() {
-		local := onThisMachine
-		if u.onMachine != nil {
-			local = u.onMachine
-		}
-		if local(conn.RemoteAddr()) {
-			u.colocated.Store(true)
-		}
+	if !u.colocated.Load() && u.onMachine(conn.RemoteAddr()) {
+		u.colocated.Store(true)
 	}
 	c := &watchedConn{Conn: conn, addr: addr, conns: u}
 	if sc, ok := sock.(syscall.Conn); ok {

@@ -33,7 +33,7 @@ func TestUnreadConnsSeeAWaitingReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &unreadConns{conns: map[*watchedConn]struct{}{}}
+	u := newUnreadConns()
 	c := u.watch(raw, ln.Addr().String())
 	if _, ok := c.(syscall.Conn); !ok {
 		t.Error("a watched TCP connection is not a syscall.Conn: go-redis would skip its health check")
