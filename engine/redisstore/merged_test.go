@@ -177,17 +177,23 @@ func TestRedisMergedCallAfterScriptFlush(t *testing.T) {
 	}
 }
 
-// TestRedisLaneGathers shows a busy lane waiting for its batch to fill:
-// with checks arriving fast, a flush waits until gatherBatch checks are
-// queued and sends them in one script call; on a lane that has seen no
+// TestRedisLaneGathers shows a busy Cluster lane waiting for its batch to
+// fill: with checks arriving fast, a flush waits until gatherBatch checks
+// are queued and sends them in one script call; on a lane that has seen no
 // load a lone check goes out at once, without waiting for the window.
-// The window is lengthened from its 1 ms to twelve seconds (a fifth of a
-// one-minute deadline), so that the sixteen goroutines of the test, which
-// a loaded machine may start over more than a millisecond, all join it.
+// A Cluster lane is the one that gathers: a single server's sends a
+// second batch beside one in flight instead. The window is lengthened
+// from its 1 ms to twelve seconds (a fifth of a one-minute deadline), so
+// that the sixteen goroutines of the test, which a loaded machine may
+// start over more than a millisecond, all join it.
 func TestRedisLaneGathers(t *testing.T) {
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	s := New(daemonClient(t, srv), Config{Timeout: time.Minute})
+	cl := redistest.StartCluster(t, 3, 0)
+	c, err := NewClient("redis-cluster://" + strings.Join(cl.Addrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s := New(c, Config{Timeout: time.Minute})
 	s.gatherCap = time.Minute
 	ctx := context.Background()
 	if err := s.Warm(ctx); err != nil {
@@ -210,12 +216,19 @@ func TestRedisLaneGathers(t *testing.T) {
 		t.Fatalf("a lone check on an idle lane took %v, want it sent at once, not after the %v window", took, s.timeout/5)
 	}
 
-	// On one server both subjects share one lane, and the flush that sent
-	// the lone check gives up its slot only after answering it, in a last
-	// take that records the arrivals it saw, none. Were that take to come
-	// after the lines below, the first busy check would find no callers to
-	// wait for and go out alone, the other fifteen in a second call.
-	ln = s.lane(ctx, "busy")
+	// Sixteen subjects held by the lone check's primary share its lane, and
+	// the flush that sent the lone check gives up its slot only after
+	// answering it, in a last take that records the arrivals it saw, none.
+	// Were that take to come after the lines below, the first busy check
+	// would find no callers to wait for and go out alone, the other
+	// fifteen in a second call.
+	primary := s.Shard(ctx, "lone")
+	var busy []string
+	for i := 0; len(busy) < gatherBatch; i++ {
+		if sub := fmt.Sprint("busy-", i); s.Shard(ctx, sub) == primary {
+			busy = append(busy, sub)
+		}
+	}
 	testwait.For(t, 10*time.Second, "the lone check's flush to end", func() bool {
 		ln.mu.Lock()
 		defer ln.mu.Unlock()
@@ -226,14 +239,81 @@ func TestRedisLaneGathers(t *testing.T) {
 	ln.lastArrived = gatherBatch // from as many callers
 	ln.takenAt = time.Now()
 	ln.mu.Unlock()
-	calls0 := nodeScriptCalls(t, admin)
+	calls0 := scriptCalls(t, cl)
 	var wg sync.WaitGroup
-	for i := range gatherBatch {
-		wg.Go(func() { storetest.MustCheck(t, s, storetest.One(fmt.Sprint("busy-", i), "p", l, 1)) })
+	for _, sub := range busy {
+		wg.Go(func() { storetest.MustCheck(t, s, storetest.One(sub, "p", l, 1)) })
 	}
 	wg.Wait()
-	if calls := nodeScriptCalls(t, admin) - calls0; calls != 1 {
+	if calls := scriptCalls(t, cl) - calls0; calls != 1 {
 		t.Errorf("%d checks on a busy lane took %d script calls, want one", gatherBatch, calls)
+	}
+}
+
+// TestRedisLaneSecondBatch holds one batch in flight on a lane (its slot
+// taken, as a flush waiting for Redis holds it) and sends a lone check: a
+// single server's lane sends it beside the batch in flight, while a
+// Cluster lane keeps it queued until its batch is full or the one in
+// flight returns.
+func TestRedisLaneSecondBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cluster bool
+		sent    bool
+	}{
+		{name: "single server sends it", sent: true},
+		{name: "cluster holds it", cluster: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, calls := "", func() int64 { return 0 }
+			if tc.cluster {
+				cl := redistest.StartCluster(t, 3, 0)
+				url, calls = "redis-cluster://"+strings.Join(cl.Addrs(), ","), func() int64 { return scriptCalls(t, cl) }
+			} else {
+				srv := redistest.Start(t)
+				admin := srv.Client(t)
+				url, calls = "redis://"+srv.Addr(), func() int64 { return nodeScriptCalls(t, admin) }
+			}
+			c, err := NewClient(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			s := New(c, Config{Timeout: time.Minute})
+			ctx := context.Background()
+			if err := s.Warm(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ln := s.lane(ctx, "second")
+			testwait.For(t, 10*time.Second, "Warm's flush to end", func() bool {
+				ln.mu.Lock()
+				defer ln.mu.Unlock()
+				return ln.running == 0
+			})
+			ln.mu.Lock()
+			ln.running, ln.rate = 1, 0 // a batch in flight; no load to gather for
+			ln.mu.Unlock()
+			t.Cleanup(func() {
+				ln.mu.Lock()
+				ln.running--
+				ln.mu.Unlock()
+			})
+
+			calls0 := calls()
+			// Held, the check waits in the queue until its caller leaves;
+			// sent, it is answered well within the bound.
+			cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			defer cancel()
+			l := engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}
+			_, err = s.Check(cctx, storetest.One("second", "p", l, 1))
+			sent := calls() - calls0
+			if tc.sent && (err != nil || sent != 1) {
+				t.Errorf("beside a batch in flight: err %v, %d script calls; want the check sent and decided at once", err, sent)
+			}
+			if !tc.sent && (!errors.Is(err, context.DeadlineExceeded) || sent != 0) {
+				t.Errorf("beside a batch in flight: err %v, %d script calls; want the check held in the queue until its caller left", err, sent)
+			}
+		})
 	}
 }
 

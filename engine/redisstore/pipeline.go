@@ -19,12 +19,13 @@ import (
 // wait in that primary's queue (a lane) and are written to Redis together,
 // in one round trip. A lane runs at most Config.Pipelines batches at
 // once, each on its own connection; a batch takes whatever is queued when
-// the previous one returns, up to Config.MaxBatch checks, and a further
-// batch goes out beside one in flight only when a full one waits. A lone
-// check goes out at once; under load a lane waits a little for its batch
-// to fill (gather), since a call's fixed cost to Redis is several times a
-// check's, and a Cluster primary, which sees only its share of the checks,
-// would otherwise send batches a fraction of a single server's.
+// the previous one returns, up to Config.MaxBatch checks. A lone check
+// goes out at once; under load a lane waits a little for its batch to
+// fill (gather), since a call's fixed cost to Redis is several times a
+// check's. A single server's lane sends a further batch beside one in
+// flight as soon as a check waits. A Cluster primary sees only its share
+// of the checks, and its batches would be a fraction of a single
+// server's: its lane sends a further batch only when a full one waits.
 //
 // On a single server (or a Sentinel's primary) a batch goes as one script
 // call that decides its checks one after another: Redis then pays its
@@ -182,10 +183,15 @@ func (s *Store) roundTrip(ctx context.Context, subject string, p *queuedCheck) (
 		case ln.full <- struct{}{}:
 		default:
 		}
-	case ln.running == 0 || (ln.running < s.pipelines && len(ln.queue) >= ln.size):
-		// A further batch goes out beside the one in flight only for a
-		// full batch: the checks that come meanwhile wait for the next,
-		// so that each call carries many.
+	case ln.running == 0 || (ln.running < s.pipelines && (ln.addr == "" || len(ln.queue) >= ln.size)):
+		// On a Cluster a further batch goes out beside the one in
+		// flight only for a full batch: a primary sees only its share
+		// of the checks, and those that come meanwhile wait for the
+		// next, so that each call carries many. A single server's lane
+		// sees every check, its batches fill without waiting, and
+		// holding its second call back left Redis idle between calls
+		// (a fifth fewer checks a second at 64 callers, the same CPU
+		// per check).
 		start = true
 		ln.running++
 	}
