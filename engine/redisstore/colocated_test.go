@@ -2,11 +2,15 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
 // TestOnThisMachine tells the addresses of servers that share this
@@ -106,5 +110,63 @@ func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
 				t.Errorf("a check to a paused server elsewhere took %v under CPU pressure, want about the %v deadline", took, deadline)
 			}
 		})
+	}
+}
+
+// TestSilentServerFailsAtDeadlineUnderPressure pauses a real server on
+// this machine while the machine reads as short of CPU. The first check
+// waits for it about a second, as for a server the machine may not be
+// running; once that wait went unanswered, the checks sent during the rest
+// of the pause fail at their deadline instead of waiting a second each;
+// once the server has answered again, a new pause is waited for again.
+func TestSilentServerFailsAtDeadlineUnderPressure(t *testing.T) {
+	const deadline = 20 * time.Millisecond
+	const pause = 5 * time.Second
+	psi := filepath.Join(t.TempDir(), "psi")
+	if err := os.WriteFile(psi, []byte("some avg10=62.66 avg60=0.00 avg300=0.00 total=1000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv, lim, req := warmLimiter(t, deadline, func(s *Store) {
+		s.pressure = &cpuPressure{psi: psi}
+		s.unread.onMachine = func(net.Addr) bool { return true }
+	})
+	ctx := context.Background()
+	n := 0
+	// check sends a check of a subject of its own, which no deny cache
+	// answers, and returns how long it took and its outcome.
+	check := func() (time.Duration, limiter.Outcome) {
+		t.Helper()
+		n++
+		r := req
+		r.Subject = fmt.Sprint("silent-", n)
+		start := time.Now()
+		o, err := lim.Check(ctx, r)
+		if err != nil {
+			t.Fatalf("check %d: %v", n, err)
+		}
+		return time.Since(start), o
+	}
+	// Not speed assertions: the bounds tell a deadline (20 ms plus
+	// scheduling) from a wait for the paused server (about a second).
+	srv.Pause(pause)
+	paused := time.Now()
+	if took, o := check(); took < 750*time.Millisecond {
+		t.Fatalf("the first check of a pause was given up after %v (%+v); want a wait of about a second", took, o)
+	}
+	took, o := check()
+	if since := time.Since(paused); since >= pause {
+		t.Fatalf("the pause of %v ended before the second check was answered (%v after it began)", pause, since)
+	}
+	if took > 750*time.Millisecond || !o.Degraded {
+		t.Errorf("a check sent after the server went unanswered for a second took %v (%+v); want it failed at about its %v deadline", took, o, deadline)
+	}
+
+	testwait.For(t, 30*time.Second, "a check decided by the store after the pause", func() bool {
+		_, o := check()
+		return o.Source == limiter.FromStore
+	})
+	srv.Pause(pause)
+	if took, o := check(); took < 750*time.Millisecond {
+		t.Errorf("after the server answered again, the first check of a new pause was given up after %v (%+v); want a wait of about a second", took, o)
 	}
 }

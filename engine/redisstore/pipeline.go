@@ -69,6 +69,9 @@ type queuedCheck struct {
 	deadline  time.Time // set when sent
 	state     atomic.Uint32
 	done      chan answer // buffered: finish never blocks
+	// replied is set when Redis's reply to the check was read, even after
+	// the watch failed it: the primary is answering.
+	replied atomic.Bool
 }
 
 // answer is the script's reply, five integers per policy, or an error.
@@ -79,6 +82,10 @@ type answer struct {
 
 // finish answers the check unless it was answered or abandoned already.
 func (p *queuedCheck) finish(v []int64, err error) {
+	var reply redis.Error
+	if err == nil || errors.As(err, &reply) {
+		p.replied.Store(true)
+	}
 	for {
 		st := p.state.Load()
 		if st == checkDone {
@@ -126,6 +133,14 @@ type lane struct {
 	full      chan struct{}
 	// addr is the primary's address, "" for a single server.
 	addr string
+	// silent is set when a batch's watch gave up on the primary, or a
+	// batch came back past its deadline with no reply, and cleared when
+	// any reply of a batch is read. While it is set, CPU pressure excuses
+	// no more waits on the lane (laneShort): a server that answered
+	// nothing for as long as pressure excuses (about a second) is not late
+	// for want of CPU, and without this every check queued behind the
+	// batch waited its own second as well.
+	silent atomic.Bool
 }
 
 // Batch size adaptation: a batch of at least gatherBatch checks that took
@@ -296,7 +311,7 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 			if behind < 0 {
 				behind = 0
 				switch {
-				case s.machineShort(now):
+				case s.laneShort(ln, now):
 					behind = pressedReads * starvedQueueWaits
 				case runnableGoroutines():
 					behind = starvedQueueWaits
@@ -400,6 +415,16 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	w.mu.Unlock()
 	s.exec(ctx, batch)
 	stall := w.stop()
+	replied := false
+	for _, p := range batch {
+		replied = replied || p.replied.Load()
+	}
+	switch {
+	case replied:
+		ln.silent.Store(false)
+	case time.Since(now) >= first:
+		ln.silent.Store(true) // no reply within the deadline, nor since
+	}
 	ln.mu.Lock()
 	ln.stall = stall
 	ln.mu.Unlock()
@@ -496,7 +521,7 @@ func (w *deadlineWatch) expire() {
 	}
 	ran := onTime // the timer was on time: the daemon ran until now
 	giveUp := w.giveUp.Add(w.late)
-	pressed := w.s.machineShort(now)
+	pressed := w.s.laneShort(w.ln, now)
 	to := now.Add(w.starved)
 	if to.After(w.readCap) {
 		to = w.readCap
@@ -554,6 +579,9 @@ func (w *deadlineWatch) expire() {
 	if (past || over) && (next == 0 || w.slack < next) {
 		next = w.slack
 	}
+	if gaveUp {
+		w.ln.silent.Store(true) // before a new flush takes the queue
+	}
 	if failed && w.handedOver.CompareAndSwap(false, true) {
 		go w.s.flush(w.ln)
 	}
@@ -590,6 +618,12 @@ func (s *Store) machineShort(now time.Time) bool {
 		return false
 	}
 	return s.pressure.short(now)
+}
+
+// laneShort is machineShort for ln's primary, false while the primary is
+// silent: a watch gave up on it and no batch has come back since.
+func (s *Store) laneShort(ln *lane, now time.Time) bool {
+	return !ln.silent.Load() && s.machineShort(now)
 }
 
 // unreadReply reports whether a reply from ln's primary has arrived that
