@@ -55,6 +55,17 @@ func TestOnThisMachine(t *testing.T) {
 	}
 }
 
+// shortOfCPU writes a CPU pressure file that reads 62%, well past the
+// share at which the machine counts as short of CPU, and returns its path.
+func shortOfCPU(t *testing.T) string {
+	t.Helper()
+	psi := filepath.Join(t.TempDir(), "psi")
+	if err := os.WriteFile(psi, []byte("some avg10=62.66 avg60=0.00 avg300=0.00 total=1000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return psi
+}
+
 // TestPausedServerElsewhereFailsAtDeadlineUnderPressure pauses a real
 // server while the machine reads as short of CPU. A server on this machine
 // may be one the machine does not run, and the store waits for its reply
@@ -65,10 +76,7 @@ func TestOnThisMachine(t *testing.T) {
 func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
 	const deadline = 20 * time.Millisecond
 	const pause = 3 * time.Second
-	psi := filepath.Join(t.TempDir(), "psi")
-	if err := os.WriteFile(psi, []byte("some avg10=62.66 avg60=0.00 avg300=0.00 total=1000\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	psi := shortOfCPU(t)
 	for _, tt := range []struct {
 		name      string
 		onMachine bool
@@ -122,10 +130,7 @@ func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
 func TestSilentServerFailsAtDeadlineUnderPressure(t *testing.T) {
 	const deadline = 20 * time.Millisecond
 	const pause = 5 * time.Second
-	psi := filepath.Join(t.TempDir(), "psi")
-	if err := os.WriteFile(psi, []byte("some avg10=62.66 avg60=0.00 avg300=0.00 total=1000\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	psi := shortOfCPU(t)
 	srv, lim, req := warmLimiter(t, deadline, func(s *Store) {
 		s.pressure = &cpuPressure{psi: psi}
 		s.unread.onMachine = func(net.Addr) bool { return true }
