@@ -136,7 +136,7 @@ type lane struct {
 	// silent is set when a batch's watch gave up on the primary, or a
 	// batch came back past its deadline with no reply, and cleared when
 	// any reply of a batch is read. While it is set, CPU pressure excuses
-	// no more waits on the lane (laneShort): a server that answered
+	// no more waits on the lane (machineShort): a server that answered
 	// nothing for as long as pressure excuses (about a second) is not late
 	// for want of CPU, and without this every check queued behind the
 	// batch waited its own second as well.
@@ -311,7 +311,7 @@ func (s *Store) take(ln *lane, batch []*queuedCheck) []*queuedCheck {
 			if behind < 0 {
 				behind = 0
 				switch {
-				case s.laneShort(ln, now):
+				case s.machineShort(ln, now):
 					behind = pressedReads * starvedQueueWaits
 				case runnableGoroutines():
 					behind = starvedQueueWaits
@@ -417,7 +417,9 @@ func (s *Store) send(ln *lane, batch []*queuedCheck) bool {
 	stall := w.stop()
 	replied := false
 	for _, p := range batch {
-		replied = replied || p.replied.Load()
+		if replied = p.replied.Load(); replied {
+			break
+		}
 	}
 	switch {
 	case replied:
@@ -521,7 +523,7 @@ func (w *deadlineWatch) expire() {
 	}
 	ran := onTime // the timer was on time: the daemon ran until now
 	giveUp := w.giveUp.Add(w.late)
-	pressed := w.s.laneShort(w.ln, now)
+	pressed := w.s.machineShort(w.ln, now)
 	to := now.Add(w.starved)
 	if to.After(w.readCap) {
 		to = w.readCap
@@ -612,18 +614,14 @@ func (w *deadlineWatch) behind(now time.Time) bool {
 // that distinction a remote server that hangs would hold every check for
 // about a second whenever this machine is busy, where the deadline is a
 // few milliseconds. A client whose connections the store cannot see
-// counts as on this machine.
-func (s *Store) machineShort(now time.Time) bool {
-	if s.unread != nil && !s.unread.colocated.Load() {
+// counts as on this machine. It is false while ln's primary is silent: a
+// server that answered nothing for as long as pressure excuses is not late
+// for want of CPU.
+func (s *Store) machineShort(ln *lane, now time.Time) bool {
+	if ln.silent.Load() || (s.unread != nil && !s.unread.colocated.Load()) {
 		return false
 	}
 	return s.pressure.short(now)
-}
-
-// laneShort is machineShort for ln's primary, false while the primary is
-// silent: a watch gave up on it and no batch has come back since.
-func (s *Store) laneShort(ln *lane, now time.Time) bool {
-	return !ln.silent.Load() && s.machineShort(now)
 }
 
 // unreadReply reports whether a reply from ln's primary has arrived that
