@@ -10,14 +10,20 @@
 #   SCALE M=3 K=2 checks=... store_share=0.99990 breaker_opens=0
 #     decisions_per_daemon_cpu_s=... decisions_per_redis_cpu_s=...
 #     redis_us_per_decision=... daemon_us_per_decision=...
+#     checks_per_script_call=... redis_sleeps_per_script_call=...
+#     p99_ms=... single_redis_us_per_decision=...
 #
 # Only decisions Redis made count (sluice_checks_total{source="store"});
 # breaker opens are reported. Efficiency per CPU-second, unlike
 # throughput, hardly moves when other work shares the machine, and it is
 # what extrapolates: a figure that stays flat as M and K grow says the
-# cost per decision does not depend on them. The single-server line
-# (M=single, the merged script call per batch) is the reference the
-# Cluster's Redis CPU per decision is compared with, in the same run.
+# cost per decision does not depend on them. The single server (the
+# merged script call per batch) is the reference the Cluster's Redis CPU
+# per decision is compared with: each Cluster round is paired with a
+# round on it just before, and the BENCH line per M is the median over K
+# of the ratio within each pair. The script calls and the sleeps of each
+# redis-server's event loop per call say why a Cluster costs more; the
+# platform line first says what waking a sleeping server costs here.
 #
 # Last, with RESHARD=1 (default), a slot migration under load on M=3, K=2:
 # redis-cli --cluster reshard moves RESHARD_SLOTS slots from the first
@@ -43,7 +49,7 @@ USERS=${USERS:-10000}
 RESHARD=${RESHARD:-1}
 RESHARD_SLOTS=${RESHARD_SLOTS:-2000}
 
-for t in redis-server redis-cli wrk curl; do
+for t in redis-server redis-cli redis-benchmark wrk curl; do
   command -v "$t" >/dev/null || die "$t is not installed (bash .ci/test-deps installs it)"
 done
 go build -o "$work/sluice" ./cmd/sluice
@@ -112,23 +118,43 @@ daemons_up() {
 
 sum_metric() { local s=0 p; for p in "${daemon_ports[@]}"; do s=$((s + $(metric_at "$p" "$1"))); done; echo "$s"; }
 redis_pids() { local p; for p in "${redis_ports[@]}"; do eval echo "\$pid_redis_$p"; done; }
+# sleeps PID...: the times the processes' main threads went to sleep
+# (voluntary context switches); a redis-server's main thread runs its
+# event loop, and sleeps when it finds no call waiting.
+sleeps() { local p s=0; for p in "$@"; do s=$((s + $(awk '/^voluntary_ctxt_switches:/ { print $2 }' "/proc/$p/status"))); done; echo "$s"; }
+# script_calls: the script calls (EVAL and EVALSHA) every primary has run.
+script_calls() {
+  local p s=0 n
+  for p in "${redis_ports[@]}"; do
+    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ { n += $3 } END { print n + 0 }')
+    s=$((s + n))
+  done
+  echo "$s"
+}
 
 # load SECS: wrk against every daemon at once, CONNS split between them;
 # sets wrk_bad (non-2xx and socket errors, summed).
 load() {
   local secs=$1 port c outs=() i p
   c=$(( (CONNS + ${#daemon_ports[@]} - 1) / ${#daemon_ports[@]} ))
+  rm -f "$work"/wrk.* # a round with more daemons before left more files
   i=0
   for port in "${daemon_ports[@]}"; do
-    wrk -t "$WRK_THREADS" -c "$c" -d "${secs}s" -s bench/rotate.lua "http://127.0.0.1:$port/v1/check" \
+    wrk -t "$WRK_THREADS" -c "$c" -d "${secs}s" --latency -s bench/rotate.lua "http://127.0.0.1:$port/v1/check" \
       -- POST "$USERS" "$body" >"$work/wrk.$i" 2>&1 &
     outs+=($!); i=$((i + 1))
   done
   for p in "${outs[@]}"; do wait "$p" || die "wrk failed: $(cat "$work"/wrk.*)"; done
   wrk_bad=$(cat "$work"/wrk.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+  # wrk's p99 latency, the worst of the daemons', in milliseconds.
+  p99=$(cat "$work"/wrk.* | awk '$1 == "99%" {
+      v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
+      ms = v * (u == "us" ? 0.001 : u == "s" ? 1000 : 1); if (ms > m) m = ms
+    } END { printf "%.2f", m }')
 }
 
-# round LABEL K: one measured round on $store with K daemons.
+# round LABEL K: one measured round on $store with K daemons; sets
+# redis_us, Redis's CPU per decision.
 round() {
   local label=$1 k=$2
   daemons_up "$k"
@@ -136,30 +162,66 @@ round() {
   local all0 store0 opens0 dt0 rt0 all store opens dt rt
   all0=$(sum_metric 'sluice_checks_total{'); store0=$(sum_metric 'sluice_checks_total{decision="allowed",source="store"}')
   opens0=$(sum_metric 'sluice_breaker_opens_total'); dt0=$(sum_ticks "${daemon_pids[@]}"); rt0=$(sum_ticks "${rp[@]}")
+  local calls0 calls sleeps0 slept
+  calls0=$(script_calls); sleeps0=$(sleeps "${rp[@]}")
   load "$SECS"
+  calls=$(( $(script_calls) - calls0 )); slept=$(( $(sleeps "${rp[@]}") - sleeps0 ))
   all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
   store=$(( $(sum_metric 'sluice_checks_total{decision="allowed",source="store"}') - store0 ))
   opens=$(( $(sum_metric 'sluice_breaker_opens_total') - opens0 ))
   dt=$(( $(sum_ticks "${daemon_pids[@]}") - dt0 )); rt=$(( $(sum_ticks "${rp[@]}") - rt0 ))
   [ "$all" -gt 0 ] || die "$label: no checks counted"
   awk -v l="$label" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
-    -v bad="$wrk_bad" -v secs="$SECS" 'BEGIN {
+    -v bad="$wrk_bad" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v p99="$p99" -v ref="${ref:-}" 'BEGIN {
       ds = dt / hz; rs = rt / hz
       printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d wrk_errors=%d", l, all, all / secs, st / all, op, bad
       printf " decisions_per_daemon_cpu_s=%.0f decisions_per_redis_cpu_s=%.0f", st / ds, st / rs
-      printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f\n", ds * 1e6 / st, rs * 1e6 / st
+      printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f", ds * 1e6 / st, rs * 1e6 / st
+      printf " checks_per_script_call=%.1f redis_sleeps_per_script_call=%.2f p99_ms=%.2f%s\n", (calls > 0 ? all / calls : 0), (calls > 0 ? slept / calls : 0), p99, ref
     }'
+  redis_us=$(awk -v st="$store" -v rt="$rt" -v hz="$ticks" 'BEGIN { printf "%.2f", rt / hz * 1e6 / st }')
   stop_pids "${daemon_pids[@]}"
 }
 
-# The single-server reference: the merged script call per batch.
-single=$(freeport); redis_up "redis_$single" "$single" --dir "$work"; redis_ports=("$single"); store="redis://127.0.0.1:$single"
-for k in $KS; do round "M=single K=$k" "$k"; done
-stop_pids "$(eval echo "\$pid_redis_$single")"
+# paired LABEL K: a round on the single server, then one on the Cluster
+# ($store), each with K daemons, back to back: the Cluster's line gives
+# the single server's Redis CPU per decision of the round before it and
+# the ratio, so that whatever else the machine ran moved both alike.
+paired() {
+  local label=$1 k=$2 cstore=$store cports=("${redis_ports[@]}") single_us
+  store=$single_store; redis_ports=("$single")
+  ref="" round "ref $label" "$k" >/dev/null
+  single_us=$redis_us
+  store=$cstore; redis_ports=("${cports[@]}")
+  ref=" single_redis_us_per_decision=$single_us" round "$label" "$k"
+  ratios+=("$label $(awk -v c="$redis_us" -v s="$single_us" 'BEGIN { printf "%.3f", c / s }')")
+}
 
+# The single-server reference: the merged script call per batch. It runs
+# to the end, since every Cluster round is paired with one of its own.
+single=$(freeport); redis_up "redis_$single" "$single" --dir "$work"; redis_ports=("$single")
+single_store="redis://127.0.0.1:$single"; store=$single_store
+
+# What a call costs Redis on this machine beside what it carries: the CPU
+# of a PING from one client, answered and waited for in turn, so that the
+# server sleeps between calls, and from ten at once, so that it finds the
+# next call waiting. The difference is the cost of waking a server that
+# went idle; a Cluster's primaries each see a share of the calls and
+# sleep between more of them than a single server does.
+ping_cpu() {
+  local c=$1 n=20000 a b
+  a=$(redis_cpu_us "$single"); redis-benchmark -p "$single" -c "$c" -n "$n" -q -t ping_mbulk >/dev/null
+  b=$(redis_cpu_us "$single")
+  awk -v a="$a" -v b="$b" -v n="$n" 'BEGIN { printf "%.1f", (b - a) / n }'
+}
+redis_cpu_us() { redis-cli -p "$1" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.0f", s * 1e6 }'; }
+echo "SCALE platform redis_cpu_us_per_ping_one_client=$(ping_cpu 1) redis_cpu_us_per_ping_ten_clients=$(ping_cpu 10)"
+for k in $KS; do round "M=single K=$k" "$k"; done
+
+ratios=()
 for m in $MS; do
   cluster_up "$m"
-  for k in $KS; do round "M=$m K=$k" "$k"; done
+  for k in $KS; do paired "M=$m K=$k" "$k"; done
   if [ "$RESHARD" = 1 ] && [ "$m" = 3 ]; then
     daemons_up 2
     from=$(redis-cli -p "${redis_ports[0]}" cluster myid); to=$(redis-cli -p "${redis_ports[1]}" cluster myid)
@@ -180,3 +242,14 @@ for m in $MS; do
   mapfile -t rp < <(redis_pids)
   stop_pids "${rp[@]}"
 done
+
+# Per M, the median over K of the Cluster's Redis CPU per decision over
+# the single server's in the round before it.
+printf '%s\n' "${ratios[@]}" | awk '{ split($1, a, "="); r[a[2]] = r[a[2]] " " $3 }
+END {
+  for (m in r) {
+    n = split(substr(r[m], 2), v, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+    printf "BENCH scale_m%s_redis_cpu_over_single %.3f ratio (median of %d K)\n", m, (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2), n
+  }
+}' | sort
