@@ -6,10 +6,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/engine"
 	"github.com/sluice-rl/sluice/engine/limiter"
+	"github.com/sluice-rl/sluice/internal/redistest"
 	"github.com/sluice-rl/sluice/internal/testwait"
 )
 
@@ -92,7 +95,7 @@ func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
 				s.unread.onMachine = func(net.Addr) bool { return tt.onMachine }
 			})
 			ctx := context.Background()
-			if got := store.unread.colocated.Load(); got != tt.onMachine {
+			if got := store.unread.colocated(""); got != tt.onMachine {
 				t.Fatalf("colocated = %v after dialling, want %v", got, tt.onMachine)
 			}
 			srv.Pause(pause)
@@ -116,6 +119,87 @@ func TestPausedServerElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
 			}
 			if took > 750*time.Millisecond {
 				t.Errorf("a check to a paused server elsewhere took %v under CPU pressure, want about the %v deadline", took, deadline)
+			}
+		})
+	}
+}
+
+// TestClusterPrimaryElsewhereFailsAtDeadlineUnderPressure pauses, while
+// the machine reads as short of CPU, each of two primaries of a real
+// Cluster, of which only the first counts as on this machine: a check to
+// the first waits for it about a second, a server the machine may not be
+// running, while a check to the second fails at its deadline, as a server
+// elsewhere's does. Where a server is is judged per primary: one primary
+// on this machine (a Redis pod on the daemon's node) does not make every
+// other primary's silence wait a second.
+func TestClusterPrimaryElsewhereFailsAtDeadlineUnderPressure(t *testing.T) {
+	const deadline = 20 * time.Millisecond
+	const pause = 3 * time.Second
+	cl := redistest.StartCluster(t, 3, 0)
+	c, err := NewClient("redis-cluster://" + strings.Join(cl.Addrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	near, far := cl.Nodes()[0], cl.Nodes()[1]
+	store := New(c, Config{Timeout: deadline})
+	store.pressure = &cpuPressure{psi: shortOfCPU(t)}
+	store.unread.onMachine = func(a net.Addr) bool {
+		tcp, ok := a.(*net.TCPAddr)
+		return ok && tcp.Port == near.Port()
+	}
+	lim := limiter.New(limiter.Config{Store: store, Timeout: deadline, Breaker: limiter.BreakerConfig{MinCalls: 1000}})
+	ctx := context.Background()
+	// subjectOn returns a subject held by srv, checked once by the store,
+	// so that its lane has connections open.
+	subjectOn := func(srv *redistest.Server) engine.Request {
+		t.Helper()
+		for i := 0; ; i++ {
+			sub := fmt.Sprint("colocated-", i)
+			if store.Shard(ctx, sub) != srv.Addr() {
+				continue
+			}
+			req := engine.Request{Subject: sub, Checks: []engine.Check{{Policy: "q", Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}, Cost: 1}}}
+			testwait.For(t, 30*time.Second, "a warm-up check decided by the store", func() bool {
+				o, err := lim.Check(ctx, req)
+				return err == nil && o.Source == limiter.FromStore
+			})
+			return req
+		}
+	}
+	// Both lanes have connections open before either primary is paused.
+	reqs := map[*redistest.Server]engine.Request{near: subjectOn(near), far: subjectOn(far)}
+	for _, tt := range []struct {
+		name   string
+		srv    *redistest.Server
+		nearby bool
+	}{
+		{"primary elsewhere", far, false},
+		{"primary on this machine", near, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req := reqs[tt.srv]
+			if got := store.unread.colocated(tt.srv.Addr()); got != tt.nearby {
+				t.Fatalf("colocated(%s) = %v, want %v", tt.srv.Addr(), got, tt.nearby)
+			}
+			tt.srv.Pause(pause)
+			start := time.Now()
+			o, err := lim.Check(ctx, req)
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("check during pause: %v", err)
+			}
+			t.Logf("check to a paused %s took %v, source %v", tt.name, took, o.Source)
+			// Not speed assertions: the bounds tell a deadline (20 ms
+			// plus scheduling) from a wait for the paused server (seconds).
+			if tt.nearby {
+				if took < 750*time.Millisecond {
+					t.Errorf("a primary on this machine was given up after %v under CPU pressure; want a wait of about a second or until it answers", took)
+				}
+				return
+			}
+			if !o.Degraded || took > 750*time.Millisecond {
+				t.Errorf("a check to a paused primary elsewhere took %v (%+v) under CPU pressure, beside a primary on this machine; want it failed at about its %v deadline", took, o, deadline)
 			}
 		})
 	}

@@ -607,7 +607,7 @@ func (w *deadlineWatch) behind(now time.Time) bool {
 }
 
 // machineShort reports whether the machine is short of CPU (cpuPressure)
-// while a Redis server the store reaches runs on it. A server on another
+// while ln's primary runs on it (unreadConns.colocated). A server on another
 // machine does not wait for this one's CPUs: a reply it does not send is
 // its failure, and this daemon's own delays are measured apart (the
 // watch's lateness, goroutines waiting to run, replies unread). Without
@@ -618,7 +618,7 @@ func (w *deadlineWatch) behind(now time.Time) bool {
 // server that answered nothing for as long as pressure excuses is not late
 // for want of CPU.
 func (s *Store) machineShort(ln *lane, now time.Time) bool {
-	if ln.silent.Load() || (s.unread != nil && !s.unread.colocated.Load()) {
+	if ln.silent.Load() || (s.unread != nil && !s.unread.colocated(ln.addr)) {
 		return false
 	}
 	return s.pressure.short(now)

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,13 +20,8 @@ import (
 // buffer for milliseconds after Redis sent it; its check was decided by
 // Redis, and failing it would let the fallback decide it too.
 type unreadConns struct {
-	mu    sync.Mutex
-	conns map[*watchedConn]struct{}
-	// colocated is set once a connection is dialled to a server on this
-	// machine (onMachine): only such a server waits for this machine's
-	// CPUs, so only then does the machine's CPU pressure excuse a late
-	// reply (Store.machineShort).
-	colocated atomic.Bool
+	mu        sync.Mutex
+	conns     map[*watchedConn]struct{}
 	onMachine func(net.Addr) bool // onThisMachine; tests replace it before the first dial
 }
 
@@ -73,6 +67,7 @@ type watchedConn struct {
 	addr  string
 	raw   syscall.RawConn // nil if the connection has no socket to ask
 	conns *unreadConns
+	local bool // dialled to a server on this machine (onMachine)
 
 	mu      sync.Mutex
 	readBy  time.Time // the read deadline the client set last
@@ -174,10 +169,7 @@ func (u *unreadConns) watch(conn net.Conn, addr string) net.Conn {
 	if tc, ok := conn.(*tls.Conn); ok {
 		sock = tc.NetConn()
 	}
-	if !u.colocated.Load() && u.onMachine(conn.RemoteAddr()) {
-		u.colocated.Store(true)
-	}
-	c := &watchedConn{Conn: conn, addr: addr, conns: u}
+	c := &watchedConn{Conn: conn, addr: addr, conns: u, local: u.onMachine(conn.RemoteAddr())}
 	if sc, ok := sock.(syscall.Conn); ok {
 		c.raw, _ = sc.SyscallConn()
 	}
@@ -188,6 +180,25 @@ func (u *unreadConns) watch(conn net.Conn, addr string) net.Conn {
 		return watchedSysConn{c, sc}
 	}
 	return c
+}
+
+// colocated reports whether a connection open to addr (any, for "") goes
+// to a server on this machine: only such a server waits for this
+// machine's CPUs, so only then does the machine's CPU pressure excuse a
+// late reply (Store.machineShort). It is judged per primary and by the
+// connections open now: on a Cluster whose primaries are some on this
+// machine and some elsewhere, or after a failover moved the primary
+// elsewhere, a server elsewhere that hangs fails its checks at their
+// deadline however busy this machine is.
+func (u *unreadConns) colocated(addr string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for c := range u.conns {
+		if c.local && (addr == "" || c.addr == addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // waiting reports whether a connection to addr (any, for "") holds bytes
