@@ -171,15 +171,15 @@ round() {
   opens=$(( $(sum_metric 'sluice_breaker_opens_total') - opens0 ))
   dt=$(( $(sum_ticks "${daemon_pids[@]}") - dt0 )); rt=$(( $(sum_ticks "${rp[@]}") - rt0 ))
   [ "$all" -gt 0 ] || die "$label: no checks counted"
+  redis_us=$(awk -v st="$store" -v rt="$rt" -v hz="$ticks" 'BEGIN { printf "%.2f", rt / hz * 1e6 / st }')
   awk -v l="$label" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
-    -v bad="$wrk_bad" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v p99="$p99" -v ref="${ref:-}" 'BEGIN {
+    -v bad="$wrk_bad" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v p99="$p99" -v ref="${ref:-}" -v ru="$redis_us" 'BEGIN {
       ds = dt / hz; rs = rt / hz
       printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d wrk_errors=%d", l, all, all / secs, st / all, op, bad
       printf " decisions_per_daemon_cpu_s=%.0f decisions_per_redis_cpu_s=%.0f", st / ds, st / rs
-      printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f", ds * 1e6 / st, rs * 1e6 / st
+      printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f", ds * 1e6 / st, ru
       printf " checks_per_script_call=%.1f redis_sleeps_per_script_call=%.2f p99_ms=%.2f%s\n", (calls > 0 ? all / calls : 0), (calls > 0 ? slept / calls : 0), p99, ref
     }'
-  redis_us=$(awk -v st="$store" -v rt="$rt" -v hz="$ticks" 'BEGIN { printf "%.2f", rt / hz * 1e6 / st }')
   stop_pids "${daemon_pids[@]}"
 }
 
