@@ -50,7 +50,7 @@ RESHARD=${RESHARD:-1}
 RESHARD_SLOTS=${RESHARD_SLOTS:-2000}
 
 for t in redis-server redis-cli redis-benchmark wrk curl; do
-  command -v "$t" >/dev/null || die "$t is not installed (bash .ci/test-deps installs it)"
+  command -v "$t" >/dev/null || die "$t is not installed (on Debian: apt-get install -y redis-server redis-tools wrk curl)"
 done
 go build -o "$work/sluice" ./cmd/sluice
 ticks=$(getconf CLK_TCK)
