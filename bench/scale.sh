@@ -10,6 +10,7 @@
 #   SCALE M=3 K=2 checks=... store_share=0.99990 breaker_opens=0
 #     decisions_per_daemon_cpu_s=... decisions_per_redis_cpu_s=...
 #     redis_us_per_decision=... daemon_us_per_decision=...
+#     daemon_sleeps_per_decision=...
 #     checks_per_script_call=... redis_sleeps_per_script_call=...
 #     p99_ms=... single_redis_us_per_decision=...
 #
@@ -23,7 +24,8 @@
 # round on it just before, and the BENCH line per M is the median over K
 # of the ratio within each pair. The script calls and the sleeps of each
 # redis-server's event loop per call say why a Cluster costs more; the
-# platform line first says what waking a sleeping server costs here.
+# platform line first says what waking a sleeping server costs here, and
+# the daemons' threads' sleeps per decision say as much of the daemons.
 #
 # Last, with RESHARD=1 (default), a slot migration under load on M=3, K=2:
 # redis-cli --cluster reshard moves RESHARD_SLOTS slots from the first
@@ -122,6 +124,14 @@ redis_pids() { local p; for p in "${redis_ports[@]}"; do eval echo "\$pid_redis_
 # (voluntary context switches); a redis-server's main thread runs its
 # event loop, and sleeps when it finds no call waiting.
 sleeps() { local p s=0; for p in "$@"; do s=$((s + $(awk '/^voluntary_ctxt_switches:/ { print $2 }' "/proc/$p/status"))); done; echo "$s"; }
+# thread_sleeps PID...: the same, summed over every thread of the
+# processes (a daemon's Go runtime parks its threads when they run out of
+# work). Threads that ended meanwhile are not counted.
+thread_sleeps() {
+  local p
+  for p in "$@"; do cat /proc/"$p"/task/*/status 2>/dev/null; done |
+    awk '/^voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'
+}
 # script_calls: the script calls (EVAL and EVALSHA) every primary has run.
 script_calls() {
   local p s=0 n
@@ -162,10 +172,11 @@ round() {
   local all0 store0 opens0 dt0 rt0 all store opens dt rt
   all0=$(sum_metric 'sluice_checks_total{'); store0=$(sum_metric 'sluice_checks_total{decision="allowed",source="store"}')
   opens0=$(sum_metric 'sluice_breaker_opens_total'); dt0=$(sum_ticks "${daemon_pids[@]}"); rt0=$(sum_ticks "${rp[@]}")
-  local calls0 calls sleeps0 slept
-  calls0=$(script_calls); sleeps0=$(sleeps "${rp[@]}")
+  local calls0 calls sleeps0 slept dsleeps0 dslept
+  calls0=$(script_calls); sleeps0=$(sleeps "${rp[@]}"); dsleeps0=$(thread_sleeps "${daemon_pids[@]}")
   load "$SECS"
   calls=$(( $(script_calls) - calls0 )); slept=$(( $(sleeps "${rp[@]}") - sleeps0 ))
+  dslept=$(( $(thread_sleeps "${daemon_pids[@]}") - dsleeps0 ))
   all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
   store=$(( $(sum_metric 'sluice_checks_total{decision="allowed",source="store"}') - store0 ))
   opens=$(( $(sum_metric 'sluice_breaker_opens_total') - opens0 ))
@@ -173,11 +184,12 @@ round() {
   [ "$all" -gt 0 ] || die "$label: no checks counted"
   redis_us=$(awk -v st="$store" -v rt="$rt" -v hz="$ticks" 'BEGIN { printf "%.2f", rt / hz * 1e6 / st }')
   awk -v l="$label" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
-    -v bad="$wrk_bad" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v p99="$p99" -v ref="${ref:-}" -v ru="$redis_us" 'BEGIN {
+    -v bad="$wrk_bad" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v dslept="$dslept" -v p99="$p99" -v ref="${ref:-}" -v ru="$redis_us" 'BEGIN {
       ds = dt / hz; rs = rt / hz
       printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d wrk_errors=%d", l, all, all / secs, st / all, op, bad
       printf " decisions_per_daemon_cpu_s=%.0f decisions_per_redis_cpu_s=%.0f", st / ds, st / rs
       printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f", ds * 1e6 / st, ru
+      printf " daemon_sleeps_per_decision=%.2f", dslept / st
       printf " checks_per_script_call=%.1f redis_sleeps_per_script_call=%.2f p99_ms=%.2f%s\n", (calls > 0 ? all / calls : 0), (calls > 0 ? slept / calls : 0), p99, ref
     }'
   stop_pids "${daemon_pids[@]}"
