@@ -58,11 +58,22 @@ func TestLeaks(t *testing.T) {
 			x.RedisPersistent = 40
 			return x
 		}()}, []string{"redis_keys_without_ttl"}},
-		{"dataset per active key grew", []Sample{s(10, 100, 50, 6), func() Sample {
-			x := s(150, 100, 50, 6)
+		{"dataset grew, active keys as before", []Sample{keys(s(10, 100, 50, 6), 100, 100), func() Sample {
+			x := keys(s(150, 100, 50, 6), 100, 100)
 			x.RedisDataset = 30_000
 			return x
-		}()}, []string{"redis_dataset_bytes_per_active"}},
+		}()}, []string{"redis_dataset_bytes"}},
+		{"dataset grew with the active keys", []Sample{keys(s(10, 100, 50, 6), 100, 100), func() Sample {
+			x := keys(s(150, 100, 50, 6), 100, 150)
+			x.RedisDataset = 30_000
+			return x
+		}()}, nil},
+		{"dataset as before, fewer active keys", []Sample{keys(s(10, 100, 50, 6), 100, 550), keys(s(150, 100, 50, 6), 100, 200)}, nil},
+		{"dataset grew more than the active keys", []Sample{keys(s(10, 100, 50, 6), 100, 100), func() Sample {
+			x := keys(s(150, 100, 50, 6), 100, 120)
+			x.RedisDataset = 30_000
+			return x
+		}()}, []string{"redis_dataset_bytes"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
