@@ -226,22 +226,42 @@ func (l *Limiter) storeFailed(ctx context.Context, req engine.Request, err error
 // direct decides req through the deny cache and the store.
 func (l *Limiter) direct(ctx context.Context, req engine.Request, now time.Time) (Outcome, error) {
 	var fp uint64
+	var probe *denyProbe
 	if l.deny != nil {
 		fp = l.fingerprint(req)
-		if d, ok := l.deny.get(req.Subject, fp, now); ok {
-			l.denyHits.Add(1)
-			l.track(req, d.Decision)
-			return Outcome{Decision: d.Decision, Source: FromDenyCache}, nil
+		for {
+			d, ok, wait, p := l.deny.get(req.Subject, fp, now)
+			if ok {
+				l.denyHits.Add(1)
+				l.track(req, d.Decision)
+				return Outcome{Decision: d.Decision, Source: FromDenyCache}, nil
+			}
+			if wait == nil {
+				probe = p
+				break
+			}
+			// Another check of the same rejection, whose time is up,
+			// is asking the store: its answer is this one's too if
+			// the subject is still refused.
+			select {
+			case <-wait:
+				now = l.clock.Now()
+			case <-ctx.Done():
+				return Outcome{Decision: engine.Decision{Decider: -1}}, ctx.Err()
+			}
 		}
 	}
 	d, err := l.callStore(ctx, req)
-	if err != nil {
-		return l.storeFailed(ctx, req, err)
-	}
-	if !d.Allowed && l.deny != nil {
+	if err == nil && !d.Allowed && l.deny != nil {
 		if retry := d.RetryAfter(); retry > 0 {
 			l.deny.put(req.Subject, fp, now.Add(retry), d, now)
 		}
+	}
+	if probe != nil {
+		l.deny.settle(req.Subject, fp, probe, err == nil && d.Allowed && exhausted(d))
+	}
+	if err != nil {
+		return l.storeFailed(ctx, req, err)
 	}
 	l.track(req, d)
 	return Outcome{Decision: d, Source: FromStore}, nil
@@ -580,10 +600,30 @@ func (l *Limiter) Reset(ctx context.Context, subject string, policies []string) 
 
 // denyCache remembers rejections until their retry time. It is sharded by
 // subject so that concurrent checks rarely share a lock.
+//
+// When a rejection's time is up, the first check to find it asks the store
+// (it is the rejection's probe) and the checks of the same rejection that
+// come meanwhile wait for its answer: refused again, they are answered
+// from the cache as before; allowed, or failed, they ask the store
+// themselves. Without the wait, a subject hammered from many connections
+// sent the store every check that came while the probe was out (at 1 000
+// checks a second, one for each millisecond of a store call), several
+// times the calls its limit needs; the wait lasts one store call, and only
+// a subject whose rejection has just run out waits.
 type denyCache struct {
 	seed   maphash.Seed
 	shards [16]*lru.Cache[denyKey, denied]
+	mu     [16]sync.Mutex // a rejection's turning into a probe, and the probe's end
 }
+
+// denyProbe is a store call out for a rejection whose time is up; done is
+// closed when it ends.
+type denyProbe struct {
+	done chan struct{}
+	once sync.Once
+}
+
+func (p *denyProbe) end() { p.once.Do(func() { close(p.done) }) }
 
 type denyKey struct {
 	subject string
@@ -593,6 +633,7 @@ type denyKey struct {
 type denied struct {
 	until time.Time
 	at    time.Time
+	probe *denyProbe // set once the time is up and a check asks the store
 	engine.Decision
 }
 
@@ -605,20 +646,39 @@ func newDenyCache(size int) *denyCache {
 	return c
 }
 
-func (c *denyCache) shard(subject string) *lru.Cache[denyKey, denied] {
-	return c.shards[maphash.String(c.seed, subject)%uint64(len(c.shards))]
+func (c *denyCache) shard(subject string) (*lru.Cache[denyKey, denied], *sync.Mutex) {
+	i := maphash.String(c.seed, subject) % uint64(len(c.shards))
+	return c.shards[i], &c.mu[i]
 }
 
-func (c *denyCache) get(subject string, fp uint64, now time.Time) (denied, bool) {
-	sh := c.shard(subject)
+// get returns the rejection remembered for subject and fp (ok), or a
+// channel to wait on while another check asks the store for it (wait), or
+// neither: the caller asks the store, and if it was given a probe, it
+// reports the end of its call (settle).
+func (c *denyCache) get(subject string, fp uint64, now time.Time) (e denied, ok bool, wait <-chan struct{}, probe *denyProbe) {
+	sh, mu := c.shard(subject)
 	k := denyKey{subject, fp}
-	e, ok := sh.Get(k)
+	e, ok = sh.Get(k)
 	if !ok {
-		return denied{}, false
+		return denied{}, false, nil, nil
+	}
+	if e.probe != nil {
+		return denied{}, false, e.probe.done, nil
 	}
 	if !now.Before(e.until) {
-		sh.Remove(k)
-		return denied{}, false
+		mu.Lock()
+		defer mu.Unlock()
+		e, ok = sh.Peek(k)
+		switch {
+		case !ok:
+			return denied{}, false, nil, nil
+		case e.probe != nil:
+			return denied{}, false, e.probe.done, nil
+		case !now.Before(e.until):
+			e.probe = &denyProbe{done: make(chan struct{})}
+			sh.Add(k, e)
+			return denied{}, false, nil, e.probe
+		}
 	}
 	// Time has passed since the store decided: count it down.
 	el := now.Sub(e.at)
@@ -629,12 +689,47 @@ func (c *denyCache) get(subject string, fp uint64, now time.Time) (denied, bool)
 		}
 		r.ResetAfter = max(r.ResetAfter-el, 0)
 	}
-	return e, true
+	return e, true, nil, nil
+}
+
+// settle ends probe, the store call of a check of subject and fp whose
+// rejection's time was up, and the checks waiting for it go on. Unless the
+// call put a new rejection, the old one goes, or, with again, stays out of
+// time: the call was allowed the last of what the subject had, and the
+// next check to find it is the next probe, the others waiting again. A
+// subject refilled a token at a time (a hammered key) thus sends the store
+// one call at a time until it is refused; one allowed with more to spare
+// goes back to concurrent calls.
+func (c *denyCache) settle(subject string, fp uint64, probe *denyProbe, again bool) {
+	sh, mu := c.shard(subject)
+	k := denyKey{subject, fp}
+	mu.Lock()
+	if e, ok := sh.Peek(k); ok && e.probe == probe {
+		if again {
+			e.probe = nil
+			sh.Add(k, e)
+		} else {
+			sh.Remove(k)
+		}
+	}
+	mu.Unlock()
+	probe.end()
+}
+
+// exhausted reports whether an allowed decision left one of its policies
+// nothing: the subject's next check would likely be refused.
+func exhausted(d engine.Decision) bool {
+	for i := range d.N {
+		if d.Results[i].Remaining <= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // forget drops every cached rejection of subject.
 func (c *denyCache) forget(subject string) {
-	sh := c.shard(subject)
+	sh, _ := c.shard(subject)
 	for _, k := range sh.Keys() {
 		if k.subject == subject {
 			sh.Remove(k)
@@ -642,8 +737,18 @@ func (c *denyCache) forget(subject string) {
 	}
 }
 
+// put remembers d, a rejection of subject and fp, until until; a probe of
+// the rejection it replaces ends, its waiting checks finding d.
 func (c *denyCache) put(subject string, fp uint64, until time.Time, d engine.Decision, now time.Time) {
-	c.shard(subject).Add(denyKey{subject, fp}, denied{until: until, at: now, Decision: d})
+	sh, mu := c.shard(subject)
+	k := denyKey{subject, fp}
+	mu.Lock()
+	old, ok := sh.Peek(k)
+	sh.Add(k, denied{until: until, at: now, Decision: d})
+	mu.Unlock()
+	if ok && old.probe != nil {
+		old.probe.end()
+	}
 }
 
 type usageTracker struct {

@@ -241,3 +241,92 @@ func TestOnStoreCallSeesEveryStoreCall(t *testing.T) {
 		t.Errorf("%d failed calls reported of %d, want every call after the first", failed, len(calls))
 	}
 }
+
+// gatedStore answers each check with the next answer the test sends it,
+// and counts the calls.
+type gatedStore struct {
+	answers chan storeAnswer
+	calls   atomic.Int64
+}
+
+func (s *gatedStore) Check(ctx context.Context, req engine.Request) (engine.Decision, error) {
+	s.calls.Add(1)
+	a := <-s.answers
+	return a.d, a.err
+}
+
+// TestDenyCacheProbeAsksTheStoreOnce: when a cached rejection's time is
+// up, eight checks of its subject come at once while the store is slow.
+// One of them asks the store and the others wait for its answer. Refused
+// again, they are answered from the new rejection, with no store call of
+// their own. Allowed the subject's last token, one of them asks next and
+// the rest wait again (refused, they are answered from the cache).
+// Allowed with tokens to spare, or failed, they ask the store at once,
+// each for itself.
+func TestDenyCacheProbeAsksTheStoreOnce(t *testing.T) {
+	refused := storeAnswer{d: engine.Decision{N: 1}}
+	refused.d.Results[0] = engine.Result{Limit: 10, RetryAfter: 100 * time.Millisecond, ResetAfter: 100 * time.Millisecond}
+	allowed := func(remaining int64) storeAnswer {
+		a := storeAnswer{d: engine.Decision{N: 1}}
+		a.d.Results[0] = engine.Result{Allowed: true, Limit: 10, Remaining: remaining}
+		a.d.Finish([]engine.Check{{Policy: "p", Cost: 1}})
+		return a
+	}
+	for _, tt := range []struct {
+		name      string
+		probe     storeAnswer
+		asking    int64 // store calls out once the probe is answered: the first check's, the probe's and these
+		next      storeAnswer
+		fromCache int // of the seven that waited
+	}{
+		{"refused again", refused, 0, refused, 7},
+		{"allowed the last token", allowed(0), 1, refused, 6},
+		{"allowed with tokens to spare", allowed(5), 7, allowed(4), 0},
+		{"failed", storeAnswer{err: errStoreDown}, 7, allowed(4), 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clock := manualclock.New()
+				st := &gatedStore{answers: make(chan storeAnswer)}
+				lim := New(Config{Store: st, Clock: clock, Timeout: time.Hour})
+				req := engine.Request{Subject: "hot", Checks: []engine.Check{{Policy: "p", Cost: 1, Limit: engine.Limit{Algorithm: engine.TokenBucket, Rate: 10, Burst: 10}}}}
+				ctx := context.Background()
+				go func() { st.answers <- refused }()
+				if o, err := lim.Check(ctx, req); err != nil || o.Allowed {
+					t.Fatalf("first check: %+v, %v; want refused", o, err)
+				}
+				clock.Advance(100 * time.Millisecond)
+
+				outcomes := make(chan Outcome, 8)
+				for range 8 {
+					go func() {
+						o, _ := lim.Check(ctx, req)
+						outcomes <- o
+					}()
+				}
+				synctest.Wait()
+				if n := st.calls.Load(); n != 2 {
+					t.Fatalf("%d store calls with eight checks out after the rejection's time was up, want 2: the first check's and one probe", n)
+				}
+				st.answers <- tt.probe
+				synctest.Wait()
+				if n := st.calls.Load(); n != 2+tt.asking {
+					t.Errorf("%d store calls once the probe was answered, want %d", n, 2+tt.asking)
+				}
+				for range tt.asking {
+					st.answers <- tt.next
+					synctest.Wait()
+				}
+				fromCache := 0
+				for range 8 {
+					if o := <-outcomes; o.Source == FromDenyCache {
+						fromCache++
+					}
+				}
+				if fromCache != tt.fromCache {
+					t.Errorf("%d of the waiting checks answered from the deny cache, want %d", fromCache, tt.fromCache)
+				}
+			})
+		})
+	}
+}
