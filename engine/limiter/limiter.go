@@ -603,13 +603,12 @@ func (l *Limiter) Reset(ctx context.Context, subject string, policies []string) 
 //
 // When a rejection's time is up, the first check to find it asks the store
 // (it is the rejection's probe) and the checks of the same rejection that
-// come meanwhile wait for its answer: refused again, they are answered
-// from the cache as before; allowed, or failed, they ask the store
-// themselves. Without the wait, a subject hammered from many connections
-// sent the store every check that came while the probe was out (at 1 000
-// checks a second, one for each millisecond of a store call), several
-// times the calls its limit needs; the wait lasts one store call, and only
-// a subject whose rejection has just run out waits.
+// come meanwhile wait for its answer (settle says what follows it).
+// Without the wait, a subject hammered from many connections sent the
+// store every check that came while the probe was out (at 1 000 checks a
+// second, one for each millisecond of a store call), several times the
+// calls its limit needs. Only the checks of a subject whose rejection has
+// just run out wait, and while its store calls leave it nothing to spare.
 type denyCache struct {
 	seed   maphash.Seed
 	shards [16]*lru.Cache[denyKey, denied]
