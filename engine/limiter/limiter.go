@@ -226,7 +226,7 @@ func (l *Limiter) storeFailed(ctx context.Context, req engine.Request, err error
 // direct decides req through the deny cache and the store.
 func (l *Limiter) direct(ctx context.Context, req engine.Request, now time.Time) (Outcome, error) {
 	var fp uint64
-	var probe *denyProbe
+	var probe chan struct{}
 	if l.deny != nil {
 		fp = l.fingerprint(req)
 		for {
@@ -615,15 +615,6 @@ type denyCache struct {
 	mu     [16]sync.Mutex // a rejection's turning into a probe, and the probe's end
 }
 
-// denyProbe is a store call out for a rejection whose time is up; done is
-// closed when it ends.
-type denyProbe struct {
-	done chan struct{}
-	once sync.Once
-}
-
-func (p *denyProbe) end() { p.once.Do(func() { close(p.done) }) }
-
 type denyKey struct {
 	subject string
 	fp      uint64
@@ -632,7 +623,7 @@ type denyKey struct {
 type denied struct {
 	until time.Time
 	at    time.Time
-	probe *denyProbe // set once the time is up and a check asks the store
+	probe chan struct{} // set once the time is up and a check asks the store; closed when it has its answer
 	engine.Decision
 }
 
@@ -654,7 +645,7 @@ func (c *denyCache) shard(subject string) (*lru.Cache[denyKey, denied], *sync.Mu
 // channel to wait on while another check asks the store for it (wait), or
 // neither: the caller asks the store, and if it was given a probe, it
 // reports the end of its call (settle).
-func (c *denyCache) get(subject string, fp uint64, now time.Time) (e denied, ok bool, wait <-chan struct{}, probe *denyProbe) {
+func (c *denyCache) get(subject string, fp uint64, now time.Time) (e denied, ok bool, wait <-chan struct{}, probe chan struct{}) {
 	sh, mu := c.shard(subject)
 	k := denyKey{subject, fp}
 	e, ok = sh.Get(k)
@@ -662,7 +653,7 @@ func (c *denyCache) get(subject string, fp uint64, now time.Time) (e denied, ok 
 		return denied{}, false, nil, nil
 	}
 	if e.probe != nil {
-		return denied{}, false, e.probe.done, nil
+		return denied{}, false, e.probe, nil
 	}
 	if !now.Before(e.until) {
 		mu.Lock()
@@ -672,9 +663,9 @@ func (c *denyCache) get(subject string, fp uint64, now time.Time) (e denied, ok 
 		case !ok:
 			return denied{}, false, nil, nil
 		case e.probe != nil:
-			return denied{}, false, e.probe.done, nil
+			return denied{}, false, e.probe, nil
 		case !now.Before(e.until):
-			e.probe = &denyProbe{done: make(chan struct{})}
+			e.probe = make(chan struct{})
 			sh.Add(k, e)
 			return denied{}, false, nil, e.probe
 		}
@@ -699,7 +690,7 @@ func (c *denyCache) get(subject string, fp uint64, now time.Time) (e denied, ok 
 // subject refilled a token at a time (a hammered key) thus sends the store
 // one call at a time until it is refused; one allowed with more to spare
 // goes back to concurrent calls.
-func (c *denyCache) settle(subject string, fp uint64, probe *denyProbe, again bool) {
+func (c *denyCache) settle(subject string, fp uint64, probe chan struct{}, again bool) {
 	sh, mu := c.shard(subject)
 	k := denyKey{subject, fp}
 	mu.Lock()
@@ -712,7 +703,7 @@ func (c *denyCache) settle(subject string, fp uint64, probe *denyProbe, again bo
 		}
 	}
 	mu.Unlock()
-	probe.end()
+	close(probe)
 }
 
 // exhausted reports whether an allowed decision left one of its policies
@@ -736,18 +727,14 @@ func (c *denyCache) forget(subject string) {
 	}
 }
 
-// put remembers d, a rejection of subject and fp, until until; a probe of
-// the rejection it replaces ends, its waiting checks finding d.
+// put remembers d, a rejection of subject and fp, until until. It may
+// replace a rejection whose probe is out: the probe's checks wait until it
+// settles, and then find d.
 func (c *denyCache) put(subject string, fp uint64, until time.Time, d engine.Decision, now time.Time) {
 	sh, mu := c.shard(subject)
-	k := denyKey{subject, fp}
 	mu.Lock()
-	old, ok := sh.Peek(k)
-	sh.Add(k, denied{until: until, at: now, Decision: d})
+	sh.Add(denyKey{subject, fp}, denied{until: until, at: now, Decision: d})
 	mu.Unlock()
-	if ok && old.probe != nil {
-		old.probe.end()
-	}
 }
 
 type usageTracker struct {
