@@ -12,7 +12,7 @@
 #     redis_us_per_decision=... daemon_us_per_decision=...
 #     daemon_sleeps_per_decision=...
 #     checks_per_script_call=... redis_sleeps_per_script_call=...
-#     p99_ms=... single_redis_us_per_decision=...
+#     p99_ms=... single_redis_us_per_decision=... single_p99_ms=...
 #
 # Only decisions Redis made count (sluice_checks_total{source="store"});
 # breaker opens are reported. Efficiency per CPU-second, unlike
@@ -27,14 +27,23 @@
 # platform line first says what waking a sleeping server costs here, and
 # the daemons' threads' sleeps per decision say as much of the daemons.
 #
+# Then, unless OPEN_FRACTION=0, each pair again open loop (bench/loadgen,
+# requests due at a fixed rate whatever the answers) at OPEN_FRACTION (0.5)
+# of the single server's saturation with as many daemons: a deployment
+# runs below saturation, where fewer checks meet in a batch and a server
+# finds no call waiting more often. Those lines start "SCALE open" and
+# give rate=, loadgen_errors= (errors, non-2xx and unsent requests) and
+# p99_ms from each request's due time; their BENCH lines are
+# scale_mM_open_redis_cpu_over_single.
+#
 # Last, with RESHARD=1 (default), a slot migration under load on M=3, K=2:
 # redis-cli --cluster reshard moves RESHARD_SLOTS slots from the first
 # primary to the second while wrk runs; the line RESHARD reports wrk's
 # non-2xx answers and socket errors (both must be 0) and the store share.
 #
 # Knobs (environment): MS ("1 3 6"), KS ("1 2 4"), SECS (8), CONNS (50),
-# WRK_THREADS (2), USERS (10000), RESHARD (1), RESHARD_SLOTS (2000),
-# SLUICE_FLAGS (more flags for sluice serve).
+# WRK_THREADS (2), USERS (10000), OPEN_FRACTION (0.5), RESHARD (1),
+# RESHARD_SLOTS (2000), SLUICE_FLAGS (more flags for sluice serve).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_NAME=bench-scale
@@ -48,6 +57,7 @@ SECS=${SECS:-8}
 CONNS=${CONNS:-50}
 WRK_THREADS=${WRK_THREADS:-2}
 USERS=${USERS:-10000}
+OPEN_FRACTION=${OPEN_FRACTION:-0.5}
 RESHARD=${RESHARD:-1}
 RESHARD_SLOTS=${RESHARD_SLOTS:-2000}
 
@@ -55,6 +65,7 @@ for t in redis-server redis-cli redis-benchmark wrk curl; do
   command -v "$t" >/dev/null || die "$t is not installed (on Debian: apt-get install -y redis-server redis-tools wrk curl)"
 done
 go build -o "$work/sluice" ./cmd/sluice
+go build -o "$work/loadgen" ./bench/loadgen
 ticks=$(getconf CLK_TCK)
 
 cat >"$work/policies.json" <<'EOF'
@@ -142,31 +153,46 @@ script_calls() {
   echo "$s"
 }
 
-# load SECS: wrk against every daemon at once, CONNS split between them;
-# sets wrk_bad (non-2xx and socket errors, summed).
+# load SECS [RATE]: wrk against every daemon at once, CONNS split between
+# them, or with RATE bench/loadgen open loop at RATE requests a second in
+# all, split as evenly; sets bad (wrk's non-2xx answers and socket errors,
+# or loadgen's errors, non-2xx and unsent requests, summed), bad_name, and
+# p99, the worst daemon's p99 latency in milliseconds.
 load() {
-  local secs=$1 port c outs=() i p
-  c=$(( (CONNS + ${#daemon_ports[@]} - 1) / ${#daemon_ports[@]} ))
-  rm -f "$work"/wrk.* # a round with more daemons before left more files
+  local secs=$1 rate=${2:-} k=${#daemon_ports[@]} port c outs=() i p
+  c=$(( (CONNS + k - 1) / k ))
+  rm -f "$work"/load.* # a round with more daemons before left more files
   i=0
   for port in "${daemon_ports[@]}"; do
-    wrk -t "$WRK_THREADS" -c "$c" -d "${secs}s" --latency -s bench/rotate.lua "http://127.0.0.1:$port/v1/check" \
-      -- POST "$USERS" "$body" >"$work/wrk.$i" 2>&1 &
+    if [ -n "$rate" ]; then
+      "$work/loadgen" -url "http://127.0.0.1:$port/v1/check" -body "$body" -users "$USERS" \
+        -rate $(( (rate + k - 1) / k )) -conns "$c" -duration "${secs}s" -warmup 0s >"$work/load.$i" 2>&1 &
+    else
+      wrk -t "$WRK_THREADS" -c "$c" -d "${secs}s" --latency -s bench/rotate.lua "http://127.0.0.1:$port/v1/check" \
+        -- POST "$USERS" "$body" >"$work/load.$i" 2>&1 &
+    fi
     outs+=($!); i=$((i + 1))
   done
-  for p in "${outs[@]}"; do wait "$p" || die "wrk failed: $(cat "$work"/wrk.*)"; done
-  wrk_bad=$(cat "$work"/wrk.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
-  # wrk's p99 latency, the worst of the daemons', in milliseconds.
-  p99=$(cat "$work"/wrk.* | awk '$1 == "99%" {
+  for p in "${outs[@]}"; do wait "$p" || die "load failed: $(cat "$work"/load.*)"; done
+  if [ -n "$rate" ]; then
+    bad_name=loadgen_errors
+    bad=$(cat "$work"/load.* | awk '/^RESULT/ { for (i = 2; i <= NF; i++) if ($i ~ /^(errors|non2xx|unsent)=/) { split($i, a, "="); n += a[2] } } END { print n + 0 }')
+    p99=$(cat "$work"/load.* | awk '/^RESULT/ { for (i = 2; i <= NF; i++) if ($i ~ /^p99_us=/) { split($i, a, "="); if (a[2] + 0 > m) m = a[2] } } END { printf "%.2f", m / 1000 }')
+    return
+  fi
+  bad_name=wrk_errors
+  bad=$(cat "$work"/load.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+  p99=$(cat "$work"/load.* | awk '$1 == "99%" {
       v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
       ms = v * (u == "us" ? 0.001 : u == "s" ? 1000 : 1); if (ms > m) m = ms
     } END { printf "%.2f", m }')
 }
 
-# round LABEL K: one measured round on $store with K daemons; sets
-# redis_us, Redis's CPU per decision.
+# round LABEL K [RATE]: one measured round on $store with K daemons, at
+# saturation or open loop at RATE; sets redis_us, Redis's CPU per
+# decision, and per_s, the checks a second.
 round() {
-  local label=$1 k=$2
+  local label=$1 k=$2 rate=${3:-}
   daemons_up "$k"
   mapfile -t rp < <(redis_pids)
   local all0 store0 opens0 dt0 rt0 all store opens dt rt
@@ -174,7 +200,7 @@ round() {
   opens0=$(sum_metric 'sluice_breaker_opens_total'); dt0=$(sum_ticks "${daemon_pids[@]}"); rt0=$(sum_ticks "${rp[@]}")
   local calls0 calls sleeps0 slept dsleeps0 dslept
   calls0=$(script_calls); sleeps0=$(sleeps "${rp[@]}"); dsleeps0=$(thread_sleeps "${daemon_pids[@]}")
-  load "$SECS"
+  load "$SECS" "$rate"
   calls=$(( $(script_calls) - calls0 )); slept=$(( $(sleeps "${rp[@]}") - sleeps0 ))
   dslept=$(( $(thread_sleeps "${daemon_pids[@]}") - dsleeps0 ))
   all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
@@ -183,10 +209,11 @@ round() {
   dt=$(( $(sum_ticks "${daemon_pids[@]}") - dt0 )); rt=$(( $(sum_ticks "${rp[@]}") - rt0 ))
   [ "$all" -gt 0 ] || die "$label: no checks counted"
   redis_us=$(awk -v st="$store" -v rt="$rt" -v hz="$ticks" 'BEGIN { printf "%.2f", rt / hz * 1e6 / st }')
-  awk -v l="$label" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
-    -v bad="$wrk_bad" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v dslept="$dslept" -v p99="$p99" -v ref="${ref:-}" -v ru="$redis_us" 'BEGIN {
+  per_s=$((all / SECS))
+  awk -v l="$label${rate:+ rate=$rate}" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
+    -v bad="$bad" -v bn="$bad_name" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v dslept="$dslept" -v p99="$p99" -v ref="${ref:-}" -v ru="$redis_us" 'BEGIN {
       ds = dt / hz; rs = rt / hz
-      printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d wrk_errors=%d", l, all, all / secs, st / all, op, bad
+      printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d %s=%d", l, all, all / secs, st / all, op, bn, bad
       printf " decisions_per_daemon_cpu_s=%.0f decisions_per_redis_cpu_s=%.0f", st / ds, st / rs
       printf " daemon_us_per_decision=%.1f redis_us_per_decision=%.1f", ds * 1e6 / st, ru
       printf " daemon_sleeps_per_decision=%.2f", dslept / st
@@ -195,18 +222,20 @@ round() {
   stop_pids "${daemon_pids[@]}"
 }
 
-# paired LABEL K: a round on the single server, then one on the Cluster
-# ($store), each with K daemons, back to back: the Cluster's line gives
-# the single server's Redis CPU per decision of the round before it and
-# the ratio, so that whatever else the machine ran moved both alike.
+# paired LABEL K [RATE]: a round on the single server, then one on the
+# Cluster ($store), each with K daemons, back to back: the Cluster's line
+# gives the single server's Redis CPU per decision of the round before it
+# and the ratio, so that whatever else the machine ran moved both alike.
+# Appends "LABEL ratio" to ratios, or with RATE to open_ratios.
 paired() {
-  local label=$1 k=$2 cstore=$store cports=("${redis_ports[@]}") single_us
+  local label=$1 k=$2 rate=${3:-} cstore=$store cports=("${redis_ports[@]}") single_us r
   store=$single_store; redis_ports=("$single")
-  ref="" round "ref $label" "$k" >/dev/null
+  ref="" round "ref $label" "$k" "$rate" >/dev/null
   single_us=$redis_us
   store=$cstore; redis_ports=("${cports[@]}")
-  ref=" single_redis_us_per_decision=$single_us" round "$label" "$k"
-  ratios+=("$label $(awk -v c="$redis_us" -v s="$single_us" 'BEGIN { printf "%.3f", c / s }')")
+  ref=" single_redis_us_per_decision=$single_us single_p99_ms=$p99" round "${rate:+open }$label" "$k" "$rate"
+  r="$label $(awk -v c="$redis_us" -v s="$single_us" 'BEGIN { printf "%.3f", c / s }')"
+  if [ -n "$rate" ]; then open_ratios+=("$r"); else ratios+=("$r"); fi
 }
 
 # The single-server reference: the merged script call per batch. It runs
@@ -228,12 +257,21 @@ ping_cpu() {
 }
 redis_cpu_us() { redis-cli -p "$1" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.0f", s * 1e6 }'; }
 echo "SCALE platform redis_cpu_us_per_ping_one_client=$(ping_cpu 1) redis_cpu_us_per_ping_ten_clients=$(ping_cpu 10)"
-for k in $KS; do round "M=single K=$k" "$k"; done
+# The open-loop rate with K daemons: OPEN_FRACTION of the single server's
+# saturation with as many.
+declare -A open_rate
+for k in $KS; do
+  round "M=single K=$k" "$k"
+  open_rate[$k]=$(awk -v r="$per_s" -v f="$OPEN_FRACTION" 'BEGIN { printf "%d", r * f }')
+done
 
-ratios=()
+ratios=(); open_ratios=()
 for m in $MS; do
   cluster_up "$m"
-  for k in $KS; do paired "M=$m K=$k" "$k"; done
+  for k in $KS; do
+    paired "M=$m K=$k" "$k"
+    [ "${open_rate[$k]}" -eq 0 ] || paired "M=$m K=$k" "$k" "${open_rate[$k]}"
+  done
   if [ "$RESHARD" = 1 ] && [ "$m" = 3 ]; then
     daemons_up 2
     from=$(redis-cli -p "${redis_ports[0]}" cluster myid); to=$(redis-cli -p "${redis_ports[1]}" cluster myid)
@@ -244,7 +282,7 @@ for m in $MS; do
     redis-cli --cluster reshard "127.0.0.1:${redis_ports[0]}" --cluster-from "$from" --cluster-to "$to" \
       --cluster-slots "$RESHARD_SLOTS" --cluster-yes >"$work/reshard.log" 2>&1 || die "reshard failed: $(tail -5 "$work/reshard.log")"
     wait "$loader"
-    wrk_bad=$(cat "$work"/wrk.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+    wrk_bad=$(cat "$work"/load.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
     all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
     store=$(( $(sum_metric 'sluice_checks_total{decision="allowed",source="store"}') - store0 ))
     awk -v all="$all" -v st="$store" -v bad="$wrk_bad" -v n="$RESHARD_SLOTS" 'BEGIN {
@@ -255,13 +293,20 @@ for m in $MS; do
   stop_pids "${rp[@]}"
 done
 
-# Per M, the median over K of the Cluster's Redis CPU per decision over
-# the single server's in the round before it.
-printf '%s\n' "${ratios[@]}" | awk '{ split($1, a, "="); r[a[2]] = r[a[2]] " " $3 }
+# medians NAME RATIO...: per M, the median over K of the Cluster's Redis
+# CPU per decision over the single server's in the round before it, as
+# BENCH scale_mM_NAME lines.
+medians() {
+  local name=$1; shift
+  [ $# -gt 0 ] || return 0
+  printf '%s\n' "$@" | awk -v name="$name" '{ split($1, a, "="); r[a[2]] = r[a[2]] " " $3 }
 END {
   for (m in r) {
     n = split(substr(r[m], 2), v, " ")
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
-    printf "BENCH scale_m%s_redis_cpu_over_single %.3f ratio (median of %d K)\n", m, (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2), n
+    printf "BENCH scale_m%s_%s %.3f ratio (median of %d K)\n", m, name, (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2), n
   }
 }' | sort
+}
+medians redis_cpu_over_single "${ratios[@]}"
+medians open_redis_cpu_over_single "${open_ratios[@]}"
