@@ -153,6 +153,10 @@ script_calls() {
   echo "$s"
 }
 
+# wrk_errors: the non-2xx answers and socket errors of the last load's
+# wrk runs, summed.
+wrk_errors() { cat "$work"/load.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }'; }
+
 # load SECS [RATE]: wrk against every daemon at once, CONNS split between
 # them, or with RATE bench/loadgen open loop at RATE requests a second in
 # all, split as evenly; sets bad (wrk's non-2xx answers and socket errors,
@@ -181,7 +185,7 @@ load() {
     return
   fi
   bad_name=wrk_errors
-  bad=$(cat "$work"/load.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+  bad=$(wrk_errors)
   p99=$(cat "$work"/load.* | awk '$1 == "99%" {
       v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
       ms = v * (u == "us" ? 0.001 : u == "s" ? 1000 : 1); if (ms > m) m = ms
@@ -282,7 +286,7 @@ for m in $MS; do
     redis-cli --cluster reshard "127.0.0.1:${redis_ports[0]}" --cluster-from "$from" --cluster-to "$to" \
       --cluster-slots "$RESHARD_SLOTS" --cluster-yes >"$work/reshard.log" 2>&1 || die "reshard failed: $(tail -5 "$work/reshard.log")"
     wait "$loader"
-    wrk_bad=$(cat "$work"/load.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }')
+    wrk_bad=$(wrk_errors)
     all=$(( $(sum_metric 'sluice_checks_total{') - all0 ))
     store=$(( $(sum_metric 'sluice_checks_total{decision="allowed",source="store"}') - store0 ))
     awk -v all="$all" -v st="$store" -v bad="$wrk_bad" -v n="$RESHARD_SLOTS" 'BEGIN {
