@@ -33,7 +33,8 @@
 # runs below saturation, where fewer checks meet in a batch and a server
 # finds no call waiting more often. Those lines start "SCALE open" and
 # give rate=, loadgen_errors= (errors, non-2xx and unsent requests) and
-# p99_ms from each request's due time; their BENCH lines are
+# p99_ms from each request's due time, and lag_p99_ms, how late the
+# generator sent; their BENCH lines are
 # scale_mM_open_redis_cpu_over_single.
 #
 # Last, with RESHARD=1 (default), a slot migration under load on M=3, K=2:
@@ -157,11 +158,18 @@ script_calls() {
 # wrk runs, summed.
 wrk_errors() { cat "$work"/load.* | awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { n += 1 } END { print n + 0 }'; }
 
+# loadgen_worst FIELD: the largest FIELD (in µs) of the last load's
+# loadgen RESULT lines, in milliseconds.
+loadgen_worst() {
+  cat "$work"/load.* | awk -v f="$1" '/^RESULT/ { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == f && a[2] + 0 > m) m = a[2] } } END { printf "%.2f", m / 1000 }'
+}
+
 # load SECS [RATE]: wrk against every daemon at once, CONNS split between
 # them, or with RATE bench/loadgen open loop at RATE requests a second in
 # all, split as evenly; sets bad (wrk's non-2xx answers and socket errors,
-# or loadgen's errors, non-2xx and unsent requests, summed), bad_name, and
-# p99, the worst daemon's p99 latency in milliseconds.
+# or loadgen's errors, non-2xx and unsent requests, summed), bad_name,
+# p99, the worst daemon's p99 latency in milliseconds, and lag, loadgen's
+# worst p99 lag as a field of the line ("" for wrk).
 load() {
   local secs=$1 rate=${2:-} k=${#daemon_ports[@]} port c outs=() i p
   c=$(( (CONNS + k - 1) / k ))
@@ -181,10 +189,14 @@ load() {
   if [ -n "$rate" ]; then
     bad_name=loadgen_errors
     bad=$(cat "$work"/load.* | awk '/^RESULT/ { for (i = 2; i <= NF; i++) if ($i ~ /^(errors|non2xx|unsent)=/) { split($i, a, "="); n += a[2] } } END { print n + 0 }')
-    p99=$(cat "$work"/load.* | awk '/^RESULT/ { for (i = 2; i <= NF; i++) if ($i ~ /^p99_us=/) { split($i, a, "="); if (a[2] + 0 > m) m = a[2] } } END { printf "%.2f", m / 1000 }')
+    p99=$(loadgen_worst p99_us)
+    # How late the generator sent: where it is late too, the machine
+    # ran out of CPU for it as well, and the rate is near what it
+    # sustains with the generator beside it.
+    lag=" lag_p99_ms=$(loadgen_worst lag_p99_us)"
     return
   fi
-  bad_name=wrk_errors
+  bad_name=wrk_errors lag=""
   bad=$(wrk_errors)
   p99=$(cat "$work"/load.* | awk '$1 == "99%" {
       v = $2; u = v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
@@ -215,7 +227,7 @@ round() {
   redis_us=$(awk -v st="$store" -v rt="$rt" -v hz="$ticks" 'BEGIN { printf "%.2f", rt / hz * 1e6 / st }')
   per_s=$((all / SECS))
   awk -v l="$label${rate:+ rate=$rate}" -v all="$all" -v st="$store" -v op="$opens" -v dt="$dt" -v rt="$rt" -v hz="$ticks" \
-    -v bad="$bad" -v bn="$bad_name" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v dslept="$dslept" -v p99="$p99" -v ref="${ref:-}" -v ru="$redis_us" 'BEGIN {
+    -v bad="$bad" -v bn="$bad_name" -v secs="$SECS" -v calls="$calls" -v slept="$slept" -v dslept="$dslept" -v p99="$p99" -v ref="$lag${ref:-}" -v ru="$redis_us" 'BEGIN {
       ds = dt / hz; rs = rt / hz
       printf "SCALE %s checks=%d per_s=%.0f store_share=%.5f breaker_opens=%d %s=%d", l, all, all / secs, st / all, op, bn, bad
       printf " decisions_per_daemon_cpu_s=%.0f decisions_per_redis_cpu_s=%.0f", st / ds, st / rs
